@@ -1,0 +1,41 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: initializedcheck=False
+"""mxload's compiled core: reorder buffer, collation kernels, layout planner
+and shared-memory slabs.  C declarations live in mxl_c.pxd; the code is split
+by job into the .pxi files included below."""
+
+from cpython.buffer cimport PyBuffer_FillInfo
+from cpython.exc cimport PyErr_CheckSignals
+from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from libc.errno cimport errno
+from libc.stdint cimport int64_t
+
+cimport numpy as cnp
+import numpy as np
+
+from mxl_c cimport *
+
+cnp.import_array()
+
+include "reorder.pxi"
+include "collate.pxi"
+include "slab.pxi"
+
+cdef extern from *:
+    """
+    #ifndef MXL_COMPILE_FLAGS
+    #define MXL_COMPILE_FLAGS "unknown"
+    #endif
+    #ifndef MXL_NUMPY_BUILD_VERSION
+    #define MXL_NUMPY_BUILD_VERSION "unknown"
+    #endif
+    """
+    const char *MXL_COMPILE_FLAGS
+    const char *MXL_NUMPY_BUILD_VERSION
+
+# How this extension was built (shown by mxload.show_config()).
+BUILD_INFO = {
+    "compile_flags": MXL_COMPILE_FLAGS.decode(),
+    "numpy_build_version": MXL_NUMPY_BUILD_VERSION.decode(),
+    "numpy_c_api": True,
+}

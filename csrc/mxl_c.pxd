@@ -1,0 +1,62 @@
+# C declarations used by mxload._core: kept apart from the code that uses them.
+from libc.stdint cimport int64_t
+
+cdef extern from "mxl_copy.h" nogil:
+    ctypedef Py_ssize_t mxl_ssize_t
+    int MXL_MAX_DIMS
+    int64_t mxl_monotonic_ns()
+    void mxl_copy_nd(char *dst, const mxl_ssize_t *dst_strides,
+                     const char *src, const mxl_ssize_t *src_strides,
+                     const mxl_ssize_t *shape, int ndim, mxl_ssize_t itemsize)
+    void mxl_fill(char *dst, mxl_ssize_t nbytes, const char *pattern, mxl_ssize_t itemsize)
+
+cdef extern from "<time.h>" nogil:
+    ctypedef long time_t
+    struct timespec:
+        time_t tv_sec
+        long tv_nsec
+    int CLOCK_REALTIME
+    int clock_gettime(int clk, timespec *ts)
+
+cdef extern from "<pthread.h>" nogil:
+    ctypedef struct pthread_mutex_t:
+        pass
+    ctypedef struct pthread_mutexattr_t:
+        pass
+    ctypedef struct pthread_cond_t:
+        pass
+    ctypedef struct pthread_condattr_t:
+        pass
+    int pthread_mutex_init(pthread_mutex_t *m, const pthread_mutexattr_t *attr)
+    int pthread_mutex_destroy(pthread_mutex_t *m)
+    int pthread_mutex_lock(pthread_mutex_t *m)
+    int pthread_mutex_unlock(pthread_mutex_t *m)
+    int pthread_cond_init(pthread_cond_t *c, const pthread_condattr_t *attr)
+    int pthread_cond_destroy(pthread_cond_t *c)
+    int pthread_cond_broadcast(pthread_cond_t *c)
+    int pthread_cond_timedwait(pthread_cond_t *c, pthread_mutex_t *m, const timespec *abstime)
+
+cdef extern from "<sys/mman.h>" nogil:
+    int PROT_READ
+    int PROT_WRITE
+    int MAP_SHARED
+    void *MAP_FAILED
+    void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset)
+    int munmap(void *addr, size_t length)
+
+cdef extern from *:
+    """
+    #include <sys/mman.h>
+    #ifdef MAP_POPULATE
+    #define MXL_MAP_POPULATE MAP_POPULATE
+    #else
+    #define MXL_MAP_POPULATE 0
+    #endif
+    """
+    int MXL_MAP_POPULATE
+
+cimport numpy as cnp
+cdef extern from "numpy/arrayobject.h":
+    # numpy's own .pxd declares this over Python dtype objects; the kernels
+    # compare raw descriptor pointers without touching refcounts.
+    bint mxl_equiv_descr "PyArray_EquivTypes"(cnp.PyArray_Descr *a, cnp.PyArray_Descr *b)

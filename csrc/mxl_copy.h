@@ -1,0 +1,138 @@
+/* Strided copy and pattern fill used by the collation kernels.
+ *
+ * Plain C so the hot loops run without the GIL and without any Python object.
+ * Both functions are header-only (static) and are compiled into mxload._core.
+ */
+#ifndef MXL_COPY_H
+#define MXL_COPY_H
+
+#include <stddef.h>
+#include <string.h>
+#include <time.h>
+#include <stdint.h>
+
+#define MXL_MAX_DIMS 64
+
+typedef ptrdiff_t mxl_ssize_t;
+
+/* Monotonic clock in nanoseconds: kernels time themselves with it, so a
+ * per-field timing costs two vDSO calls instead of a Python call. */
+static inline int64_t mxl_monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + (int64_t)ts.tv_nsec;
+}
+
+/* Copy `count` elements of `itemsize` bytes with arbitrary strides.  Fixed
+ * sizes get a typed assignment (the compiler turns the memcpy into one move). */
+static inline void mxl_copy_strided_1d(char *dst, mxl_ssize_t dst_stride,
+                                       const char *src, mxl_ssize_t src_stride,
+                                       mxl_ssize_t count, mxl_ssize_t itemsize)
+{
+    mxl_ssize_t i;
+#define MXL_LOOP(N) for (i = 0; i < count; i++) { memcpy(dst, src, N); dst += dst_stride; src += src_stride; } break;
+    switch (itemsize) {
+    case 1: MXL_LOOP(1)
+    case 2: MXL_LOOP(2)
+    case 4: MXL_LOOP(4)
+    case 8: MXL_LOOP(8)
+    case 16: MXL_LOOP(16)
+    default:
+        for (i = 0; i < count; i++) {
+            memcpy(dst, src, (size_t)itemsize);
+            dst += dst_stride;
+            src += src_stride;
+        }
+    }
+#undef MXL_LOOP
+}
+
+/* Copy an n-d array (src, src_strides) into (dst, dst_strides), both of
+ * `shape`.  Trailing dimensions that are contiguous in both are merged into
+ * one memcpy block, so the common cases (contiguous sample into a contiguous
+ * batch, or into a padded row) are a single memcpy per sample or per row. */
+static void mxl_copy_nd(char *dst, const mxl_ssize_t *dst_strides,
+                        const char *src, const mxl_ssize_t *src_strides,
+                        const mxl_ssize_t *shape, int ndim, mxl_ssize_t itemsize)
+{
+    mxl_ssize_t block = itemsize;
+    mxl_ssize_t index[MXL_MAX_DIMS];
+    int nd = ndim, d;
+
+    for (d = 0; d < ndim; d++)
+        if (shape[d] == 0)
+            return;
+    while (nd > 0 && src_strides[nd - 1] == block && dst_strides[nd - 1] == block) {
+        block *= shape[nd - 1];
+        nd--;
+    }
+    if (nd == 0) {
+        memcpy(dst, src, (size_t)block);
+        return;
+    }
+    for (d = 0; d < nd; d++)
+        index[d] = 0;
+    if (block == itemsize) {
+        /* innermost dimension is strided: copy it element by element */
+        int last = nd - 1;
+        for (;;) {
+            mxl_copy_strided_1d(dst, dst_strides[last], src, src_strides[last],
+                                shape[last], itemsize);
+            for (d = last - 1; d >= 0; d--) {
+                index[d]++;
+                dst += dst_strides[d];
+                src += src_strides[d];
+                if (index[d] < shape[d])
+                    break;
+                dst -= dst_strides[d] * shape[d];
+                src -= src_strides[d] * shape[d];
+                index[d] = 0;
+            }
+            if (d < 0)
+                return;
+        }
+    }
+    for (;;) {
+        memcpy(dst, src, (size_t)block);
+        for (d = nd - 1; d >= 0; d--) {
+            index[d]++;
+            dst += dst_strides[d];
+            src += src_strides[d];
+            if (index[d] < shape[d])
+                break;
+            dst -= dst_strides[d] * shape[d];
+            src -= src_strides[d] * shape[d];
+            index[d] = 0;
+        }
+        if (d < 0)
+            return;
+    }
+}
+
+/* Fill `nbytes` (a multiple of itemsize) with the element `pattern`. */
+static void mxl_fill(char *dst, mxl_ssize_t nbytes, const char *pattern, mxl_ssize_t itemsize)
+{
+    mxl_ssize_t i, done;
+    int uniform = 1;
+    if (nbytes <= 0)
+        return;
+    for (i = 1; i < itemsize; i++)
+        if (pattern[i] != pattern[0]) {
+            uniform = 0;
+            break;
+        }
+    if (uniform) {
+        memset(dst, (unsigned char)pattern[0], (size_t)nbytes);
+        return;
+    }
+    memcpy(dst, pattern, (size_t)itemsize);
+    done = itemsize;
+    while (done < nbytes) {
+        mxl_ssize_t n = done <= nbytes - done ? done : nbytes - done;
+        memcpy(dst + done, dst, (size_t)n);
+        done += n;
+    }
+}
+
+#endif

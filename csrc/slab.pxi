@@ -1,0 +1,93 @@
+# Shared-memory slabs and the buffer owner that recycles them.
+#
+# A Slab maps a file descriptor (memfd on Linux) MAP_SHARED; workers and the
+# main process map the same descriptor, so a worker collates straight into
+# memory the main process reads without a copy.  A BatchOwner is what numpy
+# arrays of one batch keep alive (their .base); when the last of them dies the
+# owner's dealloc hands the slab back to its pool.
+
+
+cdef class Slab:
+    """A read-write MAP_SHARED mapping of `size` bytes of file descriptor `fd`.
+
+    The mapping outlives the descriptor (the caller may close fd at once) and
+    is unmapped when the Slab and every buffer exported from it are gone."""
+    cdef char *_ptr
+    cdef readonly Py_ssize_t size
+    cdef readonly object slab_id
+
+    def __cinit__(self, int fd, Py_ssize_t size, slab_id=None, bint populate=False):
+        self._ptr = NULL
+        if size <= 0:
+            raise ValueError(f"slab size must be positive, got {size}")
+        cdef int flags = MAP_SHARED | (MXL_MAP_POPULATE if populate else 0)
+        cdef void *p
+        with nogil:
+            p = mmap(NULL, <size_t>size, PROT_READ | PROT_WRITE, flags, fd, 0)
+        if p == MAP_FAILED:
+            import os as _os
+            err = errno
+            raise OSError(err, f"mmap of {size} bytes of shared memory failed ({_os.strerror(err)}); "
+                               f"shared memory may be exhausted: lower prefetch or enlarge /dev/shm")
+        self._ptr = <char *>p
+        self.size = size
+        self.slab_id = slab_id
+
+    def __dealloc__(self):
+        if self._ptr is not NULL:
+            munmap(self._ptr, <size_t>self.size)
+            self._ptr = NULL
+
+    @property
+    def address(self):
+        """Start address of the mapping in this process (for zero-copy checks)."""
+        return <size_t>self._ptr
+
+    def __getbuffer__(self, Py_buffer *buf, int flags):
+        PyBuffer_FillInfo(buf, self, self._ptr, self.size, 0, flags)
+
+    def __releasebuffer__(self, Py_buffer *buf):
+        pass
+
+    def __repr__(self):
+        return f"<Slab id={self.slab_id!r} size={self.size}>"
+
+
+cdef class BatchOwner:
+    """Owns one batch's bytes inside a slab; recycles the slab when freed.
+
+    `on_release(slab)` runs once, when the last numpy view of the batch (and
+    so this owner) is garbage-collected."""
+    cdef readonly Slab slab
+    cdef readonly Py_ssize_t offset
+    cdef readonly Py_ssize_t nbytes
+    cdef object _on_release
+
+    def __cinit__(self, Slab slab, Py_ssize_t offset, Py_ssize_t nbytes, on_release=None):
+        if offset < 0 or nbytes < 0 or offset + nbytes > slab.size:
+            raise ValueError(f"range [{offset}, {offset + nbytes}) is outside slab of {slab.size} bytes")
+        self.slab = slab
+        self.offset = offset
+        self.nbytes = nbytes
+        self._on_release = on_release
+
+    def __getbuffer__(self, Py_buffer *buf, int flags):
+        PyBuffer_FillInfo(buf, self, self.slab._ptr + self.offset, self.nbytes, 0, flags)
+
+    def __releasebuffer__(self, Py_buffer *buf):
+        pass
+
+    def detach(self):
+        """Forget the release callback (the slab will not be recycled)."""
+        self._on_release = None
+
+    def __dealloc__(self):
+        cb = self._on_release
+        self._on_release = None
+        if cb is not None and self.slab is not None:
+            try:
+                cb(self.slab)
+            except BaseException:
+                # A finalizer must not raise; a pool that is gone simply
+                # lets the slab be unmapped.
+                pass
