@@ -1,0 +1,15 @@
+"""mxload: a fast, reliable multi-process data loader with a compiled core.
+
+Public names only; everything else lives in private modules."""
+from . import batchify, sampler
+from ._version import __version__
+from .dataloader import DataLoader
+from .dataset import ArrayDataset, Dataset, IterableDataset, SimpleDataset
+from .errors import LoaderTimeoutError, SharedMemoryError, WorkerError
+from ._worker import WorkerInfo, get_worker_info
+
+__all__ = [
+    "__version__", "DataLoader", "Dataset", "ArrayDataset", "SimpleDataset", "IterableDataset",
+    "WorkerError", "LoaderTimeoutError", "SharedMemoryError", "WorkerInfo", "get_worker_info",
+    "batchify", "sampler",
+]

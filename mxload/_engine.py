@@ -1,0 +1,701 @@
+"""The multi-worker engine: dispatch, the fetcher thread, and shutdown.
+
+One Engine owns the workers (processes or threads), the slab pool, the
+ReorderBuffer and (for processes) the fetcher thread.  An epoch is iterated
+through an EpochIterator, a thin object the training loop holds: when it is
+exhausted, closed, or garbage-collected (``for ...: break``), the engine shuts
+down, unless the loader keeps it for persistent workers.
+
+States: RUNNING -> SHUTTING_DOWN -> CLOSED.  ``Engine.shutdown`` is the only
+place that ends workers; every way an iteration can end goes through it.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+import warnings
+import weakref
+from multiprocessing import connection as mp_connection
+from multiprocessing import util as mp_util
+from typing import Any, Dict, List, Optional
+
+from ._core import BatchOwner, BufferClosedError, ReorderBuffer
+from ._slabs import SlabPool
+from ._worker import WorkerConfig, pack_exception, thread_worker_main, worker_process_main
+from .batchify import views_from_layout
+from .errors import LoaderTimeoutError, SharedMemoryError, WorkerError
+
+RUNNING, SHUTTING_DOWN, CLOSED = "running", "shutting down", "closed"
+
+# Shutdown budget: a stuck worker is terminated after the grace period and
+# killed after the terminate period; every wait shares the one deadline.
+SHUTDOWN_GRACE_S = 0.1
+SHUTDOWN_TERMINATE_S = 0.5
+SHUTDOWN_DEADLINE_S = 1.0
+
+_END = object()
+_EXHAUSTED = object()
+
+# Fetcher threads of every live engine: mxload never forks while one runs.
+_live_fetchers: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+
+
+def _describe_exit(exitcode: Optional[int]) -> str:
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"killed by {name}"
+    return f"exit code {exitcode}"
+
+
+def _rebuild_exception(info: tuple, worker_id: int, pid: Optional[int], batch_index: int) -> BaseException:
+    """The consumer-side exception for one raised in a worker: the same type
+    where it can be rebuilt from a message, else WorkerError naming it."""
+    module, qualname, message, tb, blob = info
+    where = (f"batch {batch_index}" if batch_index >= 0 else "worker_init_fn")
+    text = (f"{message}\n\nRaised in worker {worker_id} (pid {pid}) while loading {where}. "
+            f"Worker traceback:\n{tb}")
+    original = None
+    if blob is not None:
+        try:
+            original = pickle.loads(blob)
+        except Exception:
+            original = None
+    if original is not None:
+        try:
+            rebuilt = type(original)(text)
+            if isinstance(rebuilt, BaseException):
+                return rebuilt  # the text already carries the worker's traceback
+        except Exception:
+            pass
+    err = WorkerError(f"{module}.{qualname}: {text}", worker_id, pid, None,
+                      batch_index if batch_index >= 0 else None)
+    err.__cause__ = original
+    return err
+
+
+class _Failure:
+    """A failure stored in the ReorderBuffer in place of a batch."""
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+class _WorkerHandle:
+    """The main process's view of one worker."""
+
+    def __init__(self, worker_id: int):
+        self.worker_id = worker_id
+        self.process: Any = None        # mp.Process or threading.Thread
+        self.conn: Any = None           # process mode: duplex socket Connection
+        self.fd_channel: Optional[socket.socket] = None
+        self.tasks: Optional[queue.Queue] = None   # thread mode
+        self.known_slabs: set = set()
+        self.pending_drops: List[int] = []
+        self.outstanding: Dict[int, tuple] = {}    # batch idx -> (indices, slab)
+        self.alive = True
+        self.exhausted = False
+
+    @property
+    def pid(self) -> Optional[int]:
+        return getattr(self.process, "pid", None)
+
+
+class Engine:
+    """Workers, slabs, reorder buffer and fetcher for one loader."""
+
+    def __init__(self, loader: Any):
+        self.num_workers = loader.num_workers
+        self.prefetch = max(loader.prefetch, 1)
+        self.timeout = loader.timeout
+        self.in_order = loader.in_order
+        self.iterable = loader.iterable
+        self.batch_size = int(loader.batch_size) if loader.batch_size is not None else 0
+        self.drop_last = loader.last_batch == "discard"
+        self.seed = loader.seed
+        self.use_threads = loader.thread_pool
+        self.max_restarts = loader.max_worker_restarts
+        self.payload = (loader.dataset, loader.batchify_fn, loader.worker_init_fn)
+        self.dataset_type = type(loader.dataset).__name__
+        self.stats: Dict[str, int] = {
+            "batches": 0, "slabs_created": 0, "slabs_reused": 0, "slabs_retired": 0,
+            "worker_restarts": 0, "epochs": 0,
+        }
+        self.state = RUNNING
+        self.epoch = loader.epoch
+        self._lock = threading.RLock()          # dispatch + worker table
+        self._shutdown_lock = threading.Lock()
+        self._rb = ReorderBuffer()
+        self._pool = SlabPool(self.stats)
+        self._workers: List[_WorkerHandle] = []
+        self._fetcher: Optional[threading.Thread] = None
+        self._stop_fetcher = False
+        self._wake_r, self._wake_w = (-1, -1)
+        self._failure: Optional[BaseException] = None
+        self._restarts = 0
+        self._batches: Optional[list] = None
+        self._next_dispatch = 0
+        self._next_yield = 0
+        self._yielded = 0
+        self._in_flight = 0
+        self._start_method = self._choose_start_method(loader.start_method)
+        self._spawn_payload: Optional[bytes] = None
+        self._finalizer: Any = None
+        try:
+            if self.use_threads:
+                for wid in range(self.num_workers):
+                    self._workers.append(self._start_thread_worker(wid))
+            else:
+                if self._start_method != "fork":
+                    self._spawn_payload = self._pickled_payload()
+                # Workers first, then the fetcher thread: never fork with a thread of ours alive.
+                self._workers = self._start_processes(range(self.num_workers), self._start_method)
+                self._wake_r, self._wake_w = os.pipe()
+                self._fetcher = threading.Thread(target=self._fetch_loop, name="mxload-fetcher", daemon=True)
+                self._fetcher.start()
+                _live_fetchers.add(self._fetcher)
+        except BaseException:
+            self.shutdown()
+            raise
+        # Runs at interpreter exit before multiprocessing's own teardown.
+        self._finalizer = mp_util.Finalize(None, self.shutdown, exitpriority=100)
+
+    # ------------------------------------------------------------------ start
+
+    @staticmethod
+    def _choose_start_method(requested: Optional[str]) -> str:
+        if requested is not None:
+            return requested
+        default = "fork" if sys.platform.startswith("linux") else mp.get_start_method()
+        if default == "fork" and any(t.is_alive() for t in list(_live_fetchers)):
+            # Another loader's fetcher thread is running: forking now could
+            # copy a held lock into the child.
+            return "forkserver"
+        return default
+
+    def _pickled_payload(self) -> bytes:
+        try:
+            return pickle.dumps(self.payload, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:
+            raise TypeError(
+                f"the dataset ({self.dataset_type}), batchify_fn or worker_init_fn cannot be pickled "
+                f"for {self._start_method!r} workers: {e}. Make them picklable (module-level "
+                f"functions and classes) or use start_method='fork'") from e
+
+    def _start_processes(self, worker_ids: Any, method: str) -> List[_WorkerHandle]:
+        ctx = mp.get_context(method)
+        payload: Any = self.payload if method == "fork" else (self._spawn_payload or self._pickled_payload())
+        use_death_signal = threading.current_thread() is threading.main_thread() or method != "fork"
+        handles = []
+        # Block SIGINT while starting so a Ctrl-C cannot hit a child before it
+        # has installed SIG_IGN (children inherit the mask, then unblock).
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            for wid in worker_ids:
+                handle = _WorkerHandle(wid)
+                parent_end, child_end = ctx.Pipe(duplex=True)
+                config = WorkerConfig(wid, self.num_workers, self.seed, self.epoch, payload, self.iterable,
+                                      self.batch_size, self.drop_last,
+                                      None if method == "forkserver" else os.getpid(), use_death_signal)
+                proc = ctx.Process(target=worker_process_main, args=(config, child_end),
+                                   name=f"mxload-worker-{wid}", daemon=True)
+                try:
+                    proc.start()
+                finally:
+                    child_end.close()
+                handle.process = proc
+                handle.conn = parent_end
+                handle.fd_channel = socket.socket(fileno=os.dup(parent_end.fileno()))
+                handles.append(handle)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        return handles
+
+    def _start_thread_worker(self, wid: int) -> _WorkerHandle:
+        from ._worker import worker_seed
+        handle = _WorkerHandle(wid)
+        handle.tasks = queue.Queue()
+        handle.process = threading.Thread(
+            target=thread_worker_main,
+            args=(self, wid, self.num_workers, worker_seed(self.seed, self.epoch, wid), handle.tasks),
+            name=f"mxload-worker-thread-{wid}", daemon=True)
+        handle.process.start()
+        return handle
+
+    # ------------------------------------------------------------------ epochs
+
+    def begin_epoch(self, epoch: int, batches: Optional[list]) -> None:
+        """Start an epoch: `batches` of indices, or None for an IterableDataset."""
+        with self._lock:
+            if self.state != RUNNING:
+                raise RuntimeError(f"the loader's workers are {self.state}")
+            self.epoch = epoch
+            self.stats["epochs"] += 1
+            stale = self._rb.clear()
+            for w in self._workers:
+                for _, slab in w.outstanding.values():
+                    if slab is not None:
+                        self._pool.release(slab)
+                w.outstanding.clear()
+                w.exhausted = False
+            self._batches = batches
+            self._next_dispatch = self._next_yield = self._yielded = self._in_flight = 0
+            self._dispatch_more()
+        del stale  # recycled slabs of the previous epoch, released outside the lock
+
+    @property
+    def total_batches(self) -> Optional[int]:
+        return None if self._batches is None else len(self._batches)
+
+    def _pick_worker(self) -> Optional[_WorkerHandle]:
+        live = [w for w in self._workers if w.alive and not w.exhausted]
+        if not live:
+            return None
+        if self.iterable:
+            # Round-robin over the shards keeps in-order results interleaved.
+            return live[self._next_dispatch % len(live)]
+        return min(live, key=lambda w: len(w.outstanding))
+
+    def _dispatch_more(self) -> None:
+        with self._lock:
+            while self.state == RUNNING and self._in_flight < self.prefetch:
+                if self._batches is not None and self._next_dispatch >= len(self._batches):
+                    return
+                worker = self._pick_worker()
+                if worker is None:
+                    return
+                idx = self._next_dispatch
+                indices = self._batches[idx] if self._batches is not None else None
+                self._send_task(worker, idx, indices)
+                self._next_dispatch += 1
+                self._in_flight += 1
+
+    def _send_task(self, worker: _WorkerHandle, idx: int, indices: Any) -> None:
+        if self.use_threads:
+            worker.outstanding[idx] = (indices, None)
+            assert worker.tasks is not None
+            worker.tasks.put((self.epoch, idx, indices))
+            return
+        slab = self._pool.acquire()
+        worker.outstanding[idx] = (indices, slab)
+        slab_id = slab.slab_id if slab is not None else None
+        fd_follows = slab is not None and slab_id not in worker.known_slabs
+        drops, worker.pending_drops = worker.pending_drops, []
+        try:
+            worker.conn.send((self.epoch, idx, indices, slab_id, slab.size if slab is not None else 0,
+                              fd_follows, drops))
+            if fd_follows:
+                assert worker.fd_channel is not None
+                socket.send_fds(worker.fd_channel, [b"F"], [self._pool.fd(slab_id)])
+                worker.known_slabs.add(slab_id)
+        except OSError:
+            pass  # the worker is dead; the fetcher reports it and re-dispatches or fails
+
+    # ------------------------------------------------------------------ consumer
+
+    def next_batch(self) -> Any:
+        """The next batch for the consumer, or _END.  Raises what the epoch hit."""
+        while True:
+            if self._finished():
+                return _END
+            try:
+                if self.in_order:
+                    idx = self._next_yield
+                    item = self._rb.get(idx, self.timeout)
+                else:
+                    idx, item = self._rb.pop_next(self.timeout)
+            except TimeoutError:
+                alive = [(w.worker_id, w.pid) for w in self._workers if w.alive]
+                waited = f"batch {self._next_yield}" if self.in_order else "any batch"
+                raise LoaderTimeoutError(
+                    f"no {waited} within timeout={self.timeout} s; workers still alive "
+                    f"(id, pid): {alive}. A worker may be stuck in __getitem__; raise `timeout` "
+                    f"if batches are legitimately slow") from None
+            except BufferClosedError:
+                if self._failure is not None:
+                    raise self._failure from None
+                raise
+            with self._lock:
+                self._next_yield += 1
+                self._yielded += 1
+                self._in_flight -= 1
+                self._dispatch_more()
+            if item is _EXHAUSTED:
+                continue
+            if isinstance(item, _Failure):
+                raise item.error
+            self.stats["batches"] += 1
+            return item
+
+    def _finished(self) -> bool:
+        with self._lock:
+            if self._batches is not None:
+                return self._yielded >= len(self._batches)
+            return self._in_flight == 0 and all(w.exhausted or not w.alive for w in self._workers)
+
+    # ------------------------------------------------------------------ results
+
+    def deliver_thread_result(self, worker_id: int, msg: tuple) -> None:
+        """Thread workers hand results here (their thread, not the fetcher's)."""
+        with self._lock:
+            worker = self._workers[worker_id]
+            self._handle_message(worker, msg)
+
+    def _handle_message(self, worker: _WorkerHandle, msg: tuple) -> None:
+        kind, epoch, idx = msg[0], msg[1], msg[2]
+        if idx < 0 and kind == "error":   # worker_init_fn failed: the worker is unusable
+            self._fail(_rebuild_exception(msg[3], worker.worker_id, worker.pid, -1))
+            return
+        task = worker.outstanding.pop(idx, None) if epoch == self.epoch else None
+        assigned = task[1] if task is not None else None
+        if kind == "new_slab":
+            fd = self._receive_fd(worker)
+            size = msg[3]
+            slab = self._pool.adopt(fd, size)
+            if assigned is not None:
+                # Too small for this batch: retire it everywhere.
+                self._pool.retire(assigned)
+                for w in self._workers:
+                    if assigned.slab_id in w.known_slabs:
+                        w.known_slabs.discard(assigned.slab_id)
+                        w.pending_drops.append(assigned.slab_id)
+            assigned = slab
+            kind = "ok"
+            nbytes, layout = msg[4], msg[5]
+        elif kind == "ok":
+            nbytes, layout = msg[4], msg[5]
+        if task is None:   # stale result from an abandoned epoch
+            if assigned is not None:
+                self._pool.release(assigned)
+            return
+        if kind == "ok":
+            if nbytes == 0 or assigned is None:
+                if assigned is not None:
+                    self._pool.release(assigned)
+                batch = views_from_layout(layout, b"")
+            else:
+                owner = BatchOwner(assigned, 0, nbytes, self._pool.release)
+                batch = views_from_layout(layout, owner)
+            self._store(idx, batch)
+        elif kind == "batch":   # thread worker, private memory
+            self._store(idx, msg[3])
+        elif kind == "exhausted":
+            worker.exhausted = True
+            self._store(idx, _EXHAUSTED)
+        elif kind == "error":
+            if assigned is not None:
+                self._pool.release(assigned)
+            self._store(idx, _Failure(_rebuild_exception(msg[3], worker.worker_id, worker.pid, idx)))
+
+    def _store(self, idx: int, item: Any) -> None:
+        try:
+            self._rb.put(idx, item)
+        except BufferClosedError:
+            pass  # the epoch already failed or is shutting down: drop it
+
+    def _receive_fd(self, worker: _WorkerHandle) -> int:
+        assert worker.fd_channel is not None
+        _, fds, _, _ = socket.recv_fds(worker.fd_channel, 1, 1)
+        if not fds:
+            raise SharedMemoryError(f"worker {worker.worker_id} announced a slab but sent no descriptor")
+        return fds[0]
+
+    def _fetch_loop(self) -> None:
+        """Fetcher thread: move worker results into the ReorderBuffer and
+        notice dead workers at once (their sentinels become ready)."""
+        try:
+            while not self._stop_fetcher:
+                with self._lock:
+                    live = [w for w in self._workers if w.alive]
+                waitables: Dict[Any, _WorkerHandle] = {}
+                for w in live:
+                    waitables[w.conn] = w
+                    waitables[w.process.sentinel] = w
+                ready = mp_connection.wait(list(waitables) + [self._wake_r], timeout=1.0)
+                if self._stop_fetcher:
+                    return
+                dead = []
+                for obj in ready:
+                    if obj == self._wake_r:
+                        continue
+                    worker = waitables[obj]
+                    if obj is worker.conn:
+                        if not self._drain(worker):
+                            dead.append(worker)
+                    elif worker not in dead:
+                        self._drain(worker)
+                        dead.append(worker)
+                for worker in dead:
+                    if worker.alive:
+                        self._on_worker_death(worker)
+        except BaseException as e:  # never die silently: the consumer must not hang
+            if not self._stop_fetcher:
+                self._fail(WorkerError(f"mxload fetcher thread failed: {type(e).__name__}: {e}"))
+
+    def _drain(self, worker: _WorkerHandle) -> bool:
+        """Handle every message waiting from `worker`; False if its socket closed."""
+        try:
+            while worker.conn.poll():
+                msg = worker.conn.recv()
+                with self._lock:
+                    self._handle_message(worker, msg)
+        except (EOFError, OSError):
+            return False
+        return True
+
+    def _on_worker_death(self, worker: _WorkerHandle) -> None:
+        proc = worker.process
+        proc.join(timeout=0.5)
+        exitcode = proc.exitcode
+        with self._lock:
+            worker.alive = False
+            if self.state != RUNNING:
+                return
+            how = _describe_exit(exitcode)
+            error_type = WorkerError
+            hint = ""
+            if exitcode == -signal.SIGBUS:
+                error_type = SharedMemoryError
+                hint = (" (SIGBUS: shared memory ran out; lower prefetch or the batch size, or "
+                        "enlarge /dev/shm)")
+            if self._restarts < self.max_restarts and self._restartable():
+                self._restarts += 1
+                self.stats["worker_restarts"] += 1
+                warnings.warn(f"mxload worker {worker.worker_id} (pid {worker.pid}) died ({how}{hint}); "
+                              f"restarting it ({self._restarts}/{self.max_restarts})", RuntimeWarning,
+                              stacklevel=1)
+                self._restart(worker)
+                return
+            held = sorted(worker.outstanding)
+            self._fail(error_type(
+                f"mxload worker {worker.worker_id} (pid {worker.pid}) died unexpectedly ({how}){hint} "
+                f"while holding batches {held}" +
+                (f"; max_worker_restarts={self.max_restarts} exhausted" if self.max_restarts else ""),
+                worker.worker_id, worker.pid, exitcode, held[0] if held else None))
+
+    def _restartable(self) -> bool:
+        return not self.iterable  # a stream's position died with its worker
+
+    def _restart(self, dead: _WorkerHandle) -> None:
+        """Replace a dead worker and dispatch its batches again (fetcher thread,
+        so the new process comes from forkserver/spawn, never fork)."""
+        method = "forkserver" if self._start_method == "fork" else self._start_method
+        try:
+            (new,) = self._start_processes([dead.worker_id], method)
+        except Exception as e:
+            self._fail(WorkerError(f"could not restart worker {dead.worker_id}: {e}", dead.worker_id))
+            return
+        self._close_worker_channels(dead)
+        self._workers[dead.worker_id] = new
+        for idx, (indices, slab) in sorted(dead.outstanding.items()):
+            if slab is not None:
+                self._pool.release(slab)
+            self._send_task(new, idx, indices)
+        dead.outstanding.clear()
+
+    def _fail(self, error: BaseException) -> None:
+        """Record a fatal error and wake the consumer with it."""
+        if self._failure is None:
+            self._failure = error
+        self._rb.close(str(error))
+
+    # ------------------------------------------------------------------ shutdown
+
+    def shutdown(self) -> None:
+        """End the workers and release everything; idempotent, thread-safe,
+        bounded by SHUTDOWN_DEADLINE_S however stuck the workers are."""
+        if self.state == CLOSED:
+            return
+        if sys.is_finalizing():
+            return  # multiprocessing's own exit handling kills daemonic workers
+        with self._shutdown_lock:
+            if self.state == CLOSED:
+                return
+            self.state = SHUTTING_DOWN
+            start = time.monotonic()
+            deadline = start + SHUTDOWN_DEADLINE_S
+            # Shutdown sequence:
+            # 1. Stop the fetcher thread and join it: wake its wait() through
+            #    the self-pipe, so it is never left blocked on a worker socket.
+            self._stop_fetcher = True
+            if self._wake_w >= 0:
+                try:
+                    os.write(self._wake_w, b"x")
+                except OSError:
+                    pass
+            fetcher = self._fetcher
+            if fetcher is not None and fetcher is not threading.current_thread():
+                fetcher.join(timeout=max(0.0, deadline - time.monotonic()))
+            # 2. Wake a consumer blocked in the ReorderBuffer.
+            self._rb.close("the loader is shutting down")
+            # 3. Ask every worker to stop (a None task) and give them a short
+            #    grace period to finish on their own.
+            for w in self._workers:
+                try:
+                    if w.tasks is not None:
+                        w.tasks.put(None)
+                    elif w.conn is not None:
+                        w.conn.send(None)
+                except (OSError, ValueError):
+                    pass
+            if self.use_threads:
+                for w in self._workers:
+                    if w.process is not threading.current_thread():
+                        w.process.join(timeout=max(0.0, deadline - time.monotonic()))
+            else:
+                self._end_processes(start, deadline)
+            # 4. Close sockets and pipes, drop buffered batches, release slabs.
+            for w in self._workers:
+                self._close_worker_channels(w)
+                w.outstanding.clear()
+                w.alive = False
+            for fd in (self._wake_r, self._wake_w):
+                if fd >= 0:
+                    os.close(fd)
+            self._wake_r = self._wake_w = -1
+            self._rb.clear()
+            self._pool.close()
+            # 5. Nothing left for the exit handler to do.
+            if self._finalizer is not None:
+                self._finalizer.cancel()
+            self.state = CLOSED
+
+    def _end_processes(self, start: float, deadline: float) -> None:
+        """Grace, then SIGTERM, then SIGKILL, all within one deadline; reap all."""
+        procs = [w.process for w in self._workers if w.process is not None]
+        self._wait_exit(procs, start + SHUTDOWN_GRACE_S)
+        alive = [p for p in procs if p.exitcode is None]
+        for p in alive:
+            try:
+                p.terminate()
+            except (OSError, ValueError):
+                pass
+        self._wait_exit(alive, min(deadline, start + SHUTDOWN_TERMINATE_S))
+        for p in alive:
+            if p.exitcode is None:
+                try:
+                    p.kill()
+                except (OSError, ValueError):
+                    pass
+        self._wait_exit(alive, deadline)
+        for p in procs:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))  # reap: no zombies
+            if p.exitcode is not None:
+                p.close()
+
+    @staticmethod
+    def _wait_exit(procs: list, until: float) -> None:
+        pending = [p for p in procs if p.exitcode is None]
+        while pending:
+            remaining = until - time.monotonic()
+            if remaining <= 0:
+                return
+            mp_connection.wait([p.sentinel for p in pending], timeout=remaining)
+            pending = [p for p in pending if p.exitcode is None]
+
+    @staticmethod
+    def _close_worker_channels(w: _WorkerHandle) -> None:
+        for channel in (w.fd_channel, w.conn):
+            if channel is not None:
+                try:
+                    channel.close()
+                except OSError:
+                    pass
+        w.fd_channel = None
+        w.conn = None
+
+    def __repr__(self) -> str:
+        return f"<mxload Engine {self.state}, {self.num_workers} workers>"
+
+
+class EpochIterator:
+    """What ``iter(loader)`` returns with workers: one epoch of batches.
+
+    Ends its engine (unless persistent) when exhausted, closed, on error, or
+    when garbage-collected: ``for batch in loader: break`` stops the workers
+    at once, because nothing else holds this object strongly."""
+
+    def __init__(self, engine: Engine, persistent: bool):
+        self.engine = engine
+        self._persistent = persistent
+        self._closed = False
+
+    def __iter__(self) -> "EpochIterator":
+        return self
+
+    def __len__(self) -> int:
+        total = self.engine.total_batches
+        if total is None:
+            raise TypeError("the number of batches of an IterableDataset is not known")
+        return total
+
+    def __next__(self) -> Any:
+        if self._closed:
+            raise StopIteration
+        try:
+            batch = self.engine.next_batch()
+        except BaseException:
+            # Worker failure, timeout or Ctrl-C: the epoch is over either way.
+            self._end(force=True)
+            raise
+        if batch is _END:
+            self._end()
+            raise StopIteration
+        return batch
+
+    def _end(self, force: bool = False) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if force or not self._persistent:
+            self.engine.shutdown()
+
+    def release_engine_at_end(self) -> None:
+        """The loader is gone: end the workers with this epoch, even if persistent."""
+        self._persistent = False
+        if self._closed:
+            self.engine.shutdown()
+
+    def close(self) -> None:
+        """End this epoch now; without persistent workers, end the workers."""
+        self._end()
+
+    shutdown = close
+
+    def __enter__(self) -> "EpochIterator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if sys.is_finalizing():
+            return
+        try:
+            self._end()
+        except Exception:
+            pass
+
+
+def start_epoch(loader: Any) -> EpochIterator:
+    """Start one epoch of `loader` on its (possibly persistent) engine."""
+    engine = loader._engine
+    if engine is None or engine.state != RUNNING:
+        engine = Engine(loader)
+        if loader.persistent_workers:
+            loader._engine = engine
+    batches = None if loader.iterable else loader._epoch_batches()
+    engine.begin_epoch(loader.epoch, batches)
+    return EpochIterator(engine, loader.persistent_workers)

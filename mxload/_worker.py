@@ -1,0 +1,273 @@
+"""The worker loop (processes and threads), worker info, seeding, signals and
+the parent watchdog.
+
+Protocol (one duplex socket per worker process, see _engine):
+  main -> worker  (epoch, batch_idx, indices, slab_id, slab_size, fd_follows, drop_ids)
+                  or None to stop.  When fd_follows, the slab's descriptor is
+                  sent right after with SCM_RIGHTS.
+  worker -> main  ("ok", epoch, idx, slab_id, nbytes, layout, timings)
+                  ("new_slab", epoch, idx, size, nbytes, layout, timings) + descriptor
+                  ("error", epoch, idx, exception_info)
+                  ("exhausted", epoch, idx)            IterableDataset shard is done
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from . import batchify as _batchify
+from ._slabs import create_shared_fd, map_slab, slab_size_for
+
+__all__ = ["WorkerInfo", "get_worker_info"]
+
+# How often an idle worker checks that its parent is still alive.
+PARENT_CHECK_INTERVAL_S = 0.25
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """What `get_worker_info()` returns inside a worker."""
+    id: int
+    num_workers: int
+    seed: int
+    dataset: Any
+
+
+_process_info: Optional[WorkerInfo] = None
+_thread_info = threading.local()
+
+
+def get_worker_info() -> Optional[WorkerInfo]:
+    """Inside a worker: its id, the number of workers, its seed and its copy of
+    the dataset (use them to shard an IterableDataset).  None elsewhere."""
+    info = getattr(_thread_info, "info", None)
+    return info if info is not None else _process_info
+
+
+def worker_seed(seed: int, epoch: int, worker_id: int) -> int:
+    """A 63-bit seed for one worker in one epoch: distinct per worker and per
+    epoch, reproducible from the loader's seed."""
+    state = np.random.SeedSequence([seed, epoch, worker_id]).generate_state(1, np.uint64)
+    return int(state[0]) % (2 ** 63)
+
+
+def _seed_global_rngs(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2 ** 32))
+
+
+def _set_parent_death_signal() -> None:
+    """Linux: get SIGKILL when the thread that started us dies."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except Exception:
+        pass  # the parent-pid watchdog still covers us
+
+
+def pack_exception(exc: BaseException) -> tuple:
+    """(module, qualname, message, formatted traceback, pickled exception or None)."""
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        blob: Optional[bytes] = pickle.dumps(exc)
+        pickle.loads(blob)  # some exceptions pickle but cannot be rebuilt
+    except Exception:
+        blob = None
+    return (type(exc).__module__, type(exc).__qualname__, str(exc), tb, blob)
+
+
+def fetch_samples(dataset: Any, indices: np.ndarray) -> Any:
+    """The samples of one batch: one ``__getitems__`` call where the dataset
+    offers it (torch 2.x protocol), else one ``__getitem__`` per index."""
+    getitems = getattr(dataset, "__getitems__", None)
+    if getitems is not None:
+        return getitems(indices)
+    return [dataset[i] for i in indices.tolist()]
+
+
+class _Stream:
+    """Batches drawn from an IterableDataset (this worker's shard)."""
+
+    def __init__(self, dataset: Any, batch_size: int, drop_last: bool):
+        self._it = iter(dataset)
+        self._batch_size = batch_size
+        self._drop_last = drop_last
+        self.exhausted = False
+
+    def next_samples(self) -> Optional[list]:
+        if self.exhausted:
+            return None
+        samples = []
+        for sample in self._it:
+            samples.append(sample)
+            if len(samples) == self._batch_size:
+                return samples
+        self.exhausted = True
+        if not samples or (self._drop_last and len(samples) < self._batch_size):
+            return None
+        return samples
+
+
+@dataclass
+class WorkerConfig:
+    """Everything a worker needs besides its socket (picklable for spawn)."""
+    worker_id: int
+    num_workers: int
+    seed: int
+    epoch: int
+    payload: Any          # (dataset, batchify_fn, worker_init_fn) or its pickle
+    iterable: bool
+    batch_size: int
+    drop_last: bool
+    parent_pid: Optional[int]   # None: whoever started us (forkserver)
+    use_death_signal: bool
+
+
+def worker_process_main(config: WorkerConfig, conn: Any) -> None:
+    """Entry point of a worker process."""
+    # Ctrl-C goes to the whole process group; the main process owns it and
+    # ends us through the shutdown path, so ignore it (no worker tracebacks).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    if config.use_death_signal:
+        _set_parent_death_signal()
+    # Under forkserver our parent is the fork server (which exits with the
+    # main process), so watch whichever process started us.
+    parent_pid = config.parent_pid if config.parent_pid is not None else os.getppid()
+    if os.getppid() != parent_pid:
+        return  # the parent died before the death signal was armed
+    global _process_info
+    payload = config.payload
+    if isinstance(payload, bytes):
+        payload = pickle.loads(payload)
+    dataset, batchify_fn, worker_init_fn = payload
+    seed = worker_seed(config.seed, config.epoch, config.worker_id)
+    _seed_global_rngs(seed)
+    _process_info = WorkerInfo(config.worker_id, config.num_workers, seed, dataset)
+    fd_channel = socket.socket(fileno=os.dup(conn.fileno()))
+    try:
+        if worker_init_fn is not None:
+            try:
+                worker_init_fn(config.worker_id)
+            except Exception as e:
+                conn.send(("error", config.epoch, -1, pack_exception(e)))
+                return
+        _serve(config, parent_pid, conn, fd_channel, dataset, batchify_fn)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the main process went away: nothing left to serve
+    finally:
+        fd_channel.close()
+
+
+def _serve(config: WorkerConfig, parent_pid: int, conn: Any, fd_channel: socket.socket, dataset: Any,
+           batchify_fn: Any) -> None:
+    slabs: dict = {}
+    stream: Optional[_Stream] = None
+    stream_epoch = None
+    while True:
+        while not conn.poll(PARENT_CHECK_INTERVAL_S):
+            if os.getppid() != parent_pid:
+                return  # orphaned: the parent was killed
+        task = conn.recv()
+        if task is None:
+            return
+        epoch, idx, indices, slab_id, slab_size, fd_follows, drop_ids = task
+        for dropped in drop_ids:
+            slabs.pop(dropped, None)
+        if fd_follows:
+            _, fds, _, _ = socket.recv_fds(fd_channel, 1, 1)
+            try:
+                slabs[slab_id] = map_slab(fds[0], slab_size, slab_id)
+            finally:
+                os.close(fds[0])
+        t0 = time.perf_counter_ns()
+        try:
+            if config.iterable:
+                if stream is None or stream_epoch != epoch:
+                    stream, stream_epoch = _Stream(dataset, config.batch_size, config.drop_last), epoch
+                samples = stream.next_samples()
+                if samples is None:
+                    conn.send(("exhausted", epoch, idx))
+                    continue
+            else:
+                samples = fetch_samples(dataset, indices)
+            t1 = time.perf_counter_ns()
+            plan = _batchify.plan_batch(batchify_fn, samples, idx)
+            slab = slabs.get(slab_id) if slab_id is not None else None
+            if plan.nbytes == 0:
+                reply: tuple = ("ok", epoch, idx, slab_id, 0, plan.layout())
+                new_fd = -1
+            elif slab is not None and slab.size >= plan.nbytes:
+                plan.fill(slab)
+                reply = ("ok", epoch, idx, slab_id, plan.nbytes, plan.layout())
+                new_fd = -1
+            else:
+                size = slab_size_for(plan.nbytes, slab.size if slab is not None else 0)
+                new_fd = create_shared_fd(size)
+                new_slab = map_slab(new_fd, size, None, populate=True)
+                plan.fill(new_slab)
+                del new_slab
+                reply = ("new_slab", epoch, idx, size, plan.nbytes, plan.layout())
+            t2 = time.perf_counter_ns()
+        except Exception as e:
+            conn.send(("error", epoch, idx, pack_exception(e)))
+            continue
+        conn.send(reply + ((t1 - t0, t2 - t1, plan.field_stats()),))
+        if new_fd >= 0:
+            try:
+                socket.send_fds(fd_channel, [b"F"], [new_fd])
+            finally:
+                os.close(new_fd)
+
+
+def thread_worker_main(engine: Any, worker_id: int, num_workers: int, seed: int, tasks: Any) -> None:
+    """Entry point of a worker thread (thread_pool=True): same task protocol,
+    batches collated into private memory and delivered to the engine."""
+    dataset, batchify_fn, worker_init_fn = engine.payload
+    _thread_info.info = WorkerInfo(worker_id, num_workers, seed, dataset)
+    try:
+        if worker_init_fn is not None:
+            try:
+                worker_init_fn(worker_id)
+            except Exception as e:
+                engine.deliver_thread_result(worker_id, ("error", engine.epoch, -1, pack_exception(e)))
+                return
+        stream: Optional[_Stream] = None
+        stream_epoch = None
+        while True:
+            task = tasks.get()
+            if task is None:
+                return
+            epoch, idx, indices = task[:3]
+            try:
+                if engine.iterable:
+                    if stream is None or stream_epoch != epoch:
+                        stream, stream_epoch = _Stream(dataset, engine.batch_size, engine.drop_last), epoch
+                    samples = stream.next_samples()
+                    if samples is None:
+                        engine.deliver_thread_result(worker_id, ("exhausted", epoch, idx))
+                        continue
+                else:
+                    samples = fetch_samples(dataset, indices)
+                batch = _batchify.collate(batchify_fn, samples, idx)
+            except Exception as e:
+                engine.deliver_thread_result(worker_id, ("error", epoch, idx, pack_exception(e)))
+                continue
+            engine.deliver_thread_result(worker_id, ("batch", epoch, idx, batch))
+    finally:
+        _thread_info.info = None

@@ -1,0 +1,441 @@
+"""Batchify functions: turn a list of samples into one batch.
+
+Every built-in batchify works in two steps so a whole batch is one buffer:
+
+1. *plan*: walk the samples' structure, validate every field (the Cython
+   ``stack_check``/``pad_check``), and record each batched field (kernel,
+   inputs, output shape and dtype) in a :class:`BatchPlan`.  The Cython layout
+   planner then places all fields in one 64-byte aligned buffer.
+2. *fill*: run the Cython kernels (GIL released) into a caller-provided
+   buffer: a private allocation in-process, a shared-memory slab in a worker.
+
+A plan's ``layout`` (structure + offsets/shapes/dtypes, no data) is what a
+worker sends to the main process, which rebuilds the batch as numpy views over
+the same slab without copying.
+
+Structure nodes (small tuples, cheap to pickle):
+``("f", i)`` field i; ``("t", kind, children)`` a tuple (kind None), list
+(kind list) or namedtuple (kind = its class); ``("d", keys, children)`` a dict;
+``("o", value)`` a Python object passed through as is.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable, Iterator, List as TList, Optional, Tuple as TTuple
+
+import numpy as np
+
+from . import _core
+
+__all__ = [
+    "Batchify", "Stack", "Pad", "Tuple", "Dict", "List", "default_batchify",
+    "BatchPlan", "plan_batch", "collate", "GatheredSamples",
+]
+
+_SCALAR_TYPES = (bool, int, float, complex, np.generic)
+
+
+class _Field:
+    """One batched array of the plan."""
+
+    __slots__ = ("path", "kernel", "arrays", "shape", "dtype", "axis", "pattern", "nbytes")
+
+    def __init__(self, path: str, kernel: str, arrays: Any, shape: tuple, dtype: np.dtype,
+                 axis: int = 0, pattern: bytes = b""):
+        self.path = path
+        self.kernel = kernel        # "stack" | "pad" | "copy"
+        self.arrays = arrays        # list of samples' arrays, or one array for "copy"
+        self.shape = shape
+        self.dtype = dtype
+        self.axis = axis
+        self.pattern = pattern
+        self.nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+
+
+class _Planner:
+    """Collects the fields of one batch while its structure is walked."""
+
+    __slots__ = ("fields", "batch_index")
+
+    def __init__(self, batch_index: Optional[int]):
+        self.fields: TList[_Field] = []
+        self.batch_index = batch_index
+
+    def add(self, field: _Field) -> TTuple[str, int]:
+        self.fields.append(field)
+        return ("f", len(self.fields) - 1)
+
+    def error(self, exc_type: type, path: str, message: str) -> Exception:
+        where = f"batch {self.batch_index}, " if self.batch_index is not None else ""
+        return exc_type(f"cannot collate {where}field {path}: {message}")
+
+
+class BatchPlan:
+    """A planned batch: its structure, its fields and their place in one buffer."""
+
+    __slots__ = ("root", "fields", "offsets", "nbytes")
+
+    def __init__(self, root: tuple, fields: TList[_Field]):
+        self.root = root
+        self.fields = fields
+        offsets, total = _core.plan_layout([f.nbytes for f in fields])
+        self.offsets = offsets
+        self.nbytes = int(total)
+
+    def fill(self, buffer: Any, base_offset: int = 0) -> TTuple[list, list]:
+        """Collate every field into `buffer` (anything exporting a writable
+        buffer) starting at `base_offset`.  Returns (views, per-field ns)."""
+        views = []
+        times = []
+        for field, off in zip(self.fields, self.offsets):
+            out = np.ndarray(field.shape, field.dtype, buffer=buffer, offset=base_offset + int(off))
+            if field.kernel == "stack":
+                ns = _core.stack_fill(field.arrays, out)
+            elif field.kernel == "pad":
+                ns = _core.pad_fill(field.arrays, out, field.axis, field.pattern)
+            else:
+                ns = _core.copy_into(field.arrays, out)
+            views.append(out)
+            times.append(ns)
+        return views, times
+
+    def layout(self) -> tuple:
+        """Picklable description of the batch: structure + (offset, shape, dtype) per field."""
+        return (self.root, [(int(o), f.shape, f.dtype) for f, o in zip(self.fields, self.offsets)])
+
+    def field_stats(self) -> TList[TTuple[str, str, int, tuple, str]]:
+        """(path, kernel, nbytes, shape, dtype) of every field, for the profiler."""
+        return [(f.path, f.kernel, f.nbytes, f.shape, f.dtype.str) for f in self.fields]
+
+
+def assemble(node: tuple, arrays: Sequence) -> Any:
+    """Rebuild a batch's structure from a plan node and its field arrays."""
+    tag = node[0]
+    if tag == "f":
+        return arrays[node[1]]
+    if tag == "t":
+        kind, children = node[1], node[2]
+        items = [assemble(c, arrays) for c in children]
+        if kind is None:
+            return tuple(items)
+        if kind is list:
+            return items
+        return kind(*items)  # namedtuple
+    if tag == "d":
+        return {k: assemble(c, arrays) for k, c in zip(node[1], node[2])}
+    return node[1]
+
+
+def views_from_layout(layout: tuple, buffer: Any, base_offset: int = 0) -> Any:
+    """The batch a layout describes, as numpy views over `buffer` (no copy)."""
+    root, specs = layout
+    arrays = [np.ndarray(shape, dtype, buffer=buffer, offset=base_offset + off)
+              for off, shape, dtype in specs]
+    return assemble(root, arrays)
+
+
+def allocate(nbytes: int) -> np.ndarray:
+    """A private, 64-byte aligned uint8 buffer of `nbytes` bytes."""
+    raw = np.empty(nbytes + _core.ALIGNMENT, np.uint8)
+    start = (-raw.ctypes.data) % _core.ALIGNMENT
+    return raw[start:start + nbytes]
+
+
+# ---------------------------------------------------------------------------
+# Batchify functions
+
+
+class Batchify:
+    """Base class of planned batchify functions; calling one collates a batch."""
+
+    def plan(self, samples: Sequence, path: str, planner: _Planner) -> tuple:
+        raise NotImplementedError
+
+    def __call__(self, samples: Sequence) -> Any:
+        return collate(self, samples)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class Stack(Batchify):
+    """Stack samples (arrays or scalars of one shape and dtype) on a new axis 0."""
+
+    def plan(self, samples: Sequence, path: str, planner: _Planner) -> tuple:
+        return planner.add(_stack_field(samples, path, planner))
+
+
+class Pad(Batchify):
+    """Pad samples ragged along `axis` to the longest and stack them.
+
+    ret_length=True yields (batch, lengths); `dtype` casts the samples first."""
+
+    def __init__(self, axis: int = 0, val: Any = 0, ret_length: bool = False, dtype: Any = None):
+        self.axis = axis
+        self.val = val
+        self.ret_length = ret_length
+        self.dtype = None if dtype is None else np.dtype(dtype)
+
+    def plan(self, samples: Sequence, path: str, planner: _Planner) -> tuple:
+        items = samples
+        if self.dtype is not None:
+            items = [np.asarray(x, dtype=self.dtype) for x in samples]
+        try:
+            arrays, shape, dtype, lengths = _core.pad_check(items, self.axis)
+            pattern = _core.pad_value_bytes(self.val, dtype)
+        except (ValueError, TypeError) as e:
+            raise planner.error(type(e), path, str(e)) from None
+        axis = self.axis if self.axis >= 0 else self.axis + len(shape) - 1
+        node = planner.add(_Field(path, "pad", arrays, shape, dtype, axis, pattern))
+        if not self.ret_length:
+            return node
+        length_node = planner.add(_Field(path + ".lengths", "copy", lengths, lengths.shape, lengths.dtype))
+        return ("t", None, [node, length_node])
+
+    def __repr__(self) -> str:
+        return f"Pad(axis={self.axis}, val={self.val!r}, ret_length={self.ret_length}, dtype={self.dtype})"
+
+
+class Tuple(Batchify):
+    """Apply the i-th function to the i-th element of every (tuple) sample."""
+
+    def __init__(self, *fns: Any):
+        if len(fns) == 1 and isinstance(fns[0], (list, tuple)):
+            fns = tuple(fns[0])
+        if not fns:
+            raise ValueError("Tuple() needs at least one batchify function")
+        for i, fn in enumerate(fns):
+            if not callable(fn):
+                raise TypeError(f"Tuple() argument {i} is not callable: {fn!r}")
+        self.fns = fns
+
+    def plan(self, samples: Sequence, path: str, planner: _Planner) -> tuple:
+        columns = _columns(samples, len(self.fns), path, planner)
+        return ("t", None, [_plan_with(fn, col, f"{path}[{i}]", planner)
+                            for i, (fn, col) in enumerate(zip(self.fns, columns))])
+
+    def __repr__(self) -> str:
+        return f"Tuple({', '.join(map(repr, self.fns))})"
+
+
+class Dict(Batchify):
+    """Apply per-key functions to dict samples; keys without one use default_batchify."""
+
+    def __init__(self, fns: Optional[Mapping] = None, **kwargs: Any):
+        merged = dict(fns or {}, **kwargs)
+        for k, fn in merged.items():
+            if not callable(fn):
+                raise TypeError(f"Dict() function for key {k!r} is not callable: {fn!r}")
+        self.fns = merged
+
+    def plan(self, samples: Sequence, path: str, planner: _Planner) -> tuple:
+        keys = _dict_keys(samples, path, planner)
+        missing = [k for k in self.fns if k not in keys]
+        if missing:
+            raise planner.error(KeyError if False else ValueError, path,
+                                f"samples have no key(s) {missing!r} named in Dict(); sample keys: {list(keys)!r}")
+        children = []
+        for k in keys:
+            fn = self.fns.get(k, default_batchify)
+            children.append(_plan_with(fn, [s[k] for s in samples], f"{path}[{k!r}]", planner))
+        return ("d", keys, children)
+
+    def __repr__(self) -> str:
+        return f"Dict({self.fns!r})"
+
+
+class List(Batchify):
+    """Keep the samples as a plain Python list (no collation)."""
+
+    def plan(self, samples: Sequence, path: str, planner: _Planner) -> tuple:
+        return ("o", list(samples))
+
+
+class _DefaultBatchify(Batchify):
+    """Stack arrays and scalars, recursing into tuples, lists, namedtuples and
+    dicts; strings are kept as lists.  Anything else is an error naming the
+    field."""
+
+    def plan(self, samples: Sequence, path: str, planner: _Planner) -> tuple:
+        if isinstance(samples, GatheredSamples):
+            node = samples.plan_columns(path, planner)
+            if node is not None:
+                return node
+        first = samples[0]
+        if isinstance(first, (np.ndarray,) + _SCALAR_TYPES):
+            return planner.add(_stack_field(samples, path, planner))
+        if isinstance(first, tuple) and hasattr(first, "_fields"):  # namedtuple
+            columns = _columns(samples, len(first), path, planner)
+            return ("t", type(first), [self.plan(c, f"{path}.{name}", planner)
+                                       for name, c in zip(first._fields, columns)])
+        if isinstance(first, (tuple, list)):
+            columns = _columns(samples, len(first), path, planner)
+            return ("t", None if isinstance(first, tuple) else list,
+                    [self.plan(c, f"{path}[{i}]", planner) for i, c in enumerate(columns)])
+        if isinstance(first, Mapping):
+            keys = _dict_keys(samples, path, planner)
+            return ("d", keys, [self.plan([s[k] for s in samples], f"{path}[{k!r}]", planner)
+                                for k in keys])
+        if isinstance(first, (str, bytes)):
+            return ("o", list(samples))
+        if first is None:
+            raise planner.error(TypeError, path, "sample 0 is None; return an array, a number or a "
+                                                 "tuple/dict of them from the dataset")
+        try:
+            arr = np.asarray(first)
+        except Exception:
+            arr = None
+        if arr is None or arr.dtype.hasobject:
+            raise planner.error(TypeError, path, f"sample 0 has type {type(first).__name__}, which "
+                                                 f"default_batchify cannot collate; pass a batchify_fn")
+        return planner.add(_stack_field([np.asarray(s) for s in samples], path, planner))
+
+    def __repr__(self) -> str:
+        return "default_batchify"
+
+
+default_batchify = _DefaultBatchify()
+
+
+def _stack_field(samples: Sequence, path: str, planner: _Planner) -> _Field:
+    first = samples[0]
+    if not isinstance(first, np.ndarray) and isinstance(first, _SCALAR_TYPES):
+        # Scalars: one np.array() call converts the whole column.
+        try:
+            column = np.array(samples)
+        except (ValueError, TypeError):
+            column = None
+        if column is not None and column.ndim == 1 and not column.dtype.hasobject:
+            return _Field(path, "copy", column, column.shape, column.dtype)
+    try:
+        arrays, shape, dtype = _core.stack_check(samples)
+    except (ValueError, TypeError) as e:
+        hint = "; use Pad() for fields of varying shape" if "shape" in str(e) else ""
+        raise planner.error(type(e), path, f"{e}{hint}") from None
+    return _Field(path, "stack", arrays, shape, dtype)
+
+
+def _columns(samples: Sequence, width: int, path: str, planner: _Planner) -> list:
+    for i, s in enumerate(samples):
+        if s is None or not isinstance(s, (tuple, list)) or len(s) != width:
+            what = "None" if s is None else (f"length {len(s)}" if isinstance(s, (tuple, list))
+                                             else f"a {type(s).__name__}")
+            raise planner.error(ValueError if isinstance(s, (tuple, list)) else TypeError, path,
+                                f"sample {i} is {what}, expected a tuple/list of length {width}")
+    return [list(c) for c in zip(*samples)]
+
+
+def _dict_keys(samples: Sequence, path: str, planner: _Planner) -> tuple:
+    keys = tuple(samples[0].keys())
+    key_set = set(keys)
+    for i, s in enumerate(samples):
+        if not isinstance(s, Mapping):
+            raise planner.error(TypeError, path, f"sample {i} is a {type(s).__name__}, expected a dict "
+                                                 f"like sample 0")
+        if len(s) != len(keys) or set(s.keys()) != key_set:
+            extra = sorted(map(repr, set(s.keys()) - key_set))
+            missing = sorted(map(repr, key_set - set(s.keys())))
+            raise planner.error(ValueError, path, f"sample {i} has different keys than sample 0 "
+                                                  f"(missing {missing}, extra {extra})")
+    return keys
+
+
+def _plan_with(fn: Callable, samples: Sequence, path: str, planner: _Planner) -> tuple:
+    if isinstance(fn, Batchify):
+        return fn.plan(samples, path, planner)
+    return _describe(fn(samples), path, planner)
+
+
+def _describe(value: Any, path: str, planner: _Planner) -> tuple:
+    """Plan the result of a custom batchify function: its numpy arrays become
+    copied fields (so they travel through shared memory), containers are
+    walked, anything else is passed through."""
+    if isinstance(value, np.ndarray) and not value.dtype.hasobject:
+        return planner.add(_Field(path, "copy", value, value.shape, value.dtype))
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return ("t", type(value), [_describe(v, f"{path}.{n}", planner)
+                                   for n, v in zip(value._fields, value)])
+    if type(value) in (tuple, list):
+        return ("t", None if type(value) is tuple else list,
+                [_describe(v, f"{path}[{i}]", planner) for i, v in enumerate(value)])
+    if type(value) is dict:
+        keys = tuple(value.keys())
+        return ("d", keys, [_describe(value[k], f"{path}[{k!r}]", planner) for k in keys])
+    return ("o", value)
+
+
+class GatheredSamples(Sequence):
+    """Samples fetched by a vectorised ``__getitems__`` (see ArrayDataset).
+
+    Behaves as the list of samples, but also carries the already gathered
+    columns, so default collation copies each column once instead of
+    splitting it into samples and stacking them again."""
+
+    __slots__ = ("columns", "single", "_samples")
+
+    def __init__(self, columns: Sequence, single: bool):
+        self.columns = tuple(columns)
+        self.single = single          # samples are bare elements, not tuples
+        self._samples: Optional[list] = None
+
+    def _materialise(self) -> list:
+        if self._samples is None:
+            if self.single:
+                self._samples = list(self.columns[0])
+            else:
+                self._samples = list(zip(*self.columns))
+        return self._samples
+
+    def __len__(self) -> int:
+        return len(self.columns[0]) if self.columns else 0
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._materialise()[i]
+
+    def __iter__(self) -> Iterator:
+        return iter(self._materialise())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (list, GatheredSamples)):
+            return self._materialise() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"GatheredSamples({self._materialise()!r})"
+
+    def plan_columns(self, path: str, planner: _Planner) -> Optional[tuple]:
+        """Plan the gathered columns directly, or None if one is not numeric."""
+        if not all(isinstance(c, np.ndarray) and not c.dtype.hasobject for c in self.columns):
+            return None
+        if self.single:
+            c = self.columns[0]
+            return planner.add(_Field(path, "copy", c, c.shape, c.dtype))
+        return ("t", None, [planner.add(_Field(f"{path}[{i}]", "copy", c, c.shape, c.dtype))
+                            for i, c in enumerate(self.columns)])
+
+
+# ---------------------------------------------------------------------------
+
+
+def plan_batch(batchify_fn: Callable, samples: Sequence, batch_index: Optional[int] = None) -> BatchPlan:
+    """Plan one batch: planned batchify functions are walked; any other
+    callable runs now and its result's arrays become copied fields."""
+    if len(samples) == 0:
+        raise ValueError(f"cannot collate batch {batch_index}: it has no samples")
+    planner = _Planner(batch_index)
+    if isinstance(batchify_fn, Batchify):
+        root = batchify_fn.plan(samples, "sample", planner)
+    else:
+        root = _describe(batchify_fn(samples), "batch", planner)
+    return BatchPlan(root, planner.fields)
+
+
+def collate(batchify_fn: Callable, samples: Sequence, batch_index: Optional[int] = None) -> Any:
+    """Collate `samples` into one batch held in a single private buffer."""
+    if not isinstance(batchify_fn, Batchify):
+        return batchify_fn(samples)
+    plan = plan_batch(batchify_fn, samples, batch_index)
+    views, _ = plan.fill(allocate(plan.nbytes))
+    return assemble(plan.root, views)

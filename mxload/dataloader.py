@@ -1,0 +1,265 @@
+"""DataLoader: checks its arguments, builds the batch sampler and picks an
+iterator (in-process, or the multi-worker engine in ``_engine``)."""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+
+from .batchify import collate, default_batchify
+from .dataset import IterableDataset
+from ._worker import fetch_samples
+from .sampler import BatchSampler, RandomSampler, SequentialSampler
+
+__all__ = ["DataLoader"]
+
+_START_METHODS = ("fork", "spawn", "forkserver")
+
+
+def _is_iterable_dataset(dataset: Any) -> bool:
+    if isinstance(dataset, IterableDataset):
+        return True
+    return hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
+
+
+class DataLoader:
+    """Loads batches from a dataset, in-process or with worker processes/threads.
+
+    Gluon's signature plus the keywords PyTorch users expect:
+    ``collate_fn`` is an alias of ``batchify_fn`` and ``drop_last=True`` of
+    ``last_batch="discard"``.  See the README for every argument.
+    """
+
+    def __init__(self, dataset: Any, batch_size: Optional[int] = None, shuffle: bool = False,
+                 sampler: Any = None, last_batch: Optional[str] = None, batch_sampler: Any = None,
+                 batchify_fn: Optional[Callable] = None, num_workers: int = 0,
+                 prefetch: Optional[int] = None, thread_pool: bool = False, timeout: float = 120,
+                 worker_init_fn: Optional[Callable[[int], None]] = None, seed: Optional[int] = None,
+                 persistent_workers: bool = False, in_order: bool = True,
+                 start_method: Optional[str] = None, max_worker_restarts: int = 0,
+                 profile: bool = False, *, collate_fn: Optional[Callable] = None,
+                 drop_last: Optional[bool] = None):
+        if collate_fn is not None:
+            if batchify_fn is not None:
+                raise ValueError("pass either batchify_fn or collate_fn (its alias), not both")
+            batchify_fn = collate_fn
+        if drop_last is not None:
+            if last_batch is not None and drop_last and last_batch != "discard":
+                raise ValueError(f"drop_last=True conflicts with last_batch={last_batch!r}")
+            if drop_last:
+                last_batch = "discard"
+        if batchify_fn is not None and not callable(batchify_fn):
+            raise TypeError(f"batchify_fn must be callable, got {type(batchify_fn).__name__}")
+        self.dataset = dataset
+        self.iterable = _is_iterable_dataset(dataset)
+
+        if batch_sampler is not None:
+            conflicts = [name for name, bad in (("batch_size", batch_size is not None),
+                                                ("shuffle", bool(shuffle)),
+                                                ("sampler", sampler is not None),
+                                                ("last_batch", last_batch is not None)) if bad]
+            if conflicts:
+                raise ValueError(f"batch_sampler is mutually exclusive with {', '.join(conflicts)}")
+            if self.iterable:
+                raise ValueError("batch_sampler cannot be used with an IterableDataset")
+        else:
+            if batch_size is None:
+                raise ValueError("batch_size must be given unless batch_sampler is")
+            if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
+                raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+            if self.iterable:
+                if sampler is not None or shuffle:
+                    raise ValueError("sampler/shuffle cannot be used with an IterableDataset "
+                                     "(it decides its own order)")
+                if last_batch not in (None, "keep", "discard"):
+                    raise ValueError(f"last_batch={last_batch!r} is not supported for an "
+                                     f"IterableDataset; use 'keep' or 'discard'")
+            else:
+                if sampler is not None and shuffle:
+                    raise ValueError("shuffle=True is mutually exclusive with sampler "
+                                     "(shuffle with a RandomSampler instead)")
+                if sampler is None:
+                    sampler = (RandomSampler(len(dataset), seed=seed) if shuffle
+                               else SequentialSampler(len(dataset)))
+                batch_sampler = BatchSampler(sampler, int(batch_size), last_batch or "keep")
+
+        if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
+            raise ValueError(f"num_workers must be a non-negative integer, got {num_workers!r}")
+        if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer))
+                                     or prefetch < 1):
+            raise ValueError(f"prefetch must be a positive integer or None, got {prefetch!r}")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+        if start_method is not None and start_method not in _START_METHODS:
+            raise ValueError(f"start_method must be one of {_START_METHODS} or None, got {start_method!r}")
+        if isinstance(max_worker_restarts, bool) or not isinstance(max_worker_restarts, (int, np.integer)) \
+                or max_worker_restarts < 0:
+            raise ValueError(f"max_worker_restarts must be a non-negative integer, got {max_worker_restarts!r}")
+        if worker_init_fn is not None and not callable(worker_init_fn):
+            raise TypeError(f"worker_init_fn must be callable, got {type(worker_init_fn).__name__}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+            raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
+        if num_workers == 0:
+            unsupported = [name for name, used in (("persistent_workers", persistent_workers),
+                                                   ("thread_pool", thread_pool),
+                                                   ("max_worker_restarts", max_worker_restarts > 0))
+                           if used]
+            if unsupported:
+                raise ValueError(f"{', '.join(unsupported)} need num_workers > 0")
+
+        self.batch_size = batch_size
+        self.last_batch = last_batch or "keep"
+        self.batch_sampler = batch_sampler
+        self.batchify_fn = batchify_fn if batchify_fn is not None else default_batchify
+        self.num_workers = int(num_workers)
+        self.prefetch = int(prefetch) if prefetch is not None else 2 * max(self.num_workers, 1)
+        self.thread_pool = bool(thread_pool)
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % (2 ** 63))
+        self.persistent_workers = bool(persistent_workers)
+        self.in_order = bool(in_order)
+        self.start_method = start_method
+        self.max_worker_restarts = int(max_worker_restarts)
+        self.profile = bool(profile)
+        self.epoch = 0
+        self._engine: Any = None          # persistent workers' engine
+        self._live_iter: Optional[weakref.ref] = None
+        self.profiler: Any = None
+        if self.profile:
+            raise NotImplementedError("profile=True: the loader profiler is not implemented yet "
+                                      "(tracked by the 'Profiler' issue)")
+
+    # ------------------------------------------------------------------
+
+    def _epoch_batches(self) -> list:
+        """This epoch's batches of indices (advances the sampler's epoch)."""
+        epoch_batches = getattr(self.batch_sampler, "epoch_batches", None)
+        if epoch_batches is not None:
+            return epoch_batches()
+        return [np.asarray(b, dtype=np.int64) for b in self.batch_sampler]
+
+    def __iter__(self) -> Iterator:
+        previous = self._live_iter() if self._live_iter is not None else None
+        if previous is not None and not self.persistent_workers:
+            # One live epoch per loader: a new epoch ends the old one's workers.
+            previous.close()
+        if self.num_workers == 0:
+            it: Any = _InProcessIterator(self)
+        else:
+            from ._engine import start_epoch
+            it = start_epoch(self)
+        self.epoch += 1
+        self._live_iter = weakref.ref(it)
+        return it
+
+    def __len__(self) -> int:
+        if self.iterable:
+            n = len(self.dataset)  # TypeError if the stream has no length
+            bs = int(self.batch_size)
+            return n // bs if self.last_batch == "discard" else -(-n // bs)
+        return len(self.batch_sampler)
+
+    @property
+    def stats(self) -> dict:
+        """Counters of the worker engine (slabs, restarts, ...); empty in-process."""
+        engine = self._engine
+        if engine is None and self._live_iter is not None:
+            it = self._live_iter()
+            engine = getattr(it, "engine", None)
+        return dict(engine.stats) if engine is not None else {}
+
+    def close(self) -> None:
+        """End the live iteration and any persistent workers; idempotent."""
+        it = self._live_iter() if self._live_iter is not None else None
+        if it is not None:
+            it.close()
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.shutdown()
+
+    def __enter__(self) -> "DataLoader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # A live epoch may outlive its loader (`for b in DataLoader(...)`):
+        # let it finish, then end the persistent workers with it.
+        try:
+            it = self._live_iter() if self._live_iter is not None else None
+            if it is not None and hasattr(it, "release_engine_at_end"):
+                it.release_engine_at_end()
+            elif self._engine is not None:
+                self._engine.shutdown()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return (f"DataLoader(dataset={type(self.dataset).__name__}, batch_size={self.batch_size}, "
+                f"num_workers={self.num_workers}, thread_pool={self.thread_pool})")
+
+
+class _InProcessIterator:
+    """num_workers=0: fetch and collate in the calling thread."""
+
+    def __init__(self, loader: DataLoader):
+        self.loader = loader
+        self._dataset = loader.dataset
+        self._batchify = loader.batchify_fn
+        self._index = 0
+        self._profiler = loader.profiler
+        if loader.iterable:
+            self._stream: Optional[Iterator] = iter(loader.dataset)
+            self._batches: Optional[list] = None
+        else:
+            self._stream = None
+            self._batches = loader._epoch_batches()
+        self._done = False
+
+    def __iter__(self) -> "_InProcessIterator":
+        return self
+
+    def __len__(self) -> int:
+        if self._batches is None:
+            return len(self.loader)
+        return len(self._batches)
+
+    def _next_samples(self) -> Any:
+        if self._batches is not None:
+            if self._index >= len(self._batches):
+                return None
+            return fetch_samples(self._dataset, self._batches[self._index])
+        assert self._stream is not None
+        samples = []
+        bs = int(self.loader.batch_size)
+        for sample in self._stream:
+            samples.append(sample)
+            if len(samples) == bs:
+                break
+        if not samples or (len(samples) < bs and self.loader.last_batch == "discard"):
+            return None
+        return samples
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        samples = self._next_samples()
+        if samples is None:
+            self.close()
+            raise StopIteration
+        batch = collate(self._batchify, samples, self._index)
+        self._index += 1
+        return batch
+
+    def close(self) -> None:
+        self._done = True
+        self._stream = None
+
+    def __enter__(self) -> "_InProcessIterator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

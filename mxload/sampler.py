@@ -1,0 +1,308 @@
+"""Index samplers.
+
+Every sampler exposes ``epoch_indices()``, which returns the next epoch's
+indices as a 1-D ``np.int64`` array and advances the epoch.  ``__iter__`` is
+built on top of it.  The loader calls ``epoch_indices()`` directly so that a
+whole epoch of indices is one numpy buffer rather than a large Python list:
+forked workers that touch a list of Python ints write to every object's
+refcount, which un-shares the copy-on-write pages.
+"""
+
+import operator
+import os
+
+import numpy as np
+
+__all__ = [
+    "Sampler",
+    "SequentialSampler",
+    "RandomSampler",
+    "BatchSampler",
+    "DistributedSampler",
+]
+
+# Converting to Python ints in chunks keeps __iter__ fast (tolist is C-speed)
+# without materialising a list as long as the epoch.
+_ITER_CHUNK = 4096
+
+_LAST_BATCH_MODES = ("keep", "discard", "rollover")
+
+
+def _as_int(value, name):
+    """Return ``value`` as a Python int; bools and floats are rejected."""
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+
+
+def _as_length(n, name="n"):
+    n = _as_int(n, name)
+    if n < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {n}")
+    return n
+
+
+def _as_seed(seed):
+    seed = _as_int(seed, "seed")
+    if seed < 0:
+        # SeedSequence only accepts non-negative entropy.
+        raise ValueError(f"seed must be a non-negative integer, got {seed}")
+    return seed
+
+
+def _int_from_env(var, default):
+    raw = os.environ.get(var)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return int(raw.strip())
+    except ValueError:
+        raise ValueError(f"{var}={raw!r} is not an integer") from None
+
+
+def _permutation(seed, epoch, n):
+    # Depends only on (seed, epoch), so every process that shares the seed
+    # (e.g. all distributed ranks) derives the same order without talking.
+    return np.random.default_rng([seed, epoch]).permutation(n).astype(np.int64, copy=False)
+
+
+def _iter_ints(indices):
+    for start in range(0, len(indices), _ITER_CHUNK):
+        yield from indices[start:start + _ITER_CHUNK].tolist()
+
+
+def _sampler_indices(sampler):
+    """Next epoch's indices of any sampler as a 1-D int64 array."""
+    get = getattr(sampler, "epoch_indices", None)
+    if get is not None:
+        indices = np.asarray(get())
+    elif isinstance(sampler, np.ndarray):
+        indices = sampler
+    else:
+        # User-defined samplers may be any iterable of ints (even a list);
+        # operator.index rejects floats that fromiter would silently truncate.
+        indices = np.fromiter(map(operator.index, sampler), dtype=np.int64)
+    if indices.ndim != 1:
+        raise ValueError(
+            f"sampler must produce a 1-D sequence of indices, got shape {indices.shape}")
+    if indices.size and indices.dtype.kind not in "iu":
+        raise ValueError(f"sampler must produce integer indices, got dtype {indices.dtype}")
+    return indices.astype(np.int64, copy=False)
+
+
+class Sampler:
+    """Base class: subclasses implement ``epoch_indices()`` and ``__len__``."""
+
+    def epoch_indices(self):
+        """Return the next epoch's indices as a 1-D int64 array and advance the epoch."""
+        raise NotImplementedError
+
+    def __iter__(self):
+        # Not a generator function: the epoch advances when iter() is called,
+        # not lazily on the first next().
+        return _iter_ints(self.epoch_indices())
+
+    def __len__(self):
+        raise NotImplementedError
+
+
+class SequentialSampler(Sampler):
+    """Yields ``0, 1, ..., n-1`` in order, every epoch."""
+
+    def __init__(self, n):
+        self._n = _as_length(n)
+
+    def epoch_indices(self):
+        return np.arange(self._n, dtype=np.int64)
+
+    def __len__(self):
+        return self._n
+
+    def __repr__(self):
+        return f"SequentialSampler(n={self._n})"
+
+
+class RandomSampler(Sampler):
+    """Yields a fresh permutation of ``range(n)`` every epoch.
+
+    Epoch ``e`` uses ``np.random.default_rng([seed, e]).permutation(n)``, so a
+    given (seed, epoch) pair always reproduces the same order.  With
+    ``seed=None`` a random seed is drawn once and kept in ``.seed``.
+    """
+
+    def __init__(self, n, seed=None):
+        self._n = _as_length(n)
+        self.seed = np.random.SeedSequence().entropy if seed is None else _as_seed(seed)
+        self.epoch = 0
+
+    def set_epoch(self, epoch):
+        """Make the next epoch use permutation number ``epoch``."""
+        epoch = _as_int(epoch, "epoch")
+        if epoch < 0:
+            raise ValueError(f"epoch must be a non-negative integer, got {epoch}")
+        self.epoch = epoch
+
+    def epoch_indices(self):
+        indices = _permutation(self.seed, self.epoch, self._n)
+        self.epoch += 1
+        return indices
+
+    def __len__(self):
+        return self._n
+
+    def __repr__(self):
+        return f"RandomSampler(n={self._n}, seed={self.seed}, epoch={self.epoch})"
+
+
+class BatchSampler(Sampler):
+    """Groups a sampler's indices into batches (1-D ``np.int64`` arrays).
+
+    ``last_batch`` decides what happens to an incomplete final batch:
+    ``"keep"`` yields it, ``"discard"`` drops it, ``"rollover"`` carries
+    the leftover indices over and puts them first in the next epoch.
+
+    ``sampler`` may be a :class:`Sampler` or any iterable of ints with
+    ``__len__`` (e.g. a list).
+    """
+
+    def __init__(self, sampler, batch_size, last_batch="keep"):
+        if sampler is None:
+            raise ValueError("sampler must not be None")
+        if isinstance(batch_size, (bool, np.bool_)):
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        try:
+            batch_size = operator.index(batch_size)
+        except TypeError:
+            raise ValueError(
+                f"batch_size must be a positive integer, got {batch_size!r}") from None
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
+        if not isinstance(last_batch, str) or last_batch not in _LAST_BATCH_MODES:
+            raise ValueError(
+                f"last_batch must be one of {', '.join(map(repr, _LAST_BATCH_MODES))}; "
+                f"got {last_batch!r}")
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self.last_batch = last_batch
+        self._carry = np.empty(0, dtype=np.int64)
+
+    def epoch_indices(self):
+        """Return the flat indices covered by the next epoch's batches and advance.
+
+        Batches are consecutive ``batch_size`` slices of this array; only the
+        last one can be shorter (``last_batch="keep"``).
+        """
+        indices = _sampler_indices(self.sampler)
+        if self.last_batch == "rollover":
+            if self._carry.size:
+                indices = np.concatenate((self._carry, indices))
+            n_full = len(indices) // self.batch_size * self.batch_size
+            # Copy so the carry does not pin this whole epoch's buffer.
+            self._carry = indices[n_full:].copy()
+            return indices[:n_full]
+        if self.last_batch == "discard":
+            return indices[:len(indices) // self.batch_size * self.batch_size]
+        return indices
+
+    def epoch_batches(self):
+        """Return the next epoch's batches as a list of int64 array views and advance."""
+        indices = self.epoch_indices()
+        bs = self.batch_size
+        return [indices[i:i + bs] for i in range(0, len(indices), bs)]
+
+    def __iter__(self):
+        return iter(self.epoch_batches())
+
+    def __len__(self):
+        n = len(self.sampler)
+        if self.last_batch == "keep":
+            return -(-n // self.batch_size)
+        if self.last_batch == "discard":
+            return n // self.batch_size
+        return (len(self._carry) + n) // self.batch_size
+
+    def __repr__(self):
+        return (f"BatchSampler({self.sampler!r}, batch_size={self.batch_size}, "
+                f"last_batch={self.last_batch!r})")
+
+
+class DistributedSampler(Sampler):
+    """Gives each of ``num_replicas`` ranks its own shard of ``range(n)``.
+
+    Follows PyTorch's ``DistributedSampler``: all ranks shuffle with the same
+    (seed, epoch) permutation; with ``drop_last=False`` the list is padded by
+    repeating indices from its start so every rank gets ``ceil(n / R)``; with
+    ``drop_last=True`` the tail is dropped so every rank gets ``floor(n / R)``
+    and shards are disjoint.  Rank ``r`` takes ``indices[r::R]``.
+
+    ``num_replicas`` / ``rank`` default to the ``WORLD_SIZE`` / ``RANK``
+    environment variables (1 / 0 when unset).  Unlike PyTorch, the epoch also
+    advances by itself after each epoch; calling ``set_epoch(e)`` before every
+    epoch gives exactly PyTorch's behaviour.
+    """
+
+    def __init__(self, n, num_replicas=None, rank=None, shuffle=True, seed=0,
+                 drop_last=False):
+        self._n = _as_length(n)
+        # Name where a bad value came from, so a broken launcher env is obvious.
+        if num_replicas is None:
+            num_replicas = _int_from_env("WORLD_SIZE", 1)
+            r_src = " (from WORLD_SIZE)" if "WORLD_SIZE" in os.environ else ""
+        else:
+            num_replicas = _as_int(num_replicas, "num_replicas")
+            r_src = ""
+        if num_replicas < 1:
+            raise ValueError(f"num_replicas{r_src} must be >= 1, got {num_replicas}")
+        if rank is None:
+            rank = _int_from_env("RANK", 0)
+            k_src = " (from RANK)" if "RANK" in os.environ else ""
+        else:
+            rank = _as_int(rank, "rank")
+            k_src = ""
+        if not 0 <= rank < num_replicas:
+            raise ValueError(
+                f"rank{k_src} must be in [0, {num_replicas}) for "
+                f"num_replicas={num_replicas}, got rank={rank}")
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.shuffle = bool(shuffle)
+        self.seed = _as_seed(seed)
+        self.drop_last = bool(drop_last)
+        self.epoch = 0
+        if self.drop_last:
+            self.num_samples = self._n // num_replicas
+        else:
+            self.num_samples = -(-self._n // num_replicas)
+        self.total_size = self.num_samples * num_replicas
+
+    def set_epoch(self, epoch):
+        """Select the shuffle for the next epoch; call with the same value on every rank."""
+        epoch = _as_int(epoch, "epoch")
+        if epoch < 0:
+            raise ValueError(f"epoch must be a non-negative integer, got {epoch}")
+        self.epoch = epoch
+
+    def epoch_indices(self):
+        if self.shuffle:
+            indices = _permutation(self.seed, self.epoch, self._n)
+        else:
+            indices = np.arange(self._n, dtype=np.int64)
+        self.epoch += 1
+        if self.drop_last:
+            indices = indices[:self.total_size]
+        elif self.total_size > self._n:
+            # np.resize repeats the array cyclically, which matches PyTorch's
+            # padding even when the padding is longer than the dataset.
+            indices = np.resize(indices, self.total_size)
+        return np.ascontiguousarray(indices[self.rank::self.num_replicas])
+
+    def __len__(self):
+        return self.num_samples
+
+    def __repr__(self):
+        return (f"DistributedSampler(n={self._n}, num_replicas={self.num_replicas}, "
+                f"rank={self.rank}, shuffle={self.shuffle}, seed={self.seed}, "
+                f"drop_last={self.drop_last})")
