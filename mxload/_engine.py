@@ -104,7 +104,10 @@ class _WorkerHandle:
         self.tasks: Optional[queue.Queue] = None   # thread mode
         self.known_slabs: set = set()
         self.pending_drops: List[int] = []
-        self.outstanding: Dict[int, tuple] = {}    # batch idx -> (indices, slab)
+        # (epoch, batch idx) -> (indices, slab).  Tasks of an abandoned epoch
+        # stay here until their result arrives: the worker may still be
+        # writing into their slab, so it must not be handed out again.
+        self.outstanding: Dict[tuple, tuple] = {}
         self.alive = True
         self.exhausted = False
 
@@ -245,10 +248,6 @@ class Engine:
             self.stats["epochs"] += 1
             stale = self._rb.clear()
             for w in self._workers:
-                for _, slab in w.outstanding.values():
-                    if slab is not None:
-                        self._pool.release(slab)
-                w.outstanding.clear()
                 w.exhausted = False
             self._batches = batches
             self._next_dispatch = self._next_yield = self._yielded = self._in_flight = 0
@@ -263,10 +262,9 @@ class Engine:
         live = [w for w in self._workers if w.alive and not w.exhausted]
         if not live:
             return None
-        if self.iterable:
-            # Round-robin over the shards keeps in-order results interleaved.
-            return live[self._next_dispatch % len(live)]
-        return min(live, key=lambda w: len(w.outstanding))
+        # Round-robin, not least-loaded: which worker loads which batch (and
+        # so which per-worker random stream it sees) must not depend on timing.
+        return live[self._next_dispatch % len(live)]
 
     def _dispatch_more(self) -> None:
         with self._lock:
@@ -284,12 +282,12 @@ class Engine:
 
     def _send_task(self, worker: _WorkerHandle, idx: int, indices: Any) -> None:
         if self.use_threads:
-            worker.outstanding[idx] = (indices, None)
+            worker.outstanding[(self.epoch, idx)] = (indices, None)
             assert worker.tasks is not None
             worker.tasks.put((self.epoch, idx, indices))
             return
         slab = self._pool.acquire()
-        worker.outstanding[idx] = (indices, slab)
+        worker.outstanding[(self.epoch, idx)] = (indices, slab)
         slab_id = slab.slab_id if slab is not None else None
         fd_follows = slab is not None and slab_id not in worker.known_slabs
         drops, worker.pending_drops = worker.pending_drops, []
@@ -358,8 +356,10 @@ class Engine:
         if idx < 0 and kind == "error":   # worker_init_fn failed: the worker is unusable
             self._fail(_rebuild_exception(msg[3], worker.worker_id, worker.pid, -1))
             return
-        task = worker.outstanding.pop(idx, None) if epoch == self.epoch else None
+        task = worker.outstanding.pop((epoch, idx), None)
         assigned = task[1] if task is not None else None
+        if epoch != self.epoch:
+            task = None  # a result of an abandoned epoch: only its slab matters
         if kind == "new_slab":
             fd = self._receive_fd(worker)
             size = msg[3]
@@ -478,7 +478,7 @@ class Engine:
                               stacklevel=1)
                 self._restart(worker)
                 return
-            held = sorted(worker.outstanding)
+            held = sorted(i for e, i in worker.outstanding if e == self.epoch)
             self._fail(error_type(
                 f"mxload worker {worker.worker_id} (pid {worker.pid}) died unexpectedly ({how}){hint} "
                 f"while holding batches {held}" +
@@ -499,10 +499,11 @@ class Engine:
             return
         self._close_worker_channels(dead)
         self._workers[dead.worker_id] = new
-        for idx, (indices, slab) in sorted(dead.outstanding.items()):
+        for (epoch, idx), (indices, slab) in sorted(dead.outstanding.items()):
             if slab is not None:
-                self._pool.release(slab)
-            self._send_task(new, idx, indices)
+                self._pool.release(slab)   # its writer is dead
+            if epoch == self.epoch:
+                self._send_task(new, idx, indices)
         dead.outstanding.clear()
 
     def _fail(self, error: BaseException) -> None:
@@ -696,6 +697,7 @@ def start_epoch(loader: Any) -> EpochIterator:
         engine = Engine(loader)
         if loader.persistent_workers:
             loader._engine = engine
+    loader._stats = engine.stats
     batches = None if loader.iterable else loader._epoch_batches()
     engine.begin_epoch(loader.epoch, batches)
     return EpochIterator(engine, loader.persistent_workers)

@@ -178,9 +178,9 @@ class Pad(Batchify):
 
     def plan(self, samples: Sequence, path: str, planner: _Planner) -> tuple:
         items = samples
-        if self.dtype is not None:
-            items = [np.asarray(x, dtype=self.dtype) for x in samples]
         try:
+            if self.dtype is not None:
+                items = [_cast_sample(x, i, self.dtype) for i, x in enumerate(samples)]
             arrays, shape, dtype, lengths = _core.pad_check(items, self.axis)
             pattern = _core.pad_value_bytes(self.val, dtype)
         except (ValueError, TypeError) as e:
@@ -305,6 +305,9 @@ def _stack_field(samples: Sequence, path: str, planner: _Planner) -> _Field:
             column = np.array(samples)
         except (ValueError, TypeError):
             column = None
+        if (column is not None and column.dtype.kind in "SU"
+                and not all(isinstance(s, (str, bytes)) for s in samples)):
+            column = None  # numbers mixed with strings: let stack_check name the dtypes
         if column is not None and column.ndim == 1 and not column.dtype.hasobject:
             return _Field(path, "copy", column, column.shape, column.dtype)
     try:
@@ -313,6 +316,15 @@ def _stack_field(samples: Sequence, path: str, planner: _Planner) -> _Field:
         hint = "; use Pad() for fields of varying shape" if "shape" in str(e) else ""
         raise planner.error(type(e), path, f"{e}{hint}") from None
     return _Field(path, "stack", arrays, shape, dtype)
+
+
+def _cast_sample(x: Any, i: int, dtype: np.dtype) -> np.ndarray:
+    if x is None:  # np.asarray(None, float) would silently be nan
+        raise TypeError(f"sample {i} is None; cannot pad None")
+    try:
+        return np.asarray(x, dtype=dtype)
+    except (ValueError, TypeError, OverflowError) as e:
+        raise ValueError(f"sample {i} cannot be cast to {dtype}: {e}") from None
 
 
 def _columns(samples: Sequence, width: int, path: str, planner: _Planner) -> list:
@@ -326,6 +338,8 @@ def _columns(samples: Sequence, width: int, path: str, planner: _Planner) -> lis
 
 
 def _dict_keys(samples: Sequence, path: str, planner: _Planner) -> tuple:
+    if not isinstance(samples[0], Mapping):
+        raise planner.error(TypeError, path, f"sample 0 is a {type(samples[0]).__name__}, expected a dict")
     keys = tuple(samples[0].keys())
     key_set = set(keys)
     for i, s in enumerate(samples):

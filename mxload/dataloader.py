@@ -126,6 +126,7 @@ class DataLoader:
         self.epoch = 0
         self._engine: Any = None          # persistent workers' engine
         self._live_iter: Optional[weakref.ref] = None
+        self._stats: dict = {}
         self.profiler: Any = None
         if self.profile:
             raise NotImplementedError("profile=True: the loader profiler is not implemented yet "
@@ -163,12 +164,9 @@ class DataLoader:
 
     @property
     def stats(self) -> dict:
-        """Counters of the worker engine (slabs, restarts, ...); empty in-process."""
-        engine = self._engine
-        if engine is None and self._live_iter is not None:
-            it = self._live_iter()
-            engine = getattr(it, "engine", None)
-        return dict(engine.stats) if engine is not None else {}
+        """Counters of the latest worker engine (batches, slabs created/reused/
+        retired, worker restarts); empty before workers ran."""
+        return dict(self._stats)
 
     def close(self) -> None:
         """End the live iteration and any persistent workers; idempotent."""

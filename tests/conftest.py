@@ -1,0 +1,98 @@
+"""Shared fixtures: every test is checked for leftovers.
+
+After each test (without a gc.collect(): mxload must not need one) no child
+process, thread, file descriptor or /dev/shm entry that the test created may
+remain.  Waits are bounded (shutdown is allowed to finish in the background
+for a moment), so a leak fails the test instead of hanging it.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import threading
+import time
+
+import pytest
+
+LEAK_WAIT_S = 3.0
+
+
+def child_pids() -> set:
+    """Live (or zombie) direct children of this process."""
+    me = str(os.getpid())
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == me:  # fields: state, ppid, ...
+            pids.add(int(entry))
+    return pids
+
+
+def open_fds() -> set:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def shm_entries() -> set:
+    try:
+        return set(os.listdir("/dev/shm"))
+    except FileNotFoundError:
+        return set()
+
+
+def thread_idents() -> set:
+    return {t.ident for t in threading.enumerate()}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _long_lived_helpers():
+    """multiprocessing's fork server and resource tracker live for the whole
+    session by design; start them first so they are part of every baseline."""
+    from multiprocessing import forkserver, resource_tracker
+    forkserver.ensure_running()
+    resource_tracker.ensure_running()
+    yield
+
+
+def _snapshot() -> dict:
+    return {"children": child_pids(), "threads": thread_idents(), "fds": open_fds(), "shm": shm_entries()}
+
+
+def leftovers(before: dict) -> dict:
+    """What exists now that did not before (fds re-checked: still open)."""
+    now = _snapshot()
+    found = {key: sorted(now[key] - before[key], key=str) for key in before}
+    if found["fds"]:
+        described = []
+        for fd in found["fds"]:
+            try:
+                described.append(f"{fd}->{os.readlink(f'/proc/self/fd/{fd}')}")
+            except OSError:
+                continue  # closed while we looked (e.g. listdir's own fd)
+        found["fds"] = described
+    if found["threads"]:
+        found["threads"] = [t.name for t in threading.enumerate() if t.ident in found["threads"]]
+    return {k: v for k, v in found.items() if v}
+
+
+def assert_no_leftovers(before: dict, wait_s: float = LEAK_WAIT_S) -> None:
+    deadline = time.monotonic() + wait_s
+    found = leftovers(before)
+    while found and time.monotonic() < deadline:
+        time.sleep(0.02)
+        found = leftovers(before)
+    assert not found, f"left behind after the test: {found}"
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """Autouse: fail any test that leaves a process, thread, fd or shm entry."""
+    before = _snapshot()
+    yield before
+    assert_no_leftovers(before)
+    assert not mp.active_children(), "multiprocessing still lists live children"

@@ -1,0 +1,163 @@
+"""Module-level (picklable) datasets shared by the loader and fault tests."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+
+import mxload
+
+
+class TupleDataset(mxload.Dataset):
+    """(image-like array, label, float) samples."""
+
+    def __init__(self, n: int = 53):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return np.full((4, 3), i, np.float32), i, float(i) / 2
+
+
+class DictDataset(mxload.Dataset):
+    """Dict samples with a ragged field (needs Pad) and a string."""
+
+    def __init__(self, n: int = 41):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return {"seq": np.arange(i % 7 + 1, dtype=np.int64) + i, "label": np.int32(i), "name": f"s{i}"}
+
+
+class ShardedStream(mxload.IterableDataset):
+    """0..n-1, split between workers by get_worker_info()."""
+
+    def __init__(self, n: int = 45):
+        self.n = n
+
+    def __iter__(self):
+        info = mxload.get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(start, self.n, step):
+            yield np.array([i, i * i], np.int64), i
+
+
+class WorkerInfoDataset(mxload.Dataset):
+    """Reports which worker produced each sample and a draw from numpy's global RNG."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int):
+        info = mxload.get_worker_info()
+        wid = -1 if info is None else info.id
+        return np.array([i, wid, os.getpid()], np.int64), np.random.randint(0, 2 ** 31)
+
+
+class SlowDataset(mxload.Dataset):
+    """Sleeps in __getitem__ (for shutdown-while-busy tests)."""
+
+    def __init__(self, delay: float, n: int = 64):
+        self.delay = delay
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        time.sleep(self.delay)
+        return np.array([i])
+
+
+class StuckDataset(mxload.Dataset):
+    """Every sample after the first batch hangs for 1000 s, ignoring SIGTERM."""
+
+    def __init__(self, n: int = 64, ignore_sigterm: bool = True):
+        self.n = n
+        self.ignore_sigterm = ignore_sigterm
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if i >= 2:
+            if self.ignore_sigterm:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            time.sleep(1000)
+        return np.array([i])
+
+
+class DyingDataset(mxload.Dataset):
+    """The worker that loads sample `at` dies the way `how` says."""
+
+    def __init__(self, at: int = 10, how: str = "exit", n: int = 40, only_once_file: str = ""):
+        self.at = at
+        self.how = how
+        self.n = n
+        self.only_once_file = only_once_file
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if i == self.at:
+            if self.only_once_file:
+                try:
+                    fd = os.open(self.only_once_file, os.O_CREAT | os.O_EXCL)
+                    os.close(fd)
+                except FileExistsError:
+                    return np.array([i])
+            if self.how == "exit":
+                os._exit(3)
+            elif self.how == "segv":
+                os.kill(os.getpid(), signal.SIGSEGV)
+            elif self.how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif self.how == "bus":
+                os.kill(os.getpid(), signal.SIGBUS)
+            time.sleep(5)
+        return np.array([i])
+
+
+class MultiArgError(Exception):
+    def __init__(self, code: int, detail: str):
+        super().__init__(code, detail)
+        self.code = code
+        self.detail = detail
+
+
+class RaisingDataset(mxload.Dataset):
+    """Raises `exc_kind` at sample `at`."""
+
+    def __init__(self, at: int = 5, exc_kind: str = "value", n: int = 20):
+        self.at = at
+        self.exc_kind = exc_kind
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if i == self.at:
+            if self.exc_kind == "value":
+                raise ValueError(f"bad sample {i}")
+            if self.exc_kind == "key":
+                raise KeyError(f"missing {i}")
+            raise MultiArgError(42, f"sample {i} exploded")
+        return np.array([i])
+
+
+def record_worker_id(worker_id: int) -> None:
+    """worker_init_fn used by the tests: leaves a trace in the environment."""
+    os.environ["MXLOAD_TEST_WORKER_ID"] = str(worker_id)
+
+
+def failing_init(worker_id: int) -> None:
+    raise RuntimeError(f"init failed in worker {worker_id}")

@@ -1,0 +1,346 @@
+"""DataLoader: arguments, the single-process path, and every worker mode
+producing exactly the batches of the single-process loader."""
+from __future__ import annotations
+
+import collections
+import os
+
+import numpy as np
+import pytest
+
+import mxload
+from mxload import batchify
+from mxload.sampler import BatchSampler, SequentialSampler
+
+from datasets_for_tests import (DictDataset, ShardedStream, TupleDataset, WorkerInfoDataset,
+                                record_worker_id)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def as_plain(batch):
+    """A comparable, hashable form of a batch."""
+    if isinstance(batch, np.ndarray):
+        return ("a", batch.dtype.str, batch.shape, batch.tobytes())
+    if isinstance(batch, (tuple, list)):
+        return (type(batch).__name__,) + tuple(as_plain(b) for b in batch)
+    if isinstance(batch, dict):
+        return tuple((k, as_plain(v)) for k, v in batch.items())
+    return batch
+
+
+def run(loader):
+    return [as_plain(b) for b in loader]
+
+
+# ---------------------------------------------------------------- single process
+
+
+def test_quick_start_example_rollover():
+    ds = mxload.ArrayDataset(np.arange(100, dtype=np.float32).reshape(50, 2), np.arange(50))
+    loader = mxload.DataLoader(ds, batch_size=8, shuffle=True, seed=0, last_batch="rollover")
+    assert len(loader) == 6
+    epoch1 = list(loader)
+    assert len(epoch1) == 6 and all(x.shape == (8, 2) and y.shape == (8,) for x, y in epoch1)
+    seen1 = np.concatenate([y for _, y in epoch1])
+    assert len(set(seen1.tolist())) == 48
+    # Rollover: the 2 left over come first next epoch, and the epoch has 50 // 8 = 6 batches.
+    assert len(loader) == 6
+    epoch2 = list(loader)
+    carried = set(range(50)) - set(seen1.tolist())
+    assert set(epoch2[0][1][:2].tolist()) == carried
+    for x, y in epoch1 + epoch2:
+        np.testing.assert_array_equal(x, np.stack([np.arange(2 * i, 2 * i + 2) for i in y]).astype(np.float32))
+
+
+def test_same_seed_same_order_and_fresh_seed_differs():
+    ds = mxload.ArrayDataset(np.arange(200))
+    a = [b.tolist() for b in mxload.DataLoader(ds, batch_size=10, shuffle=True, seed=7)]
+    b = [b.tolist() for b in mxload.DataLoader(ds, batch_size=10, shuffle=True, seed=7)]
+    c = [b.tolist() for b in mxload.DataLoader(ds, batch_size=10, shuffle=True)]
+    d = [b.tolist() for b in mxload.DataLoader(ds, batch_size=10, shuffle=True)]
+    assert a == b
+    assert c != d
+    assert sorted(sum(a, [])) == list(range(200))
+
+
+@pytest.mark.parametrize("mode,expected", [("keep", [4, 4, 2]), ("discard", [4, 4])])
+def test_last_batch_modes(mode, expected):
+    ds = mxload.SimpleDataset(list(range(10)))
+    loader = mxload.DataLoader(ds, batch_size=4, last_batch=mode)
+    assert [len(b) for b in loader] == expected
+    assert len(loader) == len(expected)
+
+
+def test_drop_last_and_collate_fn_aliases():
+    ds = mxload.SimpleDataset(list(range(10)))
+    assert [len(b) for b in mxload.DataLoader(ds, batch_size=4, drop_last=True)] == [4, 4]
+    out = list(mxload.DataLoader(ds, batch_size=5, collate_fn=lambda s: sum(s)))
+    assert out == [10, 35]
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(batch_size=4, batch_sampler=BatchSampler(SequentialSampler(10), 2)), "batch_sampler.*batch_size"),
+    (dict(batch_sampler=BatchSampler(SequentialSampler(10), 2), shuffle=True), "batch_sampler.*shuffle"),
+    (dict(batch_size=2, shuffle=True, sampler=SequentialSampler(10)), "shuffle.*sampler"),
+    (dict(), "batch_size must be given"),
+    (dict(batch_size=0), "batch_size must be a positive integer"),
+    (dict(batch_size=2, num_workers=-1), "num_workers"),
+    (dict(batch_size=2, prefetch=0), "prefetch"),
+    (dict(batch_size=2, timeout=0), "timeout"),
+    (dict(batch_size=2, start_method="thread"), "start_method"),
+    (dict(batch_size=2, last_batch="sometimes"), "last_batch"),
+    (dict(batch_size=2, max_worker_restarts=-1), "max_worker_restarts"),
+    (dict(batch_size=2, seed=-3), "seed"),
+    (dict(batch_size=2, persistent_workers=True), "persistent_workers.*num_workers > 0"),
+    (dict(batch_size=2, thread_pool=True), "thread_pool.*num_workers > 0"),
+    (dict(batch_size=2, batchify_fn=batchify.Stack(), collate_fn=batchify.Stack()), "batchify_fn or collate_fn"),
+    (dict(batch_size=2, drop_last=True, last_batch="keep"), "drop_last=True conflicts"),
+])
+def test_conflicting_or_bad_arguments_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        mxload.DataLoader(mxload.SimpleDataset(list(range(10))), **kwargs)
+
+
+def test_non_callable_batchify_and_worker_init_rejected():
+    ds = mxload.SimpleDataset([1, 2])
+    with pytest.raises(TypeError, match="batchify_fn must be callable"):
+        mxload.DataLoader(ds, batch_size=1, batchify_fn=3)
+    with pytest.raises(TypeError, match="worker_init_fn must be callable"):
+        mxload.DataLoader(ds, batch_size=1, num_workers=1, worker_init_fn="x")
+
+
+def test_profile_not_silently_ignored():
+    with pytest.raises(NotImplementedError, match="profile"):
+        mxload.DataLoader(mxload.SimpleDataset([1]), batch_size=1, profile=True)
+
+
+def test_iterable_dataset_single_process_and_errors():
+    loader = mxload.DataLoader(ShardedStream(10), batch_size=4)
+    batches = list(loader)
+    assert [len(b[1]) for b in batches] == [4, 4, 2]
+    assert np.concatenate([b[1] for b in batches]).tolist() == list(range(10))
+    assert [len(b[1]) for b in mxload.DataLoader(ShardedStream(10), batch_size=4, last_batch="discard")] == [4, 4]
+    with pytest.raises(ValueError, match="IterableDataset"):
+        mxload.DataLoader(ShardedStream(10), batch_size=4, shuffle=True)
+    with pytest.raises(ValueError, match="rollover"):
+        mxload.DataLoader(ShardedStream(10), batch_size=4, last_batch="rollover")
+
+
+def test_getitems_batch_fetch_is_used_once_per_batch():
+    calls = []
+
+    class Batched(mxload.Dataset):
+        def __len__(self):
+            return 10
+
+        def __getitem__(self, i):  # pragma: no cover - must not be used
+            raise AssertionError("__getitem__ called although __getitems__ exists")
+
+        def __getitems__(self, idx):
+            calls.append(list(idx))
+            return [np.array([i]) for i in idx]
+
+    out = [b.ravel().tolist() for b in mxload.DataLoader(Batched(), batch_size=4)]
+    assert out == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert calls == out
+
+
+# ---------------------------------------------------------------- worker modes
+
+MAP_CASES = {
+    "tuple": lambda: (TupleDataset(), None),
+    "dict-pad": lambda: (DictDataset(), batchify.Dict(seq=batchify.Pad(val=-1, ret_length=True))),
+}
+
+
+def _loader(ds, bfn, **kw):
+    return mxload.DataLoader(ds, batch_size=5, shuffle=True, seed=3, batchify_fn=bfn, **kw)
+
+
+@pytest.mark.parametrize("case", sorted(MAP_CASES))
+@pytest.mark.parametrize("num_workers", [1, 2, 4])
+@pytest.mark.parametrize("mode", ["fork", "spawn", "thread"])
+@pytest.mark.parametrize("in_order", [True, False])
+def test_map_dataset_matches_single_process(case, num_workers, mode, in_order):
+    ds, bfn = MAP_CASES[case]()
+    expected = run(_loader(ds, bfn))
+    kw = dict(num_workers=num_workers, in_order=in_order)
+    kw.update(thread_pool=True) if mode == "thread" else kw.update(start_method=mode)
+    got = run(_loader(ds, bfn, **kw))
+    if in_order:
+        assert got == expected
+    else:
+        assert collections.Counter(got) == collections.Counter(expected)
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 4])
+@pytest.mark.parametrize("mode", ["fork", "spawn", "thread"])
+@pytest.mark.parametrize("in_order", [True, False])
+def test_iterable_dataset_every_sample_once(num_workers, mode, in_order):
+    kw = dict(num_workers=num_workers, in_order=in_order)
+    kw.update(thread_pool=True) if mode == "thread" else kw.update(start_method=mode)
+    batches = list(mxload.DataLoader(ShardedStream(45), batch_size=4, **kw))
+    labels = np.concatenate([b[1] for b in batches]).tolist()
+    assert sorted(labels) == list(range(45))
+    for x, y in batches:
+        np.testing.assert_array_equal(x[:, 0], y)
+    if in_order and num_workers > 1:
+        # Round-robin: the first batches come from workers 0, 1, ... in turn.
+        assert [int(b[1][0]) for b in batches[:num_workers]] == list(range(num_workers))
+
+
+def test_custom_batchify_objects_survive_and_arrays_use_shared_memory():
+    def summarise(samples):
+        xs = np.stack([s[0] for s in samples])
+        return {"x": xs, "ids": [s[1] for s in samples], "note": "custom"}
+
+    got = list(mxload.DataLoader(TupleDataset(12), batch_size=4, batchify_fn=summarise, num_workers=2))
+    assert [b["ids"] for b in got] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert all(b["note"] == "custom" for b in got)
+    assert all(isinstance(b["x"].base, np.ndarray) or b["x"].base is not None for b in got)
+    assert type(_root(got[0]["x"])).__name__ == "BatchOwner"
+
+
+def _root(a):
+    while isinstance(a, np.ndarray) and a.base is not None:
+        a = a.base
+    return a
+
+
+# ---------------------------------------------------------------- zero copy & slabs
+
+
+def test_batches_are_views_of_a_shared_slab():
+    loader = mxload.DataLoader(TupleDataset(20), batch_size=5, num_workers=2)
+    for x, y, z in loader:
+        owners = {id(_root(a)) for a in (x, y, z)}
+        assert len(owners) == 1, "all fields of a batch live in one slab"
+        owner = _root(x)
+        assert type(owner).__name__ == "BatchOwner"
+        start = owner.slab.address + owner.offset
+        for a in (x, y, z):
+            assert start <= a.ctypes.data < start + owner.nbytes
+            assert a.ctypes.data % 64 == 0
+        break
+
+
+def test_slabs_are_recycled_over_a_long_epoch():
+    ds = mxload.ArrayDataset(np.arange(1000 * 8, dtype=np.float32).reshape(1000, 8))
+    loader = mxload.DataLoader(ds, batch_size=1, num_workers=2, prefetch=3)
+    total = 0
+    for batch in loader:
+        total += int(batch[0, 0])
+    stats = loader.stats
+    assert total == sum(range(0, 8000, 8))
+    assert stats["batches"] == 1000
+    # prefetch + the batch the consumer holds + one being recycled: bounded, not 1000.
+    assert stats["slabs_created"] <= 3 + 3, stats
+    assert stats["slabs_reused"] >= 990, stats
+
+
+def test_consumer_keeping_batches_does_not_deadlock():
+    ds = mxload.ArrayDataset(np.arange(200, dtype=np.int64))
+    loader = mxload.DataLoader(ds, batch_size=4, num_workers=2, prefetch=2)
+    kept = list(loader)  # every batch held at once
+    assert np.concatenate(kept).tolist() == list(range(200))
+    assert loader.stats["slabs_created"] >= 50 - 2
+    del kept
+
+
+def test_batches_stay_valid_after_the_loader_is_gone():
+    loader = mxload.DataLoader(TupleDataset(10), batch_size=5, num_workers=2)
+    kept = list(loader)
+    del loader
+    np.testing.assert_array_equal(kept[1][1], np.arange(5, 10))
+    assert kept[1][0][4, 0, 0] == 9
+
+
+def test_growing_batches_replace_small_slabs():
+    class Growing(mxload.Dataset):
+        def __len__(self):
+            return 12
+
+        def __getitem__(self, i):
+            return np.zeros(50_000 * (i + 1), np.uint8) + i
+
+    loader = mxload.DataLoader(Growing(), batch_size=1, num_workers=1, prefetch=1,
+                               batchify_fn=batchify.Pad())
+    for i, batch in enumerate(loader):
+        assert batch.shape == (1, 50_000 * (i + 1)) and (batch == i).all()
+    assert loader.stats["slabs_retired"] >= 1
+
+
+def test_prefetch_bounds_in_flight_batches():
+    ds = mxload.ArrayDataset(np.arange(100))
+    loader = mxload.DataLoader(ds, batch_size=2, num_workers=2, prefetch=3)
+    it = iter(loader)
+    next(it)
+    engine = it.engine
+    assert engine._in_flight <= 3
+    it.close()
+
+
+# ---------------------------------------------------------------- workers
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_worker_info_seeds_and_init_fn(start_method):
+    def batches(seed):
+        loader = mxload.DataLoader(WorkerInfoDataset(), batch_size=2, num_workers=2, seed=seed,
+                                   start_method=start_method, worker_init_fn=record_worker_id)
+        return [(x.copy(), r.copy()) for x, r in loader]
+
+    first = batches(11)
+    wids = {int(w) for x, _ in first for w in x[:, 1]}
+    assert wids == {0, 1}
+    pids = {int(p) for x, _ in first for p in x[:, 2]}
+    assert os.getpid() not in pids and len(pids) == 2
+    by_worker = collections.defaultdict(list)
+    for x, r in first:
+        by_worker[int(x[0, 1])].extend(r.tolist())
+    assert by_worker[0] != by_worker[1], "workers must not share a random stream"
+    again = batches(11)
+    assert [r.tolist() for _, r in again] == [r.tolist() for _, r in first], "fixed seed reproduces"
+    other = batches(12)
+    assert [r.tolist() for _, r in other] != [r.tolist() for _, r in first]
+    assert mxload.get_worker_info() is None
+
+
+def test_unpicklable_dataset_with_spawn_names_the_type():
+    class Local(mxload.Dataset):  # local class: cannot be pickled
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return np.array([i])
+
+    loader = mxload.DataLoader(Local(), batch_size=2, num_workers=2, start_method="spawn")
+    with pytest.raises(TypeError, match="Local.*cannot be pickled"):
+        iter(loader)
+
+
+def test_persistent_workers_survive_epochs_and_close_ends_them():
+    with mxload.DataLoader(TupleDataset(20), batch_size=5, num_workers=2, persistent_workers=True) as loader:
+        first = run(loader)
+        pids = {w.pid for w in loader._engine._workers}
+        second = run(loader)
+        assert first == second
+        assert {w.pid for w in loader._engine._workers} == pids, "no new processes"
+        it = iter(loader)
+        next(it)
+        del it  # abandoned mid-epoch: workers stay for the next epoch
+        assert run(loader) == first
+        engine = loader._engine
+    assert engine.state == "closed"
+    assert loader._engine is None
+
+
+def test_torch_from_numpy_keeps_the_slab_alive():
+    torch = pytest.importorskip("torch")
+    loader = mxload.DataLoader(TupleDataset(10), batch_size=5, num_workers=1)
+    tensors = [torch.from_numpy(x) for x, _, _ in loader]
+    del loader
+    import gc
+    gc.collect()
+    assert float(tensors[1][4, 0, 0]) == 9.0
