@@ -7,9 +7,10 @@ from .dataloader import DataLoader
 from .dataset import ArrayDataset, Dataset, IterableDataset, SimpleDataset
 from .errors import LoaderTimeoutError, SharedMemoryError, WorkerError
 from ._worker import WorkerInfo, get_worker_info
+from ._info import show_config
 
 __all__ = [
     "__version__", "DataLoader", "Dataset", "ArrayDataset", "SimpleDataset", "IterableDataset",
     "WorkerError", "LoaderTimeoutError", "SharedMemoryError", "WorkerInfo", "get_worker_info",
-    "batchify", "sampler",
+    "batchify", "sampler", "show_config",
 ]
