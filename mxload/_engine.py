@@ -63,8 +63,8 @@ def _rebuild_exception(info: tuple, worker_id: int, pid: Optional[int], batch_in
     """The consumer-side exception for one raised in a worker: the same type
     where it can be rebuilt from a message, else WorkerError naming it."""
     module, qualname, message, tb, blob = info
-    where = (f"batch {batch_index}" if batch_index >= 0 else "worker_init_fn")
-    text = (f"{message}\n\nRaised in worker {worker_id} (pid {pid}) while loading {where}. "
+    where = (f"loading batch {batch_index}" if batch_index >= 0 else "running worker_init_fn")
+    text = (f"{message}\n\nRaised in worker {worker_id} (pid {pid}) while {where}. "
             f"Worker traceback:\n{tb}")
     original = None
     if blob is not None:
@@ -198,13 +198,27 @@ class Engine:
                 f"functions and classes) or use start_method='fork'") from e
 
     def _start_processes(self, worker_ids: Any, method: str) -> List[_WorkerHandle]:
+        if mp.current_process().daemon:
+            raise RuntimeError(
+                "cannot start worker processes inside a mxload worker process (workers are "
+                "daemonic and may not have children); inside a dataset use num_workers=0 or "
+                "thread_pool=True")
         ctx = mp.get_context(method)
         payload: Any = self.payload if method == "fork" else (self._spawn_payload or self._pickled_payload())
         use_death_signal = threading.current_thread() is threading.main_thread() or method != "fork"
         handles = []
-        # Block SIGINT while starting so a Ctrl-C cannot hit a child before it
-        # has installed SIG_IGN (children inherit the mask, then unblock).
+        # Ctrl-C must not reach a child before it has installed SIG_IGN (it
+        # would print a KeyboardInterrupt traceback from the child's start-up).
+        # Block SIGINT while starting (fork children inherit the mask) and, in
+        # the main thread, ignore it too: an ignored signal stays ignored
+        # across exec, and a spawned Python then installs no SIGINT handler.
+        # A Ctrl-C in this window stays pending and reaches us on unblock.
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        old_handler = None
+        if threading.current_thread() is threading.main_thread():
+            old_handler = signal.getsignal(signal.SIGINT)  # None: set from C, leave it
+            if old_handler is not None:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             for wid in worker_ids:
                 handle = _WorkerHandle(wid)
@@ -223,6 +237,8 @@ class Engine:
                 handle.fd_channel = socket.socket(fileno=os.dup(parent_end.fileno()))
                 handles.append(handle)
         finally:
+            if old_handler is not None:
+                signal.signal(signal.SIGINT, old_handler)
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         return handles
 

@@ -1,0 +1,435 @@
+"""Fault injection: every way an iteration can end leaves nothing behind, and
+every failure is a clear error within a bounded time.
+
+Run alone with ``pytest -m faults``.  The autouse ``no_leaks`` fixture
+(conftest.py) checks each test for leftover processes, threads, fds and
+/dev/shm entries; every test also has a timeout so a hang fails.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+import mxload
+from mxload import batchify
+
+from conftest import child_pids
+from datasets_for_tests import (DictDataset, DyingDataset, MultiArgError, RaisingDataset, SlowDataset,
+                                StuckDataset, TupleDataset, failing_init)
+
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(60)]
+
+START_METHODS = ["fork", "spawn"]
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def worker_pids(it):
+    return [w.pid for w in it.engine._workers]
+
+
+def assert_gone(pids, within=2.0):
+    """Every pid is gone (reaped or never our child any more) within `within` s."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if os.path.exists(f"/proc/{p}") and _state(p) != "Z"]
+        if not alive:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"processes still alive after {within} s: {alive}")
+
+
+def _state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+# ---------------------------------------------------------------- shutdown paths
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_break_ends_workers_at_once_without_gc(start_method):
+    loader = mxload.DataLoader(TupleDataset(200), batch_size=4, num_workers=4, start_method=start_method)
+    pids = []
+    for _ in loader:
+        pids = [p for p in child_pids() if p not in _helpers()]
+        break
+    assert len(pids) >= 4
+    # The loader is still alive and no gc.collect() ran: the workers are gone anyway.
+    assert loader is not None
+    assert_gone(pids, within=1.0)
+
+
+def _helpers():
+    """multiprocessing's long-lived fork server / resource tracker."""
+    from multiprocessing import forkserver, resource_tracker
+    return {forkserver._forkserver._forkserver_pid, resource_tracker._resource_tracker._pid}
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_exhaustion_close_and_context_manager_end_workers(start_method):
+    loader = mxload.DataLoader(TupleDataset(12), batch_size=4, num_workers=2, start_method=start_method)
+    it = iter(loader)
+    pids = worker_pids(it)
+    assert len(list(it)) == 3
+    assert it.engine.state == "closed"
+    assert_gone(pids, 0.5)
+    with iter(loader) as it2:
+        next(it2)
+        pids = worker_pids(it2)
+    assert_gone(pids, 1.0)
+
+
+def test_garbage_collected_iterator_ends_workers():
+    loader = mxload.DataLoader(TupleDataset(100), batch_size=4, num_workers=2)
+    it = iter(loader)
+    next(it)
+    pids = worker_pids(it)
+    del it
+    assert_gone(pids, 1.0)
+
+
+def test_exception_in_training_loop_ends_workers():
+    loader = mxload.DataLoader(TupleDataset(100), batch_size=4, num_workers=2)
+    pids = []
+    with pytest.raises(ZeroDivisionError):
+        for _ in loader:
+            pids = [p for p in child_pids() if p not in _helpers()]
+            1 / 0
+    assert_gone(pids, 1.0)
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_shutdown_within_one_second_with_workers_stuck_and_ignoring_sigterm(start_method):
+    loader = mxload.DataLoader(StuckDataset(), batch_size=2, num_workers=4, start_method=start_method,
+                               timeout=None)
+    it = iter(loader)
+    next(it)           # batch 0 (samples 0, 1) is fine; every other batch hangs
+    time.sleep(0.3)    # let the workers enter time.sleep(1000) with SIGTERM ignored
+    pids = worker_pids(it)
+    t0 = time.monotonic()
+    it.close()
+    elapsed = time.monotonic() - t0
+    assert elapsed < 1.0 + 0.5, f"shutdown took {elapsed:.2f} s"
+    assert_gone(pids, 0.1)
+
+
+def test_shutdown_of_idle_workers_is_fast():
+    loader = mxload.DataLoader(TupleDataset(100), batch_size=4, num_workers=4)
+    it = iter(loader)
+    next(it)
+    time.sleep(0.2)    # workers idle, prefetch buffer full
+    t0 = time.monotonic()
+    it.close()
+    assert time.monotonic() - t0 < 0.5  # typically ~10 ms; generous slack for a loaded machine
+
+
+def test_shutdown_is_idempotent_and_thread_safe():
+    loader = mxload.DataLoader(SlowDataset(0.05), batch_size=2, num_workers=2)
+    it = iter(loader)
+    next(it)
+    errors = []
+
+    def close():
+        try:
+            it.engine.shutdown()
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=close) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    it.close()
+    it.engine.shutdown()
+    assert not errors
+    assert it.engine.state == "closed"
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def test_loader_close_ends_live_iteration():
+    loader = mxload.DataLoader(TupleDataset(100), batch_size=4, num_workers=2)
+    it = iter(loader)
+    next(it)
+    pids = worker_pids(it)
+    loader.close()
+    assert_gone(pids, 1.0)
+
+
+def test_new_epoch_ends_the_previous_one():
+    loader = mxload.DataLoader(TupleDataset(100), batch_size=4, num_workers=2)
+    first = iter(loader)
+    next(first)
+    pids = worker_pids(first)
+    second = iter(loader)
+    assert_gone(pids, 1.0)
+    assert len(list(second)) == 25
+
+
+def test_iterating_from_a_thread_works():
+    result = {}
+
+    def consume():
+        loader = mxload.DataLoader(TupleDataset(40), batch_size=4, num_workers=2)
+        result["n"] = sum(1 for _ in loader)
+
+    t = threading.Thread(target=consume)
+    t.start()
+    t.join(20)
+    assert result == {"n": 10}
+
+
+class NestedLoaderDataset(mxload.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        inner = mxload.DataLoader(mxload.ArrayDataset(np.arange(4)), batch_size=2, num_workers=1)
+        return np.concatenate(list(inner)) + i
+
+
+def test_loader_inside_a_worker_fails_with_a_clear_error():
+    loader = mxload.DataLoader(NestedLoaderDataset(), batch_size=2, num_workers=1)
+    with pytest.raises(RuntimeError, match="inside a mxload worker"):
+        list(loader)
+
+
+def test_loader_inside_a_worker_works_in_process():
+    class Nested(mxload.Dataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            inner = mxload.DataLoader(mxload.ArrayDataset(np.arange(4)), batch_size=2)
+            return np.concatenate(list(inner)) + i
+
+    batches = list(mxload.DataLoader(Nested(), batch_size=2, num_workers=1))
+    np.testing.assert_array_equal(batches[0], [[0, 1, 2, 3], [1, 2, 3, 4]])
+
+
+# ---------------------------------------------------------------- failures
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+@pytest.mark.parametrize("how,expect", [("exit", "exit code 3"), ("segv", "SIGSEGV"), ("kill", "SIGKILL")])
+def test_worker_death_is_a_prompt_worker_error(start_method, how, expect):
+    loader = mxload.DataLoader(DyingDataset(at=10, how=how), batch_size=2, num_workers=2,
+                               start_method=start_method)
+    t0 = None
+    with pytest.raises(mxload.WorkerError) as info:
+        for i, _ in enumerate(loader):
+            t0 = time.monotonic()
+    err = info.value
+    assert time.monotonic() - (t0 or time.monotonic()) < 1.0 + 0.5
+    assert expect in str(err)
+    assert err.worker_id in (0, 1) and f"worker {err.worker_id}" in str(err)
+    assert err.pid is not None and f"pid {err.pid}" in str(err)
+    assert isinstance(err, RuntimeError)
+
+
+def test_worker_killed_from_outside_is_detected_without_timeout():
+    loader = mxload.DataLoader(SlowDataset(0.2, n=200), batch_size=2, num_workers=2, timeout=100)
+    it = iter(loader)
+    next(it)
+    victim = worker_pids(it)[1]
+    os.kill(victim, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(mxload.WorkerError, match=f"pid {victim}.*SIGKILL"):
+        for _ in it:
+            pass
+    assert time.monotonic() - t0 < 1.5
+
+
+def test_sigbus_reports_shared_memory_exhaustion():
+    loader = mxload.DataLoader(DyingDataset(at=4, how="bus"), batch_size=2, num_workers=1)
+    with pytest.raises(mxload.SharedMemoryError, match="shared memory ran out.*prefetch.*/dev/shm"):
+        list(loader)
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_worker_restart_completes_the_epoch_exactly_once(start_method, tmp_path):
+    marker = str(tmp_path / "died")
+    ds = DyingDataset(at=10, how="kill", n=40, only_once_file=marker)
+    loader = mxload.DataLoader(ds, batch_size=2, num_workers=2, max_worker_restarts=1,
+                               start_method=start_method)
+    with pytest.warns(RuntimeWarning, match="restarting"):
+        got = [b.ravel().tolist() for b in loader]
+    assert got == [[i, i + 1] for i in range(0, 40, 2)]
+    assert loader.stats["worker_restarts"] == 1
+
+
+def test_restarts_exhausted_raise_worker_error():
+    ds = DyingDataset(at=10, how="exit", n=40)  # dies every time it loads sample 10
+    loader = mxload.DataLoader(ds, batch_size=2, num_workers=2, max_worker_restarts=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with pytest.raises(mxload.WorkerError, match="max_worker_restarts=2 exhausted"):
+            list(loader)
+    assert loader.stats["worker_restarts"] == 2
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_dataset_exception_is_reraised_with_context_and_next_epoch_works(start_method):
+    loader = mxload.DataLoader(RaisingDataset(at=5), batch_size=2, num_workers=2, start_method=start_method)
+    with pytest.raises(ValueError) as info:
+        list(loader)
+    text = str(info.value)
+    assert "bad sample 5" in text
+    assert "batch 2" in text and "worker" in text and "pid" in text
+    assert "Traceback" in text and "RaisingDataset" in text or "__getitem__" in text
+    # A new epoch on the same loader works up to the bad batch again.
+    it = iter(loader)
+    assert next(it).ravel().tolist() == [0, 1]
+    it.close()
+
+
+def test_multi_argument_exception_becomes_worker_error_naming_it():
+    loader = mxload.DataLoader(RaisingDataset(at=3, exc_kind="multi"), batch_size=2, num_workers=1)
+    with pytest.raises((mxload.WorkerError, MultiArgError)) as info:
+        list(loader)
+    text = str(info.value)
+    assert "MultiArgError" in text or isinstance(info.value, MultiArgError)
+    assert "exploded" in text and "batch 1" in text
+    assert not isinstance(info.value, TypeError)
+
+
+def test_worker_init_fn_failure_is_reported():
+    loader = mxload.DataLoader(TupleDataset(10), batch_size=2, num_workers=2, worker_init_fn=failing_init)
+    with pytest.raises(RuntimeError, match="(?s)init failed in worker .*while running worker_init_fn"):
+        list(loader)
+
+
+def test_timeout_names_batch_and_live_workers():
+    loader = mxload.DataLoader(StuckDataset(ignore_sigterm=False), batch_size=2, num_workers=2, timeout=0.5)
+    it = iter(loader)
+    next(it)
+    t0 = time.monotonic()
+    with pytest.raises(mxload.LoaderTimeoutError, match=r"batch 1 within timeout=0.5 s.*\(0, \d+\)") as info:
+        next(it)
+    assert 0.4 < time.monotonic() - t0 < 2.0
+    assert isinstance(info.value, TimeoutError)
+    assert it.engine.state == "closed"
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_bad_sample_names_batch_and_field(num_workers):
+    class Ragged(mxload.Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return {"image": np.zeros(3 if i < 5 else 4), "label": i}
+
+    loader = mxload.DataLoader(Ragged(), batch_size=4, num_workers=num_workers)
+    with pytest.raises(ValueError, match=r"batch 1, field sample\['image'\].*sample 1 has shape \(4,\).*Pad"):
+        list(loader)
+
+
+def test_pad_handles_the_ragged_field_through_workers():
+    loader = mxload.DataLoader(DictDataset(10), batch_size=5, num_workers=2,
+                               batchify_fn=batchify.Dict(seq=batchify.Pad(val=-1)))
+    batches = list(loader)
+    assert batches[0]["seq"].shape == (5, 5)
+    assert batches[0]["name"] == ["s0", "s1", "s2", "s3", "s4"]
+
+
+# ---------------------------------------------------------------- whole-process scenarios
+
+
+def _script(body: str) -> str:
+    return textwrap.dedent(f"""
+        import os, sys, time, signal
+        sys.path.insert(0, {TESTS_DIR!r})
+        import numpy as np, mxload
+        from datasets_for_tests import SlowDataset, TupleDataset
+    """) + textwrap.dedent(body)
+
+
+def _run_script(body: str, **kw):
+    return subprocess.Popen([sys.executable, "-c", _script(body)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_parent_killed_workers_exit_and_no_shared_memory_remains(start_method):
+    shm_before = set(os.listdir("/dev/shm"))
+    proc = _run_script(f"""
+        loader = mxload.DataLoader(SlowDataset(0.05, n=10_000), batch_size=2, num_workers=3,
+                                   start_method={start_method!r})
+        it = iter(loader)
+        next(it)
+        print(" ".join(str(w.pid) for w in it.engine._workers), flush=True)
+        time.sleep(60)
+    """)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 3
+        proc.kill()
+        proc.wait(5)
+        assert_gone(pids, within=2.0)
+    finally:
+        proc.kill()
+        proc.wait(5)
+        proc.stdout.close()
+        proc.stderr.close()
+    assert set(os.listdir("/dev/shm")) <= shm_before
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_ctrl_c_reaches_the_training_loop_once_and_workers_stay_quiet(start_method):
+    proc = _run_script(f"""
+        loader = mxload.DataLoader(SlowDataset(5.0, n=100), batch_size=2, num_workers=2,
+                                   start_method={start_method!r})
+        it = iter(loader)
+        print(" ".join(str(w.pid) for w in it.engine._workers), flush=True)
+        try:
+            next(it)   # blocked in the C wait for 10 s
+        except KeyboardInterrupt:
+            print("caught", flush=True)
+        print("state", it.engine.state, flush=True)
+    """, start_new_session=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        time.sleep(0.5)   # the consumer is now inside the C wait
+        os.killpg(proc.pid, signal.SIGINT)   # as a terminal does: the whole group
+        out, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert out.splitlines() == ["caught", "state closed"], (out, err)
+    assert "Traceback" not in err, err
+    assert proc.returncode == 0
+    assert_gone(pids, 1.0)
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_interpreter_exit_with_live_iterator_leaves_nothing(start_method):
+    shm_before = set(os.listdir("/dev/shm"))
+    proc = _run_script(f"""
+        loader = mxload.DataLoader(SlowDataset(0.01, n=1000), batch_size=2, num_workers=2,
+                                   start_method={start_method!r}, persistent_workers=True)
+        it = iter(loader)
+        next(it)
+        print(" ".join(str(w.pid) for w in it.engine._workers), flush=True)
+        # exit without closing anything
+    """)
+    out, err = proc.communicate(timeout=20)
+    pids = [int(p) for p in out.split()]
+    assert proc.returncode == 0, err
+    assert "resource_tracker" not in err and "Traceback" not in err, err
+    assert_gone(pids, 2.0)
+    assert set(os.listdir("/dev/shm")) <= shm_before
