@@ -347,8 +347,8 @@ def _dict_keys(samples: Sequence, path: str, planner: _Planner) -> tuple:
             raise planner.error(TypeError, path, f"sample {i} is a {type(s).__name__}, expected a dict "
                                                  f"like sample 0")
         if len(s) != len(keys) or set(s.keys()) != key_set:
-            extra = sorted(map(repr, set(s.keys()) - key_set))
-            missing = sorted(map(repr, key_set - set(s.keys())))
+            extra = "[" + ", ".join(sorted(map(repr, set(s.keys()) - key_set))) + "]"
+            missing = "[" + ", ".join(sorted(map(repr, key_set - set(s.keys())))) + "]"
             raise planner.error(ValueError, path, f"sample {i} has different keys than sample 0 "
                                                   f"(missing {missing}, extra {extra})")
     return keys
@@ -422,6 +422,10 @@ class GatheredSamples(Sequence):
     def plan_columns(self, path: str, planner: _Planner) -> Optional[tuple]:
         """Plan the gathered columns directly, or None if one is not numeric."""
         if not all(isinstance(c, np.ndarray) and not c.dtype.hasobject for c in self.columns):
+            return None
+        if any(c.ndim == 1 and (c.dtype.kind in "SU" or not c.dtype.isnative) for c in self.columns):
+            # Their elements are numpy scalars that lose the string width or
+            # byte order, so the per-sample path would give another dtype.
             return None
         if self.single:
             c = self.columns[0]

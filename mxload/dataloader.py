@@ -9,7 +9,7 @@ import numpy as np
 
 from .batchify import collate, default_batchify
 from .dataset import IterableDataset
-from ._worker import fetch_samples
+from ._worker import _Stream, fetch_samples
 from .sampler import BatchSampler, RandomSampler, SequentialSampler
 
 __all__ = ["DataLoader"]
@@ -210,7 +210,8 @@ class _InProcessIterator:
         self._index = 0
         self._profiler = loader.profiler
         if loader.iterable:
-            self._stream: Optional[Iterator] = iter(loader.dataset)
+            self._stream: Optional[_Stream] = _Stream(loader.dataset, int(loader.batch_size),
+                                                      loader.last_batch == "discard")
             self._batches: Optional[list] = None
         else:
             self._stream = None
@@ -231,15 +232,7 @@ class _InProcessIterator:
                 return None
             return fetch_samples(self._dataset, self._batches[self._index])
         assert self._stream is not None
-        samples = []
-        bs = int(self.loader.batch_size)
-        for sample in self._stream:
-            samples.append(sample)
-            if len(samples) == bs:
-                break
-        if not samples or (len(samples) < bs and self.loader.last_batch == "discard"):
-            return None
-        return samples
+        return self._stream.next_samples()
 
     def __next__(self) -> Any:
         if self._done:
