@@ -25,7 +25,7 @@ cdef list _as_arrays(arrays, str what):
     cdef bint copied = False
     for i in range(n):
         a = out[i]
-        if type(a) is not np.ndarray:
+        if not cnp.PyArray_CheckExact(a):
             if not copied:
                 out = list(out)
                 copied = True
@@ -33,7 +33,7 @@ cdef list _as_arrays(arrays, str what):
                 raise TypeError(f"sample {i} is None; cannot {what} None")
             a = np.asarray(a)
             out[i] = a
-        if (<cnp.ndarray>a).dtype.hasobject:
+        if mxl_descr_hasobject(cnp.PyArray_DESCR(<cnp.ndarray>a)):
             raise TypeError(
                 f"sample {i} has dtype {(<cnp.ndarray>a).dtype} (Python objects); "
                 f"only fixed-size numeric, bool or string dtypes can be collated")

@@ -60,3 +60,5 @@ cdef extern from "numpy/arrayobject.h":
     # numpy's own .pxd declares this over Python dtype objects; the kernels
     # compare raw descriptor pointers without touching refcounts.
     bint mxl_equiv_descr "PyArray_EquivTypes"(cnp.PyArray_Descr *a, cnp.PyArray_Descr *b)
+    # dtype.hasobject without two Python attribute lookups.
+    bint mxl_descr_hasobject "PyDataType_REFCHK"(cnp.PyArray_Descr *d) nogil

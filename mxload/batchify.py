@@ -20,6 +20,8 @@ Structure nodes (small tuples, cheap to pickle):
 """
 from __future__ import annotations
 
+import math
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Iterator, List as TList, Optional, Tuple as TTuple
 
@@ -49,7 +51,7 @@ class _Field:
         self.dtype = dtype
         self.axis = axis
         self.pattern = pattern
-        self.nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        self.nbytes = math.prod(shape) * dtype.itemsize
 
 
 class _Planner:
@@ -79,7 +81,7 @@ class BatchPlan:
         self.root = root
         self.fields = fields
         offsets, total = _core.plan_layout([f.nbytes for f in fields])
-        self.offsets = offsets
+        self.offsets = offsets.tolist()
         self.nbytes = int(total)
 
     def fill(self, buffer: Any, base_offset: int = 0) -> TTuple[list, list]:
@@ -88,7 +90,7 @@ class BatchPlan:
         views = []
         times = []
         for field, off in zip(self.fields, self.offsets):
-            out = np.ndarray(field.shape, field.dtype, buffer=buffer, offset=base_offset + int(off))
+            out = np.ndarray(field.shape, field.dtype, buffer=buffer, offset=base_offset + off)
             if field.kernel == "stack":
                 ns = _core.stack_fill(field.arrays, out)
             elif field.kernel == "pad":
@@ -229,15 +231,13 @@ class Dict(Batchify):
         self.fns = merged
 
     def plan(self, samples: Sequence, path: str, planner: _Planner) -> tuple:
-        keys = _dict_keys(samples, path, planner)
+        keys, columns = _dict_columns(samples, path, planner)
         missing = [k for k in self.fns if k not in keys]
         if missing:
-            raise planner.error(KeyError if False else ValueError, path,
+            raise planner.error(ValueError, path,
                                 f"samples have no key(s) {missing!r} named in Dict(); sample keys: {list(keys)!r}")
-        children = []
-        for k in keys:
-            fn = self.fns.get(k, default_batchify)
-            children.append(_plan_with(fn, [s[k] for s in samples], f"{path}[{k!r}]", planner))
+        children = [_plan_with(self.fns.get(k, default_batchify), column, f"{path}[{k!r}]", planner)
+                    for k, column in zip(keys, columns)]
         return ("d", keys, children)
 
     def __repr__(self) -> str:
@@ -273,9 +273,9 @@ class _DefaultBatchify(Batchify):
             return ("t", None if isinstance(first, tuple) else list,
                     [self.plan(c, f"{path}[{i}]", planner) for i, c in enumerate(columns)])
         if isinstance(first, Mapping):
-            keys = _dict_keys(samples, path, planner)
-            return ("d", keys, [self.plan([s[k] for s in samples], f"{path}[{k!r}]", planner)
-                                for k in keys])
+            keys, columns = _dict_columns(samples, path, planner)
+            return ("d", keys, [self.plan(c, f"{path}[{k!r}]", planner)
+                                for k, c in zip(keys, columns)])
         if isinstance(first, (str, bytes)):
             return ("o", list(samples))
         if first is None:
@@ -335,6 +335,28 @@ def _columns(samples: Sequence, width: int, path: str, planner: _Planner) -> lis
             raise planner.error(ValueError if isinstance(s, (tuple, list)) else TypeError, path,
                                 f"sample {i} is {what}, expected a tuple/list of length {width}")
     return [list(c) for c in zip(*samples)]
+
+
+def _dict_columns(samples: Sequence, path: str, planner: _Planner) -> tuple:
+    """(keys, one list per key) of dict samples that all have sample 0's keys.
+
+    Fast path for plain dicts: same type, same length and every key of sample
+    0 present means the same key set; itemgetter + zip do the per-sample work
+    in C.  Anything else takes the checked path (with its error messages)."""
+    if type(samples[0]) is dict and set(map(type, samples)) == {dict}:
+        keys = tuple(samples[0].keys())
+        n = len(keys)
+    else:
+        n = 0
+    if n > 1 and set(map(len, samples)) == {n}:
+        try:
+            rows = list(map(operator.itemgetter(*keys), samples))
+        except KeyError:
+            rows = None
+        if rows is not None:
+            return keys, list(map(list, zip(*rows)))
+    keys = _dict_keys(samples, path, planner)
+    return keys, [[s[k] for s in samples] for k in keys]
 
 
 def _dict_keys(samples: Sequence, path: str, planner: _Planner) -> tuple:
