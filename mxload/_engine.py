@@ -153,6 +153,8 @@ class Engine:
         self._next_yield = 0
         self._yielded = 0
         self._in_flight = 0
+        self.last_index = -1
+        self.profiler: Any = None
         self._start_method = self._choose_start_method(loader.start_method)
         self._spawn_payload: Optional[bytes] = None
         self._finalizer: Any = None
@@ -255,12 +257,13 @@ class Engine:
 
     # ------------------------------------------------------------------ epochs
 
-    def begin_epoch(self, epoch: int, batches: Optional[list]) -> None:
+    def begin_epoch(self, epoch: int, batches: Optional[list], profiler: Any = None) -> None:
         """Start an epoch: `batches` of indices, or None for an IterableDataset."""
         with self._lock:
             if self.state != RUNNING:
                 raise RuntimeError(f"the loader's workers are {self.state}")
             self.epoch = epoch
+            self.profiler = profiler
             self.stats["epochs"] += 1
             stale = self._rb.clear()
             for w in self._workers:
@@ -300,7 +303,7 @@ class Engine:
         if self.use_threads:
             worker.outstanding[(self.epoch, idx)] = (indices, None)
             assert worker.tasks is not None
-            worker.tasks.put((self.epoch, idx, indices))
+            worker.tasks.put((self.epoch, idx, indices, self.profiler is not None))
             return
         slab = self._pool.acquire()
         worker.outstanding[(self.epoch, idx)] = (indices, slab)
@@ -309,7 +312,7 @@ class Engine:
         drops, worker.pending_drops = worker.pending_drops, []
         try:
             worker.conn.send((self.epoch, idx, indices, slab_id, slab.size if slab is not None else 0,
-                              fd_follows, drops))
+                              fd_follows, drops, self.profiler is not None))
             if fd_follows:
                 assert worker.fd_channel is not None
                 socket.send_fds(worker.fd_channel, [b"F"], [self._pool.fd(slab_id)])
@@ -342,6 +345,7 @@ class Engine:
                     raise self._failure from None
                 raise
             with self._lock:
+                self.last_index = idx
                 self._next_yield += 1
                 self._yielded += 1
                 self._in_flight -= 1
@@ -405,8 +409,10 @@ class Engine:
                 owner = BatchOwner(assigned, 0, nbytes, self._pool.release)
                 batch = views_from_layout(layout, owner)
             self._store(idx, batch)
+            self._profile(worker, idx, msg[6])
         elif kind == "batch":   # thread worker, private memory
             self._store(idx, msg[3])
+            self._profile(worker, idx, msg[4])
         elif kind == "exhausted":
             worker.exhausted = True
             self._store(idx, _EXHAUSTED)
@@ -414,6 +420,14 @@ class Engine:
             if assigned is not None:
                 self._pool.release(assigned)
             self._store(idx, _Failure(_rebuild_exception(msg[3], worker.worker_id, worker.pid, idx)))
+
+    def _profile(self, worker: _WorkerHandle, idx: int, timings: Optional[tuple]) -> None:
+        profiler = self.profiler
+        if profiler is not None and timings is not None:
+            start, fetch_ns, collate_ns, sent, stats, field_ns = timings
+            profiler.worker_batch(worker.worker_id, worker.pid, idx, start, fetch_ns, collate_ns, sent,
+                                  stats, field_ns)
+            profiler.batch_ready(idx, sent if not self.use_threads else 0)
 
     def _store(self, idx: int, item: Any) -> None:
         try:
@@ -489,6 +503,8 @@ class Engine:
             if self._restarts < self.max_restarts and self._restartable():
                 self._restarts += 1
                 self.stats["worker_restarts"] += 1
+                if self.profiler is not None:
+                    self.profiler.worker_restarted(worker.worker_id)
                 warnings.warn(f"mxload worker {worker.worker_id} (pid {worker.pid}) died ({how}{hint}); "
                               f"restarting it ({self._restarts}/{self.max_restarts})", RuntimeWarning,
                               stacklevel=1)
@@ -661,6 +677,8 @@ class EpochIterator:
     def __next__(self) -> Any:
         if self._closed:
             raise StopIteration
+        profiler = self.engine.profiler
+        call_ns = time.monotonic_ns() if profiler is not None else 0
         try:
             batch = self.engine.next_batch()
         except BaseException:
@@ -670,12 +688,16 @@ class EpochIterator:
         if batch is _END:
             self._end()
             raise StopIteration
+        if profiler is not None:
+            profiler.batch_taken(self.engine.last_index, call_ns)
         return batch
 
     def _end(self, force: bool = False) -> None:
         if self._closed:
             return
         self._closed = True
+        if self.engine.profiler is not None:
+            self.engine.profiler.epoch_ended()
         if force or not self._persistent:
             self.engine.shutdown()
 
@@ -708,12 +730,16 @@ class EpochIterator:
 
 def start_epoch(loader: Any) -> EpochIterator:
     """Start one epoch of `loader` on its (possibly persistent) engine."""
+    t0 = time.monotonic_ns()
+    batches = None if loader.iterable else loader._epoch_batches()
+    t1 = time.monotonic_ns()
     engine = loader._engine
     if engine is None or engine.state != RUNNING:
         engine = Engine(loader)
         if loader.persistent_workers:
             loader._engine = engine
     loader._stats = engine.stats
-    batches = None if loader.iterable else loader._epoch_batches()
-    engine.begin_epoch(loader.epoch, batches)
+    engine.begin_epoch(loader.epoch, batches, loader.profiler)
+    if loader.profiler is not None:
+        loader.profiler.epoch_started(t1 - t0, time.monotonic_ns() - t1)
     return EpochIterator(engine, loader.persistent_workers)

@@ -2,11 +2,13 @@
 the parent watchdog.
 
 Protocol (one duplex socket per worker process, see _engine):
-  main -> worker  (epoch, batch_idx, indices, slab_id, slab_size, fd_follows, drop_ids)
+  main -> worker  (epoch, batch_idx, indices, slab_id, slab_size, fd_follows, drop_ids, profiling)
                   or None to stop.  When fd_follows, the slab's descriptor is
                   sent right after with SCM_RIGHTS.
   worker -> main  ("ok", epoch, idx, slab_id, nbytes, layout, timings)
                   ("new_slab", epoch, idx, size, nbytes, layout, timings) + descriptor
+                  timings: None, or when profiling (start ns, fetch ns, collate ns,
+                  sent ns, field stats, field ns) on the system-wide monotonic clock
                   ("error", epoch, idx, exception_info)
                   ("exhausted", epoch, idx)            IterableDataset shard is done
 """
@@ -186,7 +188,7 @@ def _serve(config: WorkerConfig, parent_pid: int, conn: Any, fd_channel: socket.
         task = conn.recv()
         if task is None:
             return
-        epoch, idx, indices, slab_id, slab_size, fd_follows, drop_ids = task
+        epoch, idx, indices, slab_id, slab_size, fd_follows, drop_ids, profiling = task
         for dropped in drop_ids:
             slabs.pop(dropped, None)
         if fd_follows:
@@ -195,7 +197,7 @@ def _serve(config: WorkerConfig, parent_pid: int, conn: Any, fd_channel: socket.
                 slabs[slab_id] = map_slab(fds[0], slab_size, slab_id)
             finally:
                 os.close(fds[0])
-        t0 = time.perf_counter_ns()
+        t0 = time.monotonic_ns()
         try:
             if config.iterable:
                 if stream is None or stream_epoch != epoch:
@@ -206,28 +208,33 @@ def _serve(config: WorkerConfig, parent_pid: int, conn: Any, fd_channel: socket.
                     continue
             else:
                 samples = fetch_samples(dataset, indices)
-            t1 = time.perf_counter_ns()
+            t1 = time.monotonic_ns()
             plan = _batchify.plan_batch(batchify_fn, samples, idx)
             slab = slabs.get(slab_id) if slab_id is not None else None
+            fill_ns: list = []
             if plan.nbytes == 0:
                 reply: tuple = ("ok", epoch, idx, slab_id, 0, plan.layout())
                 new_fd = -1
             elif slab is not None and slab.size >= plan.nbytes:
-                plan.fill(slab)
+                _, fill_ns = plan.fill(slab)
                 reply = ("ok", epoch, idx, slab_id, plan.nbytes, plan.layout())
                 new_fd = -1
             else:
                 size = slab_size_for(plan.nbytes, slab.size if slab is not None else 0)
                 new_fd = create_shared_fd(size)
                 new_slab = map_slab(new_fd, size, None, populate=True)
-                plan.fill(new_slab)
+                _, fill_ns = plan.fill(new_slab)
                 del new_slab
                 reply = ("new_slab", epoch, idx, size, plan.nbytes, plan.layout())
-            t2 = time.perf_counter_ns()
+            t2 = time.monotonic_ns()
+            timings = None
+            if profiling:
+                stats, field_ns = plan.field_stats(fill_ns)
+                timings = (t0, t1 - t0, t2 - t1, time.monotonic_ns(), stats, field_ns)
         except Exception as e:
             conn.send(("error", epoch, idx, pack_exception(e)))
             continue
-        conn.send(reply + ((t1 - t0, t2 - t1, plan.field_stats()),))
+        conn.send(reply + (timings,))
         if new_fd >= 0:
             try:
                 socket.send_fds(fd_channel, [b"F"], [new_fd])
@@ -253,7 +260,8 @@ def thread_worker_main(engine: Any, worker_id: int, num_workers: int, seed: int,
             task = tasks.get()
             if task is None:
                 return
-            epoch, idx, indices = task[:3]
+            epoch, idx, indices, profiling = task
+            t0 = time.monotonic_ns()
             try:
                 if engine.iterable:
                     if stream is None or stream_epoch != epoch:
@@ -264,10 +272,16 @@ def thread_worker_main(engine: Any, worker_id: int, num_workers: int, seed: int,
                         continue
                 else:
                     samples = fetch_samples(dataset, indices)
-                batch = _batchify.collate(batchify_fn, samples, idx)
+                t1 = time.monotonic_ns()
+                timings = None
+                if profiling:
+                    batch, stats, field_ns = _batchify.collate_profiled(batchify_fn, samples, idx)
+                    timings = (t0, t1 - t0, time.monotonic_ns() - t1, time.monotonic_ns(), stats, field_ns)
+                else:
+                    batch = _batchify.collate(batchify_fn, samples, idx)
             except Exception as e:
                 engine.deliver_thread_result(worker_id, ("error", epoch, idx, pack_exception(e)))
                 continue
-            engine.deliver_thread_result(worker_id, ("batch", epoch, idx, batch))
+            engine.deliver_thread_result(worker_id, ("batch", epoch, idx, batch, timings))
     finally:
         _thread_info.info = None

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import math
 import operator
+import pickle
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Iterator, List as TList, Optional, Tuple as TTuple
 
@@ -57,15 +59,20 @@ class _Field:
 class _Planner:
     """Collects the fields of one batch while its structure is walked."""
 
-    __slots__ = ("fields", "batch_index")
+    __slots__ = ("fields", "objects", "batch_index")
 
     def __init__(self, batch_index: Optional[int]):
         self.fields: TList[_Field] = []
+        self.objects: TList[TTuple[str, Any]] = []   # (path, value) passed through as objects
         self.batch_index = batch_index
 
     def add(self, field: _Field) -> TTuple[str, int]:
         self.fields.append(field)
         return ("f", len(self.fields) - 1)
+
+    def add_object(self, path: str, value: Any) -> TTuple[str, Any]:
+        self.objects.append((path, value))
+        return ("o", value)
 
     def error(self, exc_type: type, path: str, message: str) -> Exception:
         where = f"batch {self.batch_index}, " if self.batch_index is not None else ""
@@ -75,11 +82,12 @@ class _Planner:
 class BatchPlan:
     """A planned batch: its structure, its fields and their place in one buffer."""
 
-    __slots__ = ("root", "fields", "offsets", "nbytes")
+    __slots__ = ("root", "fields", "objects", "offsets", "nbytes")
 
-    def __init__(self, root: tuple, fields: TList[_Field]):
+    def __init__(self, root: tuple, fields: TList[_Field], objects: TList[TTuple[str, Any]]):
         self.root = root
         self.fields = fields
+        self.objects = objects
         offsets, total = _core.plan_layout([f.nbytes for f in fields])
         self.offsets = offsets.tolist()
         self.nbytes = int(total)
@@ -105,9 +113,22 @@ class BatchPlan:
         """Picklable description of the batch: structure + (offset, shape, dtype) per field."""
         return (self.root, [(int(o), f.shape, f.dtype) for f, o in zip(self.fields, self.offsets)])
 
-    def field_stats(self) -> TList[TTuple[str, str, int, tuple, str]]:
-        """(path, kernel, nbytes, shape, dtype) of every field, for the profiler."""
-        return [(f.path, f.kernel, f.nbytes, f.shape, f.dtype.str) for f in self.fields]
+    def field_stats(self, fill_ns: Sequence[int]) -> TTuple[list, list]:
+        """Per-field records for the profiler: ([(path, kernel, nbytes, shape,
+        dtype)], [ns]) for the kernel fields (with their `fill_ns`) and the
+        objects passed through, which cross processes pickled: their pickling
+        is measured here, so this costs something and runs only when profiling."""
+        stats = [(f.path, f.kernel, f.nbytes, f.shape, f.dtype.str) for f in self.fields]
+        times = list(fill_ns)
+        for path, value in self.objects:
+            t0 = time.perf_counter_ns()
+            try:
+                size = len(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+            except Exception:
+                size = 0
+            times.append(time.perf_counter_ns() - t0)
+            stats.append((path, "pickled", size, (), type(value).__name__))
+        return stats, times
 
 
 def assemble(node: tuple, arrays: Sequence) -> Any:
@@ -248,7 +269,7 @@ class List(Batchify):
     """Keep the samples as a plain Python list (no collation)."""
 
     def plan(self, samples: Sequence, path: str, planner: _Planner) -> tuple:
-        return ("o", list(samples))
+        return planner.add_object(path, list(samples))
 
 
 class _DefaultBatchify(Batchify):
@@ -277,7 +298,7 @@ class _DefaultBatchify(Batchify):
             return ("d", keys, [self.plan(c, f"{path}[{k!r}]", planner)
                                 for k, c in zip(keys, columns)])
         if isinstance(first, (str, bytes)):
-            return ("o", list(samples))
+            return planner.add_object(path, list(samples))
         if first is None:
             raise planner.error(TypeError, path, "sample 0 is None; return an array, a number or a "
                                                  "tuple/dict of them from the dataset")
@@ -397,7 +418,7 @@ def _describe(value: Any, path: str, planner: _Planner) -> tuple:
     if type(value) is dict:
         keys = tuple(value.keys())
         return ("d", keys, [_describe(value[k], f"{path}[{k!r}]", planner) for k in keys])
-    return ("o", value)
+    return planner.add_object(path, value)
 
 
 class GatheredSamples(Sequence):
@@ -469,7 +490,7 @@ def plan_batch(batchify_fn: Callable, samples: Sequence, batch_index: Optional[i
         root = batchify_fn.plan(samples, "sample", planner)
     else:
         root = _describe(batchify_fn(samples), "batch", planner)
-    return BatchPlan(root, planner.fields)
+    return BatchPlan(root, planner.fields, planner.objects)
 
 
 def collate(batchify_fn: Callable, samples: Sequence, batch_index: Optional[int] = None) -> Any:
@@ -479,3 +500,19 @@ def collate(batchify_fn: Callable, samples: Sequence, batch_index: Optional[int]
     plan = plan_batch(batchify_fn, samples, batch_index)
     views, _ = plan.fill(allocate(plan.nbytes))
     return assemble(plan.root, views)
+
+
+def collate_profiled(batchify_fn: Callable, samples: Sequence,
+                     batch_index: Optional[int] = None) -> TTuple[Any, list, list]:
+    """collate() that also returns the per-field (stats, ns) for the profiler.
+    A plain-callable batchify_fn is one opaque field (its own path)."""
+    if not isinstance(batchify_fn, Batchify):
+        t0 = time.perf_counter_ns()
+        batch = batchify_fn(samples)
+        name = getattr(batchify_fn, "__name__", type(batchify_fn).__name__)
+        return batch, [(f"{name}(samples)", "custom", 0, (), type(batch).__name__)], \
+            [time.perf_counter_ns() - t0]
+    plan = plan_batch(batchify_fn, samples, batch_index)
+    views, fill_ns = plan.fill(allocate(plan.nbytes))
+    stats, times = plan.field_stats(fill_ns)
+    return assemble(plan.root, views), stats, times

@@ -2,12 +2,14 @@
 iterator (in-process, or the multi-worker engine in ``_engine``)."""
 from __future__ import annotations
 
+import os
+import time
 import weakref
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
-from .batchify import collate, default_batchify
+from .batchify import collate, collate_profiled, default_batchify
 from .dataset import IterableDataset
 from ._worker import _Stream, fetch_samples
 from .sampler import BatchSampler, RandomSampler, SequentialSampler
@@ -129,8 +131,8 @@ class DataLoader:
         self._stats: dict = {}
         self.profiler: Any = None
         if self.profile:
-            raise NotImplementedError("profile=True: the loader profiler is not implemented yet "
-                                      "(tracked by the 'Profiler' issue)")
+            from .profiler import Profiler
+            self.profiler = Profiler()
 
     # ------------------------------------------------------------------
 
@@ -209,6 +211,7 @@ class _InProcessIterator:
         self._batchify = loader.batchify_fn
         self._index = 0
         self._profiler = loader.profiler
+        t0 = time.monotonic_ns()
         if loader.iterable:
             self._stream: Optional[_Stream] = _Stream(loader.dataset, int(loader.batch_size),
                                                       loader.last_batch == "discard")
@@ -217,6 +220,8 @@ class _InProcessIterator:
             self._stream = None
             self._batches = loader._epoch_batches()
         self._done = False
+        if self._profiler is not None:
+            self._profiler.epoch_started(time.monotonic_ns() - t0, 0)
 
     def __iter__(self) -> "_InProcessIterator":
         return self
@@ -237,15 +242,27 @@ class _InProcessIterator:
     def __next__(self) -> Any:
         if self._done:
             raise StopIteration
+        profiler = self._profiler
+        t0 = time.monotonic_ns()
         samples = self._next_samples()
         if samples is None:
             self.close()
             raise StopIteration
-        batch = collate(self._batchify, samples, self._index)
+        if profiler is None:
+            batch = collate(self._batchify, samples, self._index)
+        else:
+            t1 = time.monotonic_ns()
+            batch, stats, field_ns = collate_profiled(self._batchify, samples, self._index)
+            t2 = time.monotonic_ns()
+            profiler.worker_batch(-1, os.getpid(), self._index, t0, t1 - t0, t2 - t1, t2, stats, field_ns)
+            profiler.batch_ready(self._index, 0)
+            profiler.batch_taken(self._index, t0)
         self._index += 1
         return batch
 
     def close(self) -> None:
+        if not self._done and self._profiler is not None:
+            self._profiler.epoch_ended()
         self._done = True
         self._stream = None
 

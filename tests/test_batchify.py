@@ -484,10 +484,13 @@ def test_plan_custom_plain_function_and_layout_roundtrip():
     plan = plan_batch(batchify, samples, batch_index=0)
     assert plan.nbytes % 64 == 0
     assert all(int(o) % 64 == 0 for o in plan.offsets)
-    paths = [f[0] for f in plan.field_stats()]
+    stats, _ = plan.field_stats([0] * len(plan.fields))
+    paths = [f[0] for f in stats]
     assert paths == ["batch['x']", "batch['meta']['n']", "batch['meta']['pair'][0]",
-                     "batch['ragged'][0]", "batch['ragged'][1]"]
-    assert all(kernel == "copy" for _, kernel, *_ in plan.field_stats())
+                     "batch['ragged'][0]", "batch['ragged'][1]",
+                     "batch['names'][0]", "batch['names'][1]", "batch['names'][2]", "batch['names'][3]",
+                     "batch['meta']['s']", "batch['meta']['pair'][1]"]
+    assert [kernel for _, kernel, *_ in stats] == ["copy"] * 5 + ["pickled"] * 6
 
     buf = allocate(plan.nbytes)
     views, times = plan.fill(buf)
@@ -506,7 +509,7 @@ def test_plan_builtin_fill_at_offset_matches_collate():
     samples = [(np.arange(n, dtype=np.int16), {"y": float(n), "s": "t"}) for n in (1, 4, 2)]
     fn = Tuple(Pad(val=-1, ret_length=True), default_batchify)
     plan = plan_batch(fn, samples, batch_index=3)
-    assert [s[1] for s in plan.field_stats()] == ["pad", "copy", "copy"]
+    assert [s[1] for s in plan.field_stats([0] * 3)[0]] == ["pad", "copy", "copy"]
     raw = allocate(plan.nbytes + 256)
     plan.fill(raw, base_offset=128)
     out = views_from_layout(plan.layout(), raw, base_offset=128)
