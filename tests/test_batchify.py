@@ -509,7 +509,7 @@ def test_plan_builtin_fill_at_offset_matches_collate():
     samples = [(np.arange(n, dtype=np.int16), {"y": float(n), "s": "t"}) for n in (1, 4, 2)]
     fn = Tuple(Pad(val=-1, ret_length=True), default_batchify)
     plan = plan_batch(fn, samples, batch_index=3)
-    assert [s[1] for s in plan.field_stats([0] * 3)[0]] == ["pad", "copy", "copy"]
+    assert [s[1] for s in plan.field_stats([0] * 3)[0]] == ["pad", "copy", "copy", "pickled"]
     raw = allocate(plan.nbytes + 256)
     plan.fill(raw, base_offset=128)
     out = views_from_layout(plan.layout(), raw, base_offset=128)
