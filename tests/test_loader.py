@@ -110,11 +110,6 @@ def test_non_callable_batchify_and_worker_init_rejected():
         mxload.DataLoader(ds, batch_size=1, num_workers=1, worker_init_fn="x")
 
 
-def _unused_profile_placeholder():
-    with pytest.raises(NotImplementedError, match="profile"):
-        mxload.DataLoader(mxload.SimpleDataset([1]), batch_size=1, profile=True)
-
-
 def test_iterable_dataset_single_process_and_errors():
     loader = mxload.DataLoader(ShardedStream(10), batch_size=4)
     batches = list(loader)
