@@ -63,8 +63,8 @@ cdef class BatchOwner:
     cdef readonly Py_ssize_t nbytes
     cdef object _on_release
 
-    def __cinit__(self, Slab slab, Py_ssize_t offset, Py_ssize_t nbytes, on_release=None):
-        if offset < 0 or nbytes < 0 or offset + nbytes > slab.size:
+    def __cinit__(self, Slab slab not None, Py_ssize_t offset, Py_ssize_t nbytes, on_release=None):
+        if offset < 0 or nbytes < 0 or offset > slab.size or nbytes > slab.size - offset:
             raise ValueError(f"range [{offset}, {offset + nbytes}) is outside slab of {slab.size} bytes")
         self.slab = slab
         self.offset = offset

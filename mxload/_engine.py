@@ -15,6 +15,7 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
+import selectors
 import signal
 import socket
 import sys
@@ -26,9 +27,12 @@ from multiprocessing import connection as mp_connection
 from multiprocessing import util as mp_util
 from typing import Any, Dict, List, Optional
 
+import numpy as np
+
 from ._core import BatchOwner, BufferClosedError, ReorderBuffer
 from ._slabs import SlabPool
-from ._worker import WorkerConfig, pack_exception, thread_worker_main, worker_process_main
+from ._worker import (WorkerConfig, pack_exception, recv_message, send_message, thread_worker_main,
+                      worker_process_main)
 from .batchify import views_from_layout
 from .errors import LoaderTimeoutError, SharedMemoryError, WorkerError
 
@@ -143,6 +147,7 @@ class Engine:
         self._rb = ReorderBuffer()
         self._pool = SlabPool(self.stats)
         self._workers: List[_WorkerHandle] = []
+        self._replaced_processes: list = []
         self._fetcher: Optional[threading.Thread] = None
         self._stop_fetcher = False
         self._wake_r, self._wake_w = (-1, -1)
@@ -311,8 +316,9 @@ class Engine:
         fd_follows = slab is not None and slab_id not in worker.known_slabs
         drops, worker.pending_drops = worker.pending_drops, []
         try:
-            worker.conn.send((self.epoch, idx, indices, slab_id, slab.size if slab is not None else 0,
-                              fd_follows, drops, self.profiler is not None))
+            raw = None if indices is None else np.ascontiguousarray(indices, np.int64).tobytes()
+            send_message(worker.conn, (self.epoch, idx, raw, slab_id, slab.size if slab is not None else 0,
+                                       fd_follows, drops, self.profiler is not None))
             if fd_follows:
                 assert worker.fd_channel is not None
                 socket.send_fds(worker.fd_channel, [b"F"], [self._pool.fd(slab_id)])
@@ -445,27 +451,30 @@ class Engine:
     def _fetch_loop(self) -> None:
         """Fetcher thread: move worker results into the ReorderBuffer and
         notice dead workers at once (their sentinels become ready)."""
+        selector = selectors.DefaultSelector()
+        registered: Dict[int, tuple] = {}
         try:
+            selector.register(self._wake_r, selectors.EVENT_READ, None)
             while not self._stop_fetcher:
-                with self._lock:
-                    live = [w for w in self._workers if w.alive]
-                waitables: Dict[Any, _WorkerHandle] = {}
-                for w in live:
-                    waitables[w.conn] = w
-                    waitables[w.process.sentinel] = w
-                ready = mp_connection.wait(list(waitables) + [self._wake_r], timeout=1.0)
+                self._sync_selector(selector, registered)
+                events = selector.select(timeout=1.0)
                 if self._stop_fetcher:
                     return
                 dead = []
-                for obj in ready:
-                    if obj == self._wake_r:
+                for key, _ in events:
+                    if key.data is None:
+                        continue  # the shutdown wake-up
+                    what, worker = key.data
+                    if worker in dead:
                         continue
-                    worker = waitables[obj]
-                    if obj is worker.conn:
-                        if not self._drain(worker):
+                    if what == "conn":
+                        # One message per readiness event: the selector is
+                        # level-triggered, so more data wakes us again.
+                        if not self._receive(worker):
                             dead.append(worker)
-                    elif worker not in dead:
-                        self._drain(worker)
+                    else:  # sentinel: the process ended; take what it sent first
+                        while self._receive(worker, only_if_ready=True):
+                            pass
                         dead.append(worker)
                 for worker in dead:
                     if worker.alive:
@@ -473,16 +482,44 @@ class Engine:
         except BaseException as e:  # never die silently: the consumer must not hang
             if not self._stop_fetcher:
                 self._fail(WorkerError(f"mxload fetcher thread failed: {type(e).__name__}: {e}"))
+        finally:
+            selector.close()
 
-    def _drain(self, worker: _WorkerHandle) -> bool:
-        """Handle every message waiting from `worker`; False if its socket closed."""
+    def _sync_selector(self, selector: selectors.BaseSelector, registered: Dict[int, tuple]) -> None:
+        """Watch exactly the live workers (a restart replaces a handle).
+        `registered` maps worker id -> (handle, conn fd, sentinel fd): fds are
+        unregistered by number, since a dead worker's socket is already closed
+        and its number may be reused by its replacement."""
+        with self._lock:
+            workers = list(self._workers)
+        for w in workers:
+            current = registered.get(w.worker_id)
+            if current is not None and current[0] is w and w.alive:
+                continue
+            if current is not None:
+                for fd in current[1:]:
+                    try:
+                        selector.unregister(fd)
+                    except (KeyError, ValueError):
+                        pass
+                del registered[w.worker_id]
+            if w.alive and w.conn is not None:
+                conn_fd, sentinel = w.conn.fileno(), w.process.sentinel
+                selector.register(conn_fd, selectors.EVENT_READ, ("conn", w))
+                selector.register(sentinel, selectors.EVENT_READ, ("sentinel", w))
+                registered[w.worker_id] = (w, conn_fd, sentinel)
+
+    def _receive(self, worker: _WorkerHandle, only_if_ready: bool = False) -> bool:
+        """Handle one message from `worker`; False if its socket is closed
+        (or, with only_if_ready, if nothing is waiting)."""
         try:
-            while worker.conn.poll():
-                msg = worker.conn.recv()
-                with self._lock:
-                    self._handle_message(worker, msg)
+            if only_if_ready and not worker.conn.poll():
+                return False
+            msg = recv_message(worker.conn)
         except (EOFError, OSError):
             return False
+        with self._lock:
+            self._handle_message(worker, msg)
         return True
 
     def _on_worker_death(self, worker: _WorkerHandle) -> None:
@@ -530,6 +567,7 @@ class Engine:
             self._fail(WorkerError(f"could not restart worker {dead.worker_id}: {e}", dead.worker_id))
             return
         self._close_worker_channels(dead)
+        self._replaced_processes.append(dead.process)  # closed (its sentinel fd) at shutdown
         self._workers[dead.worker_id] = new
         for (epoch, idx), (indices, slab) in sorted(dead.outstanding.items()):
             if slab is not None:
@@ -557,57 +595,66 @@ class Engine:
             if self.state == CLOSED:
                 return
             self.state = SHUTTING_DOWN
-            start = time.monotonic()
-            deadline = start + SHUTDOWN_DEADLINE_S
-            # Shutdown sequence:
-            # 1. Stop the fetcher thread and join it: wake its wait() through
-            #    the self-pipe, so it is never left blocked on a worker socket.
-            self._stop_fetcher = True
-            if self._wake_w >= 0:
-                try:
-                    os.write(self._wake_w, b"x")
-                except OSError:
-                    pass
-            fetcher = self._fetcher
-            if fetcher is not None and fetcher is not threading.current_thread():
-                fetcher.join(timeout=max(0.0, deadline - time.monotonic()))
-            # 2. Wake a consumer blocked in the ReorderBuffer.
-            self._rb.close("the loader is shutting down")
-            # 3. Ask every worker to stop (a None task) and give them a short
-            #    grace period to finish on their own.
-            for w in self._workers:
-                try:
-                    if w.tasks is not None:
-                        w.tasks.put(None)
-                    elif w.conn is not None:
-                        w.conn.send(None)
-                except (OSError, ValueError):
-                    pass
-            if self.use_threads:
-                for w in self._workers:
-                    if w.process is not threading.current_thread():
-                        w.process.join(timeout=max(0.0, deadline - time.monotonic()))
-            else:
-                self._end_processes(start, deadline)
-            # 4. Close sockets and pipes, drop buffered batches, release slabs.
-            for w in self._workers:
-                self._close_worker_channels(w)
-                w.outstanding.clear()
-                w.alive = False
-            for fd in (self._wake_r, self._wake_w):
-                if fd >= 0:
-                    os.close(fd)
-            self._wake_r = self._wake_w = -1
-            self._rb.clear()
-            self._pool.close()
-            # 5. Nothing left for the exit handler to do.
-            if self._finalizer is not None:
-                self._finalizer.cancel()
-            self.state = CLOSED
+            try:
+                self._shutdown_sequence()
+            finally:
+                # Whatever happened above, this engine is finished: never run twice.
+                self.state = CLOSED
+                if self._finalizer is not None:
+                    self._finalizer.cancel()
 
-    def _end_processes(self, start: float, deadline: float) -> None:
+    def _shutdown_sequence(self) -> None:
+        start = time.monotonic()
+        deadline = start + SHUTDOWN_DEADLINE_S
+        # 1. Stop the fetcher thread and join it: wake its select() through
+        #    the self-pipe, so it is never left blocked on a worker socket.
+        self._stop_fetcher = True
+        if self._wake_w >= 0:
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:
+                pass
+        fetcher = self._fetcher
+        if fetcher is not None and fetcher is not threading.current_thread():
+            fetcher.join(timeout=max(0.0, deadline - time.monotonic()))
+        # 2. Wake a consumer blocked in the ReorderBuffer.
+        self._rb.close("the loader is shutting down")
+        # 3. Ask every worker to stop.  The stop message never blocks (a
+        #    stuck worker's socket may be full); workers read ahead, so one
+        #    that is between tasks skips its queued work and exits at once.
+        for w in self._workers:
+            try:
+                if w.tasks is not None:
+                    w.tasks.put(None)
+                elif w.conn is not None:
+                    os.set_blocking(w.conn.fileno(), False)
+                    send_message(w.conn, None)
+            except (OSError, ValueError):
+                pass
+        # 4. Grace period, then SIGTERM, then SIGKILL, all within the one
+        #    deadline; reap every process (threads: join until the deadline).
+        if self.use_threads:
+            for w in self._workers:
+                if w.process is not threading.current_thread():
+                    w.process.join(timeout=max(0.0, deadline - time.monotonic()))
+        else:
+            procs = [w.process for w in self._workers if w.process is not None]
+            self._end_processes(procs + self._replaced_processes, start, deadline)
+        # 5. Close sockets and pipes, drop buffered batches, release slabs
+        #    (batches the consumer still holds stay valid until it drops them).
+        for w in self._workers:
+            self._close_worker_channels(w)
+            w.outstanding.clear()
+            w.alive = False
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                os.close(fd)
+        self._wake_r = self._wake_w = -1
+        self._rb.clear()
+        self._pool.close()
+
+    def _end_processes(self, procs: list, start: float, deadline: float) -> None:
         """Grace, then SIGTERM, then SIGKILL, all within one deadline; reap all."""
-        procs = [w.process for w in self._workers if w.process is not None]
         self._wait_exit(procs, start + SHUTDOWN_GRACE_S)
         alive = [p for p in procs if p.exitcode is None]
         for p in alive:

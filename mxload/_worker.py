@@ -14,9 +14,11 @@ Protocol (one duplex socket per worker process, see _engine):
 """
 from __future__ import annotations
 
+import collections
 import os
 import pickle
 import random
+import select
 import signal
 import socket
 import sys
@@ -167,7 +169,7 @@ def worker_process_main(config: WorkerConfig, conn: Any) -> None:
             try:
                 worker_init_fn(config.worker_id)
             except Exception as e:
-                conn.send(("error", config.epoch, -1, pack_exception(e)))
+                send_message(conn, ("error", config.epoch, -1, pack_exception(e)))
                 return
         _serve(config, parent_pid, conn, fd_channel, dataset, batchify_fn)
     except (EOFError, BrokenPipeError, ConnectionResetError):
@@ -176,49 +178,93 @@ def worker_process_main(config: WorkerConfig, conn: Any) -> None:
         fd_channel.close()
 
 
+def send_message(conn: Any, message: Any) -> None:
+    """Send one message: plain pickle (no ForkingPickler dispatch-table copy)."""
+    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def recv_message(conn: Any) -> Any:
+    return pickle.loads(conn.recv_bytes())
+
+
+class _Inbox:
+    """The worker's side of its socket: reads ahead so a stop request queued
+    behind already-dispatched tasks is seen before the next task starts
+    (after `break`, queued work is skipped, not done), and maps the slab
+    descriptors that follow their task messages."""
+
+    def __init__(self, conn: Any, fd_channel: socket.socket):
+        self._conn = conn
+        self._fd_channel = fd_channel
+        self._poller = select.poll()
+        self._poller.register(conn.fileno(), select.POLLIN)
+        self.pending: collections.deque = collections.deque()
+        self.slabs: dict = {}
+        self.stopped = False
+
+    def _read_one(self) -> None:
+        task = recv_message(self._conn)
+        if task is None:
+            self.stopped = True
+            return
+        _, _, _, slab_id, slab_size, fd_follows, drop_ids, _ = task
+        for dropped in drop_ids:
+            self.slabs.pop(dropped, None)
+        if fd_follows:  # the descriptor follows its message on the same socket
+            _, fds, _, _ = socket.recv_fds(self._fd_channel, 1, 1)
+            try:
+                self.slabs[slab_id] = map_slab(fds[0], slab_size, slab_id)
+            finally:
+                os.close(fds[0])
+        self.pending.append(task)
+
+    def next_task(self, parent_pid: int) -> Optional[tuple]:
+        """The next task, or None when asked to stop or orphaned."""
+        timeout_ms = 0 if self.pending else int(PARENT_CHECK_INTERVAL_S * 1000)
+        while not self.stopped:
+            if self._poller.poll(timeout_ms):
+                self._read_one()
+                timeout_ms = 0          # drain whatever else is already here
+                continue
+            if self.pending:
+                return self.pending.popleft()
+            if os.getppid() != parent_pid:
+                return None             # orphaned: the parent was killed
+            timeout_ms = int(PARENT_CHECK_INTERVAL_S * 1000)
+        return None
+
+
 def _serve(config: WorkerConfig, parent_pid: int, conn: Any, fd_channel: socket.socket, dataset: Any,
            batchify_fn: Any) -> None:
-    slabs: dict = {}
+    inbox = _Inbox(conn, fd_channel)
     stream: Optional[_Stream] = None
     stream_epoch = None
     while True:
-        while not conn.poll(PARENT_CHECK_INTERVAL_S):
-            if os.getppid() != parent_pid:
-                return  # orphaned: the parent was killed
-        task = conn.recv()
+        task = inbox.next_task(parent_pid)
         if task is None:
             return
-        epoch, idx, indices, slab_id, slab_size, fd_follows, drop_ids, profiling = task
-        for dropped in drop_ids:
-            slabs.pop(dropped, None)
-        if fd_follows:
-            _, fds, _, _ = socket.recv_fds(fd_channel, 1, 1)
-            try:
-                slabs[slab_id] = map_slab(fds[0], slab_size, slab_id)
-            finally:
-                os.close(fds[0])
+        epoch, idx, indices, slab_id, _, _, _, profiling = task
         t0 = time.monotonic_ns()
+        new_fd = -1
         try:
             if config.iterable:
                 if stream is None or stream_epoch != epoch:
                     stream, stream_epoch = _Stream(dataset, config.batch_size, config.drop_last), epoch
                 samples = stream.next_samples()
                 if samples is None:
-                    conn.send(("exhausted", epoch, idx))
+                    send_message(conn, ("exhausted", epoch, idx))
                     continue
             else:
-                samples = fetch_samples(dataset, indices)
+                samples = fetch_samples(dataset, np.frombuffer(indices, np.int64))
             t1 = time.monotonic_ns()
             plan = _batchify.plan_batch(batchify_fn, samples, idx)
-            slab = slabs.get(slab_id) if slab_id is not None else None
+            slab = inbox.slabs.get(slab_id) if slab_id is not None else None
             fill_ns: list = []
             if plan.nbytes == 0:
                 reply: tuple = ("ok", epoch, idx, slab_id, 0, plan.layout())
-                new_fd = -1
             elif slab is not None and slab.size >= plan.nbytes:
                 _, fill_ns = plan.fill(slab)
                 reply = ("ok", epoch, idx, slab_id, plan.nbytes, plan.layout())
-                new_fd = -1
             else:
                 size = slab_size_for(plan.nbytes, slab.size if slab is not None else 0)
                 new_fd = create_shared_fd(size)
@@ -231,10 +277,15 @@ def _serve(config: WorkerConfig, parent_pid: int, conn: Any, fd_channel: socket.
             if profiling:
                 stats, field_ns = plan.field_stats(fill_ns)
                 timings = (t0, t1 - t0, t2 - t1, time.monotonic_ns(), stats, field_ns)
+            # Pickle here, inside the try: an unpicklable object in the batch
+            # is reported as this batch's error, not as a dead worker.
+            payload = pickle.dumps(reply + (timings,), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as e:
-            conn.send(("error", epoch, idx, pack_exception(e)))
+            if new_fd >= 0:
+                os.close(new_fd)
+            send_message(conn, ("error", epoch, idx, pack_exception(e)))
             continue
-        conn.send(reply + (timings,))
+        conn.send_bytes(payload)
         if new_fd >= 0:
             try:
                 socket.send_fds(fd_channel, [b"F"], [new_fd])

@@ -111,7 +111,9 @@ class BatchPlan:
 
     def layout(self) -> tuple:
         """Picklable description of the batch: structure + (offset, shape, dtype) per field."""
-        return (self.root, [(int(o), f.shape, f.dtype) for f, o in zip(self.fields, self.offsets)])
+        # dtype strings pickle far smaller/faster than dtype objects; structured ones stay objects.
+        return (self.root, [(o, f.shape, f.dtype.str if f.dtype.fields is None else f.dtype)
+                            for f, o in zip(self.fields, self.offsets)])
 
     def field_stats(self, fill_ns: Sequence[int]) -> TTuple[list, list]:
         """Per-field records for the profiler: ([(path, kernel, nbytes, shape,

@@ -588,7 +588,7 @@ def test_gathered_samples_match_per_sample_path(case):
     # the plans describe the same layout
     lay_g = plan_batch(default_batchify, gathered).layout()
     lay_s = plan_batch(default_batchify, per_sample).layout()
-    assert [(s, d.str) for _, s, d in lay_g[1]] == [(s, d.str) for _, s, d in lay_s[1]]
+    assert [(s, np.dtype(d).str) for _, s, d in lay_g[1]] == [(s, np.dtype(d).str) for _, s, d in lay_s[1]]
 
 
 def test_gathered_samples_with_explicit_batchify():

@@ -1,0 +1,722 @@
+"""Tests for mxload._core.ReorderBuffer: ordering, blocking waits with the GIL
+released, timeouts, close/clear semantics, signal delivery and thread stress."""
+import gc
+import os
+import random
+import signal
+import sys
+import threading
+import time
+import weakref
+
+import pytest
+
+from mxload import _core
+from mxload._core import BufferClosedError, ReorderBuffer
+
+pytestmark = pytest.mark.timeout(60)
+
+# Generous slack for "promptly": the buffer waits in 50 ms slices, CI boxes are slow.
+SLACK = 1.0
+
+
+class Item:
+    """A distinct, weak-referenceable payload."""
+
+    __slots__ = ("idx", "__weakref__")
+
+    def __init__(self, idx):
+        self.idx = idx
+
+    def __repr__(self):
+        return f"Item({self.idx})"
+
+
+def run_in_thread(fn, *args, **kwargs):
+    """Start fn in a daemon thread; return (thread, result dict)."""
+    res = {}
+
+    def target():
+        res["started"] = time.monotonic()
+        try:
+            res["value"] = fn(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 - recorded for the test
+            res["error"] = e
+        res["finished"] = time.monotonic()
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    return t, res
+
+
+# ---------------------------------------------------------------------------
+# basics
+# ---------------------------------------------------------------------------
+
+
+def test_exports():
+    assert _core.BufferClosedError is BufferClosedError
+    assert issubclass(BufferClosedError, RuntimeError)
+
+
+def test_put_get_in_order():
+    buf = ReorderBuffer()
+    items = [Item(i) for i in range(10)]
+    for i, it in enumerate(items):
+        buf.put(i, it)
+    assert len(buf) == 10
+    for i, it in enumerate(items):
+        assert buf.get(i) is it
+    assert len(buf) == 0
+
+
+def test_put_get_out_of_order():
+    buf = ReorderBuffer()
+    order = list(range(50))
+    random.Random(0).shuffle(order)
+    items = {i: Item(i) for i in order}
+    for i in order:
+        buf.put(i, items[i])
+    # consumer takes them in order regardless of arrival order
+    for i in range(50):
+        got = buf.get(i, timeout=1)
+        assert got is items[i]
+        assert i not in buf
+    assert len(buf) == 0
+
+
+def test_get_removes_only_requested_index():
+    buf = ReorderBuffer()
+    a, b = Item(1), Item(2)
+    buf.put(1, a)
+    buf.put(2, b)
+    assert buf.get(2) is b
+    assert 1 in buf and 2 not in buf
+    with pytest.raises(TimeoutError):
+        buf.get(2, timeout=0.05)
+    assert buf.get(1, timeout=0) is a
+
+
+def test_items_may_be_any_object_including_none():
+    buf = ReorderBuffer()
+    buf.put(0, None)
+    buf.put(1, 0)
+    buf.put(2, (1, 2))
+    assert 0 in buf
+    assert buf.get(0, timeout=0) is None
+    assert buf.get(1) == 0
+    assert buf.get(2) == (1, 2)
+
+
+def test_negative_and_large_indices():
+    buf = ReorderBuffer()
+    big = 2**62
+    buf.put(-5, "neg")
+    buf.put(big, "big")
+    assert -5 in buf and big in buf
+    assert buf.pop_next(timeout=0) == (-5, "neg")
+    assert buf.get(big) == "big"
+
+
+def test_non_integer_index_rejected():
+    buf = ReorderBuffer()
+    with pytest.raises(TypeError):
+        buf.put("a", 1)
+    with pytest.raises(TypeError):
+        buf.get(1.5, timeout=0)
+    assert len(buf) == 0
+
+
+def test_duplicate_index_raises_keyerror_and_keeps_original():
+    buf = ReorderBuffer()
+    first, second = Item(3), Item(3)
+    buf.put(3, first)
+    with pytest.raises(KeyError, match="batch index 3 is already in the ReorderBuffer"):
+        buf.put(3, second)
+    assert len(buf) == 1
+    assert buf.get(3) is first
+    # once taken, the index may be used again
+    buf.put(3, second)
+    assert buf.get(3) is second
+
+
+def test_try_get():
+    buf = ReorderBuffer()
+    sentinel = object()
+    assert buf.try_get(0) is None
+    assert buf.try_get(0, sentinel) is sentinel
+    assert buf.try_get(0, default=sentinel) is sentinel
+    it = Item(0)
+    buf.put(0, it)
+    buf.put(1, Item(1))
+    assert buf.try_get(0, sentinel) is it
+    assert 0 not in buf  # removed
+    assert buf.try_get(0, sentinel) is sentinel
+    assert len(buf) == 1
+
+
+def test_pop_next_returns_smallest_available():
+    buf = ReorderBuffer()
+    for i in (5, 2, 9, 7, 3):
+        buf.put(i, f"v{i}")
+    out = [buf.pop_next(timeout=0) for _ in range(5)]
+    assert out == [(2, "v2"), (3, "v3"), (5, "v5"), (7, "v7"), (9, "v9")]
+    assert len(buf) == 0
+    # interleaved with puts: always the smallest stored right now
+    buf.put(10, "a")
+    buf.put(4, "b")
+    assert buf.pop_next() == (4, "b")
+    buf.put(1, "c")
+    assert buf.pop_next() == (1, "c")
+    assert buf.pop_next() == (10, "a")
+
+
+def test_pop_next_returns_tuple_of_index_and_identity():
+    buf = ReorderBuffer()
+    it = Item(7)
+    buf.put(7, it)
+    res = buf.pop_next()
+    assert isinstance(res, tuple) and len(res) == 2
+    assert res[0] == 7 and res[1] is it
+
+
+def test_len_and_contains():
+    buf = ReorderBuffer()
+    assert len(buf) == 0
+    assert 0 not in buf
+    for i in range(0, 20, 2):
+        buf.put(i, i)
+    assert len(buf) == 10
+    assert all(i in buf for i in range(0, 20, 2))
+    assert not any(i in buf for i in range(1, 20, 2))
+    buf.get(4)
+    assert 4 not in buf
+    assert len(buf) == 9
+
+
+def test_clear_returns_removed_items():
+    buf = ReorderBuffer()
+    items = {i: Item(i) for i in (3, 1, 8)}
+    for i, it in items.items():
+        buf.put(i, it)
+    removed = buf.clear()
+    assert isinstance(removed, dict)
+    assert set(removed) == {1, 3, 8}
+    for i, it in items.items():
+        assert removed[i] is it
+    assert len(buf) == 0
+    assert all(i not in buf for i in items)
+    assert buf.clear() == {}
+    # the buffer stays usable after clear (it is not a close)
+    buf.put(1, "again")
+    assert buf.get(1) == "again"
+    assert not buf.closed
+
+
+def test_clear_releases_items_when_caller_drops_them():
+    buf = ReorderBuffer()
+    it = Item(0)
+    ref = weakref.ref(it)
+    buf.put(0, it)
+    del it
+    removed = buf.clear()
+    assert ref() is not None  # held by the returned dict
+    del removed
+    gc.collect()
+    assert ref() is None
+
+
+def test_buffer_dealloc_releases_items():
+    buf = ReorderBuffer()
+    it = Item(0)
+    ref = weakref.ref(it)
+    buf.put(0, it)
+    del it, buf
+    gc.collect()
+    assert ref() is None
+
+
+def test_get_returns_item_without_keeping_reference():
+    buf = ReorderBuffer()
+    it = Item(0)
+    ref = weakref.ref(it)
+    buf.put(0, it)
+    del it
+    got = buf.get(0)
+    del got
+    gc.collect()
+    assert ref() is None
+
+
+# ---------------------------------------------------------------------------
+# timeouts
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("timeout", [0.05, 0.3])
+def test_get_timeout(timeout):
+    buf = ReorderBuffer()
+    buf.put(1, "other")
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"timed out after .* s waiting for batch 0"):
+        buf.get(0, timeout=timeout)
+    elapsed = time.monotonic() - t0
+    assert timeout <= elapsed < timeout + SLACK
+    assert 1 in buf  # untouched
+
+
+def test_pop_next_timeout():
+    buf = ReorderBuffer()
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="waiting for any batch"):
+        buf.pop_next(timeout=0.2)
+    elapsed = time.monotonic() - t0
+    assert 0.2 <= elapsed < 0.2 + SLACK
+
+
+def test_timeout_zero_is_a_poll():
+    buf = ReorderBuffer()
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        buf.get(0, timeout=0)
+    with pytest.raises(TimeoutError):
+        buf.pop_next(timeout=0)
+    assert time.monotonic() - t0 < 0.5
+    buf.put(0, "x")
+    assert buf.get(0, timeout=0) == "x"
+
+
+def test_integer_timeout_accepted():
+    buf = ReorderBuffer()
+    buf.put(0, "x")
+    assert buf.get(0, timeout=1) == "x"
+
+
+def test_negative_timeout_rejected():
+    buf = ReorderBuffer()
+    buf.put(0, "x")
+    with pytest.raises(ValueError, match="timeout must be >= 0 or None, got -1"):
+        buf.get(0, timeout=-1)
+    with pytest.raises(ValueError, match="timeout must be >= 0 or None"):
+        buf.pop_next(timeout=-0.5)
+    assert 0 in buf  # a rejected call does not consume
+
+
+def test_get_waits_for_late_put():
+    buf = ReorderBuffer()
+    it = Item(4)
+    t, res = run_in_thread(buf.get, 4, timeout=10)
+    time.sleep(0.15)
+    assert t.is_alive()  # really blocked
+    put_at = time.monotonic()
+    buf.put(4, it)
+    t.join(5)
+    assert not t.is_alive()
+    assert "error" not in res, res.get("error")
+    assert res["value"] is it
+    assert res["finished"] - put_at < SLACK
+    assert len(buf) == 0
+
+
+def test_pop_next_waits_for_late_put():
+    buf = ReorderBuffer()
+    t, res = run_in_thread(buf.pop_next, timeout=10)
+    time.sleep(0.1)
+    assert t.is_alive()
+    buf.put(42, "late")
+    t.join(5)
+    assert res.get("value") == (42, "late")
+
+
+def test_timed_get_succeeds_if_item_arrives_before_deadline():
+    buf = ReorderBuffer()
+    timer = threading.Timer(0.1, buf.put, args=(0, "on time"))
+    timer.start()
+    try:
+        t0 = time.monotonic()
+        assert buf.get(0, timeout=5) == "on time"
+        assert time.monotonic() - t0 < 0.1 + SLACK
+    finally:
+        timer.join()
+
+
+# ---------------------------------------------------------------------------
+# close
+# ---------------------------------------------------------------------------
+
+
+def test_close_basics():
+    buf = ReorderBuffer()
+    assert buf.closed is False
+    buf.put(0, "x")
+    buf.close("loader shut down")
+    assert buf.closed is True
+    with pytest.raises(BufferClosedError, match="ReorderBuffer is closed: loader shut down"):
+        buf.put(1, "y")
+    # get/try_get/pop_next on a closed buffer raise even if items are stored
+    with pytest.raises(BufferClosedError, match="loader shut down"):
+        buf.get(0)
+    with pytest.raises(BufferClosedError, match="loader shut down"):
+        buf.get(0, timeout=0)
+    with pytest.raises(BufferClosedError, match="loader shut down"):
+        buf.try_get(0)
+    with pytest.raises(BufferClosedError, match="loader shut down"):
+        buf.pop_next(timeout=1)
+    # BufferClosedError is a RuntimeError
+    with pytest.raises(RuntimeError):
+        buf.put(2, "z")
+    # clear still drains what was stored
+    assert buf.clear() == {0: "x"}
+
+
+def test_close_without_reason():
+    buf = ReorderBuffer()
+    buf.close()
+    with pytest.raises(BufferClosedError) as ei:
+        buf.get(0)
+    assert str(ei.value) == "ReorderBuffer is closed"
+
+
+def test_close_reason_is_stringified_and_first_reason_wins():
+    buf = ReorderBuffer()
+    buf.close(ValueError("worker 2 died"))
+    buf.close("second reason")
+    assert buf.closed
+    with pytest.raises(BufferClosedError) as ei:
+        buf.put(0, 1)
+    msg = str(ei.value)
+    assert "worker 2 died" in msg
+    assert "second reason" not in msg
+
+
+def test_close_wakes_blocked_getter_promptly():
+    buf = ReorderBuffer()
+    t, res = run_in_thread(buf.get, 7, timeout=30)
+    time.sleep(0.2)
+    assert t.is_alive()
+    closed_at = time.monotonic()
+    buf.close("worker 3 died")
+    t.join(5)
+    assert not t.is_alive()
+    err = res.get("error")
+    assert isinstance(err, BufferClosedError), res
+    assert "worker 3 died" in str(err)
+    assert res["finished"] - closed_at < SLACK
+
+
+def test_close_wakes_every_waiter():
+    buf = ReorderBuffer()
+    threads = [run_in_thread(buf.get, i, timeout=30) for i in range(4)]
+    threads += [run_in_thread(buf.pop_next, timeout=30) for _ in range(2)]
+    threads += [run_in_thread(buf.get, 99)]  # no timeout at all
+    time.sleep(0.2)
+    assert all(t.is_alive() for t, _ in threads)
+    closed_at = time.monotonic()
+    buf.close("shutdown")
+    for t, _ in threads:
+        t.join(5)
+    for t, res in threads:
+        assert not t.is_alive()
+        assert isinstance(res.get("error"), BufferClosedError), res
+        assert "shutdown" in str(res["error"])
+        assert res["finished"] - closed_at < SLACK
+
+
+# ---------------------------------------------------------------------------
+# the GIL is released while waiting
+# ---------------------------------------------------------------------------
+
+
+def _count_for(seconds):
+    n = 0
+    end = time.perf_counter() + seconds
+    while True:
+        for _ in range(1000):
+            n += 1
+        if time.perf_counter() >= end:
+            return n
+
+
+def test_gil_released_while_waiting():
+    duration = 0.4
+    # Baseline: this counter thread alone, nothing blocked in the buffer.
+    t, res = run_in_thread(_count_for, duration)
+    t.join(10)
+    baseline = res["value"]
+    assert baseline > 0
+
+    buf = ReorderBuffer()
+    waiters = [run_in_thread(buf.get, i, timeout=30) for i in range(3)]
+    waiters.append(run_in_thread(buf.pop_next, timeout=30))
+    time.sleep(0.1)
+    assert all(w.is_alive() for w, _ in waiters)
+
+    t, res = run_in_thread(_count_for, duration)
+    t.join(10)
+    blocked = res["value"]
+    assert all(w.is_alive() for w, _ in waiters), "waiters must still be blocked"
+    buf.close("done")
+    for w, _ in waiters:
+        w.join(5)
+    assert all(isinstance(r.get("error"), BufferClosedError) for _, r in waiters)
+    # If the waiters held the GIL the counter would crawl; allow a lot of
+    # scheduling noise but demand substantial progress.
+    assert blocked > 0.3 * baseline, (blocked, baseline)
+
+
+def test_gil_released_while_waiting_main_thread_counts():
+    """A pure-Python loop in the main thread keeps running while a consumer
+    thread waits in get() without a timeout."""
+    buf = ReorderBuffer()
+    t, res = run_in_thread(buf.get, 0)
+    time.sleep(0.05)
+    n = _count_for(0.3)
+    assert t.is_alive()
+    buf.put(0, "go")
+    t.join(5)
+    assert res.get("value") == "go"
+    assert n > 100_000
+
+
+# ---------------------------------------------------------------------------
+# signals reach a consumer blocked in get (this is how Ctrl-C works)
+# ---------------------------------------------------------------------------
+
+
+class Alarm(Exception):
+    pass
+
+
+def _raise_alarm(signum, frame):
+    raise Alarm(f"signal {signum}")
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs setitimer")
+@pytest.mark.parametrize("method", ["get", "pop_next", "get_no_timeout"])
+def test_signal_handler_runs_while_blocked(method):
+    assert threading.current_thread() is threading.main_thread()
+    buf = ReorderBuffer()
+    previous = signal.signal(signal.SIGALRM, _raise_alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        t0 = time.monotonic()
+        with pytest.raises(Alarm, match="signal"):
+            if method == "get":
+                buf.get(0, timeout=5)
+            elif method == "pop_next":
+                buf.pop_next(timeout=5)
+            else:
+                buf.get(0)  # would block forever without the signal
+        elapsed = time.monotonic() - t0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert 0.15 <= elapsed < 0.2 + SLACK, elapsed
+    # the interrupted wait left the buffer consistent and unlocked
+    assert not buf.closed
+    buf.put(0, "after")
+    assert len(buf) == 1
+    assert buf.get(0, timeout=1) == "after"
+    t, res = run_in_thread(buf.put, 1, "from thread")
+    t.join(5)
+    assert not t.is_alive() and "error" not in res
+    assert buf.pop_next(timeout=1) == (1, "from thread")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_keyboard_interrupt_reaches_blocked_get():
+    assert threading.current_thread() is threading.main_thread()
+    buf = ReorderBuffer()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(0.2, os.kill, args=(os.getpid(), signal.SIGINT))
+    try:
+        t0 = time.monotonic()
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            buf.get(0, timeout=5)
+        elapsed = time.monotonic() - t0
+    finally:
+        timer.join()
+        signal.signal(signal.SIGINT, previous)
+    assert elapsed < 0.2 + SLACK
+    buf.put(0, 1)
+    assert buf.get(0) == 1
+
+
+# ---------------------------------------------------------------------------
+# stress
+# ---------------------------------------------------------------------------
+
+N_STRESS = 100_000
+N_PUTTERS = 4
+N_GETTERS = 4
+
+
+def _start_all(threads):
+    for t in threads:
+        t.start()
+
+
+def test_stress_get_disjoint_indices():
+    buf = ReorderBuffer()
+    items = [Item(i) for i in range(N_STRESS)]
+    order = list(range(N_STRESS))
+    random.Random(1234).shuffle(order)
+    put_chunks = [order[p::N_PUTTERS] for p in range(N_PUTTERS)]
+    # getter g takes the indices congruent to g, in order, with get()
+    get_sets = [list(range(g, N_STRESS, N_GETTERS)) for g in range(N_GETTERS)]
+    results = [[] for _ in range(N_GETTERS)]
+    errors = []
+    go = threading.Event()
+
+    def putter(chunk):
+        try:
+            go.wait()
+            for i in chunk:
+                buf.put(i, items[i])
+        except BaseException as e:  # noqa: BLE001
+            errors.append(("put", e))
+
+    def getter(g):
+        out = results[g]
+        try:
+            for i in get_sets[g]:
+                out.append((i, buf.get(i, timeout=30)))
+        except BaseException as e:  # noqa: BLE001
+            errors.append(("get", g, e))
+
+    getters = [threading.Thread(target=getter, args=(g,), daemon=True) for g in range(N_GETTERS)]
+    putters = [threading.Thread(target=putter, args=(c,), daemon=True) for c in put_chunks]
+    # getters start first: they are waiting before any item arrives
+    _start_all(getters)
+    time.sleep(0.1)
+    assert all(t.is_alive() for t in getters)
+    assert len(buf) == 0
+    _start_all(putters)
+    go.set()
+    for t in putters + getters:
+        t.join(50)
+    if any(t.is_alive() for t in putters + getters):
+        buf.close("stress test timed out")
+        pytest.fail("stress threads did not finish")
+    assert not errors, errors[:5]
+
+    seen = set()
+    total = 0
+    for g, out in enumerate(results):
+        assert [i for i, _ in out] == get_sets[g]
+        for i, it in out:
+            assert it is items[i], (i, it)
+            assert it.idx == i
+            seen.add(i)
+        total += len(out)
+    assert total == N_STRESS  # nothing duplicated
+    assert seen == set(range(N_STRESS))  # nothing lost
+    assert len(buf) == 0
+    assert buf.clear() == {}
+
+
+# pop_next scans for the smallest stored index (it is O(items stored)), so its
+# stress test bounds the buffer like a loader's prefetch window does.
+POP_WINDOW = 256
+
+
+def test_stress_pop_next():
+    buf = ReorderBuffer()
+    window = threading.Semaphore(POP_WINDOW)
+    items = [Item(i) for i in range(N_STRESS)]
+    order = list(range(N_STRESS))
+    random.Random(99).shuffle(order)
+    put_chunks = [order[p::N_PUTTERS] for p in range(N_PUTTERS)]
+    results = [[] for _ in range(N_GETTERS)]
+    errors = []
+    go = threading.Event()
+
+    def putter(chunk):
+        try:
+            go.wait()
+            for i in chunk:
+                if not window.acquire(timeout=30):
+                    raise TimeoutError("prefetch window never freed")
+                buf.put(i, items[i])
+        except BaseException as e:  # noqa: BLE001
+            errors.append(("put", e))
+
+    def popper(g):
+        out = results[g]
+        try:
+            while True:
+                i, it = buf.pop_next(timeout=30)
+                if i >= N_STRESS:  # sentinel: every real item is gone
+                    return
+                out.append((i, it))
+                window.release()
+        except BaseException as e:  # noqa: BLE001
+            errors.append(("pop", g, e))
+
+    poppers = [threading.Thread(target=popper, args=(g,), daemon=True) for g in range(N_GETTERS)]
+    putters = [threading.Thread(target=putter, args=(c,), daemon=True) for c in put_chunks]
+    _start_all(poppers)
+    time.sleep(0.1)
+    _start_all(putters)
+    go.set()
+    for t in putters:
+        t.join(50)
+    assert not any(t.is_alive() for t in putters)
+    # Sentinels sort after every real index, so pop_next hands them out only
+    # once all real items are taken; one per popper.
+    for k in range(N_GETTERS):
+        buf.put(N_STRESS + k, None)
+    for t in poppers:
+        t.join(50)
+    if any(t.is_alive() for t in poppers):
+        buf.close("stress test timed out")
+        pytest.fail("poppers did not finish")
+    assert not errors, errors[:5]
+
+    seen = []
+    for out in results:
+        for i, it in out:
+            assert it is items[i]
+        seen.extend(i for i, _ in out)
+    assert len(seen) == N_STRESS  # nothing duplicated ...
+    assert set(seen) == set(range(N_STRESS))  # ... nothing lost
+    assert len(buf) == 0
+
+
+def test_stress_close_while_busy():
+    """Closing while putters and getters are hammering the buffer: every
+    thread ends (no deadlock), each with either success or BufferClosedError."""
+    buf = ReorderBuffer()
+    n = 20_000
+    errors = []
+    unexpected = []
+
+    def putter(start):
+        try:
+            for i in range(start, n, 2):
+                buf.put(i, i)
+        except BufferClosedError as e:
+            errors.append(e)
+        except BaseException as e:  # noqa: BLE001
+            unexpected.append(e)
+
+    def getter(start):
+        try:
+            for i in range(start, n, 2):
+                assert buf.get(i, timeout=30) == i
+        except BufferClosedError as e:
+            errors.append(e)
+        except BaseException as e:  # noqa: BLE001
+            unexpected.append(e)
+
+    threads = [threading.Thread(target=f, args=(s,), daemon=True)
+               for f in (putter, getter) for s in (0, 1)]
+    _start_all(threads)
+    time.sleep(0.05)
+    buf.close("abort")
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads)
+    assert not unexpected, unexpected
+    assert all("abort" in str(e) for e in errors)
