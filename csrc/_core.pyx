@@ -4,6 +4,7 @@
 and shared-memory slabs.  C declarations live in mxl_c.pxd; the code is split
 by job into the .pxi files included below."""
 
+cimport cython
 from cpython.buffer cimport PyBuffer_FillInfo
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.mem cimport PyMem_Malloc, PyMem_Free

@@ -84,10 +84,36 @@ def stack_check(arrays):
     return arrs, (n,) + _shape_of(first), first.dtype
 
 
+cdef inline bint _fits(cnp.ndarray a, cnp.ndarray out, int axis) noexcept:
+    """Sample `a` fits one row of `out` (shorter only along the pad axis)."""
+    cdef int d, nd = out.ndim - 1
+    cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(a)
+    cdef cnp.npy_intp *row = cnp.PyArray_DIMS(out) + 1
+    if cnp.PyArray_NDIM(a) != nd or cnp.PyArray_ITEMSIZE(a) != cnp.PyArray_ITEMSIZE(out):
+        return False
+    for d in range(nd):
+        if dims[d] > row[d] or (d != axis and dims[d] != row[d]):
+            return False
+    return True
+
+
+cdef _check_rows(list arrays, cnp.ndarray out):
+    # The fills trust stack_check/pad_check for the samples, but never write
+    # outside `out`: rows and every sample's shape are checked (in C).
+    if out.ndim < 1 or cnp.PyArray_DIMS(out)[0] != len(arrays):
+        raise ValueError(f"out has {out.shape[0] if out.ndim else 0} rows for {len(arrays)} samples")
+    if not cnp.PyArray_ISWRITEABLE(out):
+        raise ValueError("out must be writeable")
+
+
+_MISMATCH = "sample {} does not fit out; validate samples with stack_check/pad_check first"
+
+
 def stack_fill(list arrays, cnp.ndarray out):
     """Copy validated samples (from stack_check) into out[i]; GIL released.
 
     Returns the copy time in nanoseconds."""
+    _check_rows(arrays, out)
     cdef Py_ssize_t n = len(arrays), i
     cdef cnp.ndarray a
     cdef int nd = out.ndim - 1
@@ -106,6 +132,8 @@ def stack_fill(list arrays, cnp.ndarray out):
     try:
         for i in range(n):
             a = arrays[i]
+            if not _fits(a, out, -1):
+                raise ValueError(_MISMATCH.format(i))
             srcs[i] = <char *>cnp.PyArray_DATA(a)
             src_strides[i] = <const Py_ssize_t *>cnp.PyArray_STRIDES(a)
         with nogil:
@@ -179,6 +207,9 @@ def pad_fill(list arrays, cnp.ndarray out, int axis, bytes pattern):
     each row with `pattern` (one element's bytes); GIL released.
 
     Returns the copy time in nanoseconds."""
+    _check_rows(arrays, out)
+    if axis < 0 or axis >= out.ndim - 1:
+        raise ValueError(f"pad axis {axis} is out of range for out with {out.ndim} dimensions")
     cdef Py_ssize_t n = len(arrays), i
     cdef cnp.ndarray a
     cdef int nd = out.ndim - 1
@@ -206,6 +237,8 @@ def pad_fill(list arrays, cnp.ndarray out, int axis, bytes pattern):
     try:
         for i in range(n):
             a = arrays[i]
+            if not _fits(a, out, axis):
+                raise ValueError(_MISMATCH.format(i))
             srcs[i] = <char *>cnp.PyArray_DATA(a)
             src_strides[i] = <const Py_ssize_t *>cnp.PyArray_STRIDES(a)
             shapes[i] = <const Py_ssize_t *>cnp.PyArray_DIMS(a)
@@ -230,11 +263,15 @@ def pad_fill(list arrays, cnp.ndarray out, int axis, bytes pattern):
 
 
 def pad_value_bytes(val, dtype):
-    """The bytes of one element equal to `val` in `dtype`."""
+    """The bytes of one element equal to `val` in `dtype` (a structured
+    dtype takes a tuple, like numpy)."""
     try:
-        return np.array(val, dtype=dtype).tobytes()
+        element = np.array(val, dtype=dtype)
     except (TypeError, ValueError, OverflowError) as e:
         raise ValueError(f"pad value {val!r} cannot be represented as {np.dtype(dtype)}: {e}") from None
+    if element.ndim != 0:
+        raise ValueError(f"pad value must be a scalar, got {val!r}")
+    return element.tobytes()
 
 
 def pad(arrays, int axis=0, val=0, out=None, bint ret_length=False):
@@ -262,6 +299,10 @@ def copy_into(cnp.ndarray src, cnp.ndarray out):
         raise ValueError(f"dtype mismatch: {src.dtype} vs {out.dtype}")
     if src.dtype.hasobject:
         raise TypeError(f"arrays of dtype {src.dtype} (Python objects) cannot be copied into a buffer")
+    if not cnp.PyArray_ISWRITEABLE(out):
+        raise ValueError("out must be writeable")
+    if np.may_share_memory(src, out):
+        raise ValueError("source and destination overlap")
     cdef char *dst = <char *>cnp.PyArray_DATA(out)
     cdef const char *s = <const char *>cnp.PyArray_DATA(src)
     cdef const Py_ssize_t *ds = <const Py_ssize_t *>cnp.PyArray_STRIDES(out)

@@ -8,6 +8,9 @@
 # touch the dict, but it never runs arbitrary Python code (no signal handlers,
 # no finalizers of stored items) until it has unlocked.
 
+from heapq import heappush, heappop
+
+
 class BufferClosedError(RuntimeError):
     """Raised by ReorderBuffer operations after close()."""
 
@@ -16,6 +19,7 @@ cdef object _MISSING = object()
 # A wait is cut into slices so a blocked consumer wakes to run signal
 # handlers (Ctrl-C) even if nothing is ever put.
 cdef double _WAIT_SLICE_S = 0.05
+cdef double _MAX_TIMEOUT_S = 1e9
 
 
 cdef inline void _abs_deadline(timespec *ts, double seconds) noexcept nogil:
@@ -40,6 +44,7 @@ cdef class ReorderBuffer:
     cdef pthread_mutex_t _mutex
     cdef pthread_cond_t _cond
     cdef dict _items
+    cdef list _order      # min-heap of indices for pop_next (lazily pruned)
     cdef bint _closed
     cdef object _reason
 
@@ -50,6 +55,7 @@ cdef class ReorderBuffer:
             pthread_mutex_destroy(&self._mutex)
             raise MemoryError("pthread_cond_init failed")
         self._items = {}
+        self._order = []
         self._closed = False
         self._reason = None
 
@@ -78,6 +84,10 @@ cdef class ReorderBuffer:
             if idx in self._items:
                 raise KeyError(f"batch index {idx} is already in the ReorderBuffer")
             self._items[idx] = item
+            heappush(self._order, idx)
+            if len(self._order) > 2 * len(self._items) + 64:
+                # get() leaves stale heap entries; rebuild before they pile up.
+                self._order = sorted(self._items)
             pthread_cond_broadcast(&self._cond)
         finally:
             self._unlock()
@@ -97,18 +107,23 @@ cdef class ReorderBuffer:
         cdef timespec ts
         cdef int64_t deadline_ns = 0
         if timeout is not None:
-            if timeout < 0:
+            if not timeout >= 0:
                 raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
-            deadline_ns = mxl_monotonic_ns() + <int64_t>(timeout * 1e9)
+            if timeout > _MAX_TIMEOUT_S:
+                timeout = None  # longer than any run: wait forever (no overflow)
+            else:
+                deadline_ns = mxl_monotonic_ns() + <int64_t>(timeout * 1e9)
         while True:
             self._lock()
             try:
                 if self._closed:
                     raise self._closed_error()
                 if any_index:
-                    if self._items:
-                        key = min(self._items)
-                        return key, self._items.pop(key)
+                    while self._order:
+                        key = heappop(self._order)
+                        item = self._items.pop(key, _MISSING)
+                        if item is not _MISSING:
+                            return key, item
                 else:
                     item = self._items.pop(idx, _MISSING)
                     if item is not _MISSING:
@@ -158,6 +173,7 @@ cdef class ReorderBuffer:
         self._lock()
         try:
             items, self._items = self._items, {}
+            self._order = []
         finally:
             self._unlock()
         return items

@@ -53,6 +53,11 @@ cdef class Slab:
         return f"<Slab id={self.slab_id!r} size={self.size}>"
 
 
+# Not tracked by the cyclic GC: an owner holds only its slab and the pool's
+# release callback, never anything that refers back to it, so it cannot be
+# part of a cycle itself; and untracked, its fields are never cleared before
+# __dealloc__, so a batch dropped inside some cyclic garbage still recycles.
+@cython.no_gc
 cdef class BatchOwner:
     """Owns one batch's bytes inside a slab; recycles the slab when freed.
 

@@ -51,6 +51,9 @@ def create_shared_fd(size: int) -> int:
 
 def map_slab(fd: int, size: int, slab_id: object = None, populate: bool = False) -> Slab:
     """Map `fd` as a Slab (translating mmap failures into SharedMemoryError)."""
+    actual = os.fstat(fd).st_size
+    if actual < size:  # touching the missing tail would be a SIGBUS
+        raise SharedMemoryError(f"shared memory object has {actual} bytes, {size} expected")
     try:
         return Slab(fd, size, slab_id, populate)
     except OSError as e:

@@ -957,10 +957,6 @@ def _run_gc_script(body):
 
 
 @needs_memfd
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: BatchOwner is GC-tracked with a default tp_clear; when the owner "
-    "itself is in cyclic garbage the collector may clear slab/_on_release "
-    "before __dealloc__, so on_release is never called (slab leaks from its pool)"))
 @pytest.mark.parametrize("with_view", [False, True], ids=["owner", "memoryview"])
 def test_batch_owner_referenced_from_cycle_released(with_view):
     out = _run_gc_script(f"""
@@ -1022,3 +1018,30 @@ def test_batch_owner_requires_slab():
         BatchOwner(None, 0, 0)
     with pytest.raises(TypeError):
         BatchOwner(object(), 0, 0)
+
+
+def test_pad_value_must_be_scalar():
+    with pytest.raises(ValueError, match="pad value must be a scalar"):
+        _core.pad([np.ones(2), np.ones(3)], val=[1, 2])
+
+
+def test_copy_into_rejects_overlap_and_readonly():
+    a = np.arange(10)
+    with pytest.raises(ValueError, match="overlap"):
+        _core.copy_into(a, a[::-1])
+    ro = np.zeros(10, a.dtype)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="writeable"):
+        _core.copy_into(a, ro)
+
+
+def test_low_level_fills_never_write_outside_out():
+    arrs = [np.ones(4), np.ones(4)]
+    with pytest.raises(ValueError, match="rows"):
+        _core.stack_fill(arrs, np.empty((3, 4)))
+    with pytest.raises(ValueError, match="sample 1 does not fit"):
+        _core.stack_fill([np.ones(4), np.ones(5)], np.empty((2, 4)))
+    with pytest.raises(ValueError, match="sample 0 does not fit"):
+        _core.pad_fill([np.ones(6), np.ones(2)], np.empty((2, 4)), 0, np.float64(0).tobytes())
+    with pytest.raises(ValueError, match="axis"):
+        _core.pad_fill(arrs, np.empty((2, 4)), 1, np.float64(0).tobytes())
