@@ -1,94 +1,160 @@
-"""Built-in synthetic datasets (deterministic, no downloads) for the demo,
-the benchmarks and the tests."""
+"""Built-in synthetic datasets (deterministic, no downloads) for the demo
+(``python -m mxload bench``), the benchmarks in bench/ and the tests.
+
+Every dataset is deterministic (seeded), defined at module level (so it
+pickles for spawn/forkserver workers) and usable by both mxload and
+``torch.utils.data.DataLoader``: plain ``__getitem__``/``__len__`` returning
+numpy arrays and Python ints (torch's default collate turns numpy into
+tensors).  Nothing here imports torch or mxload at module level.
+
+Workloads (see ``WORKLOADS``; ``make(name, scale)`` builds one):
+
+==================  =======================================  =====
+name                sample                                   batch
+==================  =======================================  =====
+images              (224, 224, 3) uint8, int label           64
+tabular             (256,) float32 row, int label            1024
+tabular-getitems    same arrays as mxload.ArrayDataset       1024
+                    (vectorised ``__getitems__``)
+dict16              dict of 16 fields, each (64,) float32    256
+augment             images + random flip + normalise to      32
+                    float32 (224, 224, 3), done in numpy
+==================  =======================================  =====
+
+The images come from a small pool (64 distinct images, sample i is image
+i % 64): the pooled array itself is returned, since both loaders copy while
+collating.  ``scale`` (0 < scale <= 1) shrinks the number of samples for
+quick runs; shapes and batch sizes never change.
+"""
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict
 
 import numpy as np
 
-from .dataset import ArrayDataset, Dataset
+__all__ = [
+    "ImageDataset", "TabularDataset", "Dict16Dataset", "AugmentDataset",
+    "tabular_getitems", "Workload", "WORKLOADS", "make", "make_workload",
+]
 
-__all__ = ["ImageDataset", "TabularDataset", "Dict16Dataset", "AugmentDataset", "WORKLOADS", "make_workload"]
+IMAGE_SHAPE = (224, 224, 3)
+IMAGE_POOL = 64
+MEAN = np.array([0.485, 0.456, 0.406], np.float32)
+STD = np.array([0.229, 0.224, 0.225], np.float32)
 
 
-class ImageDataset(Dataset):
-    """n × (224, 224, 3) uint8 images + int label, drawn from a pool of 64
-    precomputed images (so 10,000 samples do not need 1.5 GB)."""
+def _rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(seed)
 
-    def __init__(self, n: int = 10_000, shape: Tuple[int, ...] = (224, 224, 3), pool: int = 64):
-        rng = np.random.default_rng(0)
-        self.n = n
-        self.images = rng.integers(0, 256, size=(pool,) + tuple(shape), dtype=np.uint8)
+
+class ImageDataset:
+    """`n` samples of ((224, 224, 3) uint8 image, int label) drawn from a pool
+    of `pool` distinct seeded images (sample i is pooled image i % pool)."""
+
+    def __init__(self, n: int = 10_000, pool: int = IMAGE_POOL, seed: int = 0):
+        rng = _rng(seed)
+        self.n = int(n)
+        self.images = rng.integers(0, 256, size=(pool,) + IMAGE_SHAPE, dtype=np.uint8)
+        self.labels = rng.integers(0, 1000, size=self.n).tolist()  # Python ints
 
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, i: int) -> Any:
-        return self.images[i % len(self.images)], i % 1000
+    def __getitem__(self, i: int):
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return self.images[i % len(self.images)], self.labels[i]
 
 
-class TabularDataset(Dataset):
-    """n × (256,) float32 rows + int label, one row per __getitem__."""
+class AugmentDataset(ImageDataset):
+    """ImageDataset plus a CPU-bound per-sample augmentation in numpy: a
+    horizontal flip for about half the samples (decided by a hash of the
+    index, so it is the same in every loader and worker) and normalisation to
+    float32 ((x / 255 - mean) / std)."""
 
-    def __init__(self, n: int = 200_000, width: int = 256):
-        rng = np.random.default_rng(1)
-        self.x = rng.standard_normal((n, width), dtype=np.float32)
-        self.y = rng.integers(0, 10, size=n).astype(np.int64)
+    def __getitem__(self, i: int):
+        img, label = super().__getitem__(i)
+        if (i * 2654435761 >> 16) & 1:
+            img = img[:, ::-1]
+        out = img.astype(np.float32)
+        out *= np.float32(1.0 / 255.0)
+        out -= MEAN
+        out /= STD
+        return out, label
+
+
+class TabularDataset:
+    """`n` rows of (256,) float32 features plus an int label; one matrix,
+    one row view per `__getitem__` (no `__getitems__`)."""
+
+    def __init__(self, n: int = 200_000, dim: int = 256, seed: int = 1):
+        rng = _rng(seed)
+        self.x = rng.standard_normal((int(n), dim), dtype=np.float32)
+        self.y = rng.integers(0, 10, size=int(n)).astype(np.int64)
 
     def __len__(self) -> int:
         return len(self.x)
 
-    def __getitem__(self, i: int) -> Any:
-        return self.x[i], self.y[i]
+    def __getitem__(self, i: int):
+        return self.x[i], int(self.y[i])
 
 
-class Dict16Dataset(Dataset):
-    """n samples, each a dict of 16 fields of (64,) float32."""
+def tabular_getitems(base: TabularDataset):
+    """mxload.ArrayDataset over `base`'s arrays (vectorised ``__getitems__``).
 
-    def __init__(self, n: int = 20_000, fields: int = 16, width: int = 64):
-        rng = np.random.default_rng(2)
-        self.n = n
-        self.keys = [f"f{k}" for k in range(fields)]
-        self.pool = rng.standard_normal((256, fields, width), dtype=np.float32)
+    torch >= 2.0 also calls ``__getitems__`` when a dataset has it, then runs
+    its default collate over the returned samples."""
+    from .dataset import ArrayDataset
+    return ArrayDataset(base.x, base.y)
+
+
+class Dict16Dataset:
+    """`n` samples, each a dict of 16 fields ``f00``..``f15`` of (64,) float32."""
+
+    def __init__(self, n: int = 20_000, fields: int = 16, dim: int = 64, seed: int = 2):
+        rng = _rng(seed)
+        self.keys = [f"f{k:02d}" for k in range(fields)]
+        self.cols = [rng.standard_normal((int(n), dim), dtype=np.float32) for _ in range(fields)]
+        self.n = int(n)
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> Dict[str, np.ndarray]:
-        row = self.pool[i % len(self.pool)]
-        return {k: row[j] for j, k in enumerate(self.keys)}
+        return {k: c[i] for k, c in zip(self.keys, self.cols)}
 
 
-class AugmentDataset(ImageDataset):
-    """Images with a per-sample random horizontal flip and normalisation to
-    float32, done in numpy (CPU-bound)."""
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    batch_size: int
+    full_samples: int
+    build: Callable[[int], Any]    # number of samples -> dataset
 
-    def __getitem__(self, i: int) -> Any:
-        image, label = super().__getitem__(i)
-        rng = np.random.default_rng(i)
-        if rng.random() < 0.5:
-            image = image[:, ::-1]
-        out = image.astype(np.float32)
-        out -= 127.5
-        out *= 1 / 58.0
-        return out, label
+    def make(self, scale: float = 1.0) -> Any:
+        n = max(self.batch_size * 4, int(self.full_samples * scale))
+        return self.build(n)
 
 
-def _tabular_getitems() -> ArrayDataset:
-    base = TabularDataset()
-    return ArrayDataset(base.x, base.y)
+def _tabular_getitems(n: int):
+    return tabular_getitems(TabularDataset(n))
 
 
-WORKLOADS = {
-    "images": (lambda: ImageDataset(), 64),
-    "tabular": (lambda: TabularDataset(), 1024),
-    "tabular-getitems": (_tabular_getitems, 1024),
-    "dict16": (lambda: Dict16Dataset(), 256),
-    "augment": (lambda: AugmentDataset(), 32),
-}
+WORKLOADS: Dict[str, Workload] = {w.name: w for w in [
+    Workload("images", 64, 10_000, ImageDataset),
+    Workload("tabular", 1024, 200_000, TabularDataset),
+    Workload("tabular-getitems", 1024, 200_000, _tabular_getitems),
+    Workload("dict16", 256, 20_000, Dict16Dataset),
+    Workload("augment", 32, 10_000, AugmentDataset),
+]}
 
 
-def make_workload(name: str) -> Tuple[Dataset, int]:
-    """(dataset, batch size) of a named workload."""
-    factory, batch_size = WORKLOADS[name]
-    return factory(), batch_size
+def make(name: str, scale: float = 1.0) -> Any:
+    """Build workload `name`'s dataset with `scale` of its full size."""
+    return WORKLOADS[name].make(scale)
+
+
+def make_workload(name: str, scale: float = 1.0) -> tuple:
+    """(dataset, batch size) of workload `name`."""
+    return WORKLOADS[name].make(scale), WORKLOADS[name].batch_size

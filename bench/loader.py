@@ -1,0 +1,318 @@
+"""mxload.DataLoader vs torch.utils.data.DataLoader on synthetic workloads.
+
+    python bench/loader.py [--quick] [--repeats N] [--workloads images dict16 ...]
+                           [--workers 0 2] [--batches N] [--touch one|pages]
+
+For every workload (mxload/synthetic.py) and worker count, both loaders iterate
+the *same* dataset object.  Each repeat builds a fresh loader and iterator,
+takes a fixed number of batches and closes the iterator; the configurations
+are run round-robin (rotating order) so drift on a noisy machine hits them
+alike.  Reported, as medians over the repeats:
+
+* ttfb:  time from ``iter(loader)`` to the first batch (includes starting
+  the workers);
+* b/s, MB/s: steady-state batches and bytes (sum of ``nbytes`` of the batch's
+  arrays/tensors) per second after the first batch;
+* x torch: mxload b/s / torch b/s at the same worker count;
+* x 0w: this loader's b/s / its own b/s with 0 workers;
+* other load: cores used by *other* processes on the machine during the
+  runs (from /proc/stat minus this process tree); above ~0.2 the numbers
+  are contaminated (``--wait-quiet S`` waits for a quiet machine first).
+
+Each batch is touched minimally (one element of every array; ``--touch
+pages`` reads one byte of every 4 KiB page instead) so lazily mapped pages
+are paid for where a training loop would pay for them.  Shutdown of the
+iterator is not timed (bench/shutdown.py measures it).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import time
+import warnings
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from mxload import synthetic as D  # noqa: E402
+import mxload  # noqa: E402
+
+try:
+    from _common import header, median, table  # noqa: E402
+except Exception:  # pragma: no cover - _common is owned by another script
+    import statistics
+
+    def median(xs):
+        return float(statistics.median(xs))
+
+    def header(title):
+        return f"# {title}\n# python {sys.version.split()[0]}, numpy {np.__version__}, cores {os.cpu_count()}"
+
+    def table(rows, head):
+        cells = [[str(h) for h in head]] + [[str(c) for c in r] for r in rows]
+        widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
+        fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
+                                  for i, (c, w) in enumerate(zip(r, widths)))
+        return "\n".join([fmt(cells[0]), "  ".join("-" * w for w in widths)] + [fmt(r) for r in cells[1:]])
+
+try:
+    import torch
+    from torch.utils.data import DataLoader as TorchDataLoader
+except Exception as _e:  # pragma: no cover - torch is optional
+    torch = None
+    TorchDataLoader = None
+    _TORCH_ERROR = f"{type(_e).__name__}: {_e}"
+else:
+    _TORCH_ERROR = ""
+
+warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+
+# Batches per repeat (full run, quick run); capped by the loader's length.
+BATCHES = {
+    "images": (150, 60),
+    "tabular": (190, 60),
+    "tabular-getitems": (190, 60),
+    "dict16": (75, 35),
+    "augment": (60, 16),
+}
+QUICK_SCALE = 0.5
+
+# Targets: minimum mxload/torch b/s ratio with 2 workers.
+TARGETS = {"images": 3.0, "tabular": 3.0, "tabular-getitems": 3.0, "dict16": 4.0, "augment": 1.2}
+
+
+# ---------------------------------------------------------------- batch walking
+
+def _leaves(batch: Any):
+    if isinstance(batch, (tuple, list)):
+        for x in batch:
+            yield from _leaves(x)
+    elif isinstance(batch, dict):
+        for x in batch.values():
+            yield from _leaves(x)
+    else:
+        yield batch
+
+
+def _as_numpy(x: Any) -> Optional[np.ndarray]:
+    if isinstance(x, np.ndarray):
+        return x
+    if torch is not None and isinstance(x, torch.Tensor):
+        return x.numpy()
+    return None
+
+
+def touch(batch: Any, pages: bool) -> int:
+    """Read one element (or one byte per page) of every array; return the
+    batch's bytes."""
+    total = 0
+    for leaf in _leaves(batch):
+        a = _as_numpy(leaf)
+        if a is None or a.size == 0:
+            continue
+        total += a.nbytes
+        if pages and a.flags.c_contiguous:
+            a.reshape(-1).view(np.uint8)[::4096].sum()
+        else:
+            a.reshape(-1)[0]
+    return total
+
+
+# ---------------------------------------------------------------- one run
+
+def make_loader(impl: str, ds: Any, batch_size: int, workers: int) -> Any:
+    if impl == "mxload":
+        return mxload.DataLoader(ds, batch_size=batch_size, num_workers=workers)
+    return TorchDataLoader(ds, batch_size=batch_size, num_workers=workers)
+
+
+def close_iter(it: Any) -> None:
+    for name in ("close", "_shutdown_workers"):
+        fn = getattr(it, name, None)
+        if fn is not None:
+            fn()
+            return
+
+
+def _busy_s() -> float:
+    """CPU seconds all processes on this machine have used (from /proc/stat)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return float("nan")
+    # user nice system idle iowait irq softirq steal ...
+    return (v[0] + v[1] + v[2] + v[5] + v[6] + (v[7] if len(v) > 7 else 0)) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_s() -> float:
+    """CPU seconds this process and its reaped children have used."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def run_once(impl: str, ds: Any, batch_size: int, workers: int, n_batches: int,
+             pages: bool) -> Tuple[float, float, float, float]:
+    """(seconds to first batch, steady batches/s, steady bytes/s, foreign
+    load in cores: CPU used by other processes on the machine meanwhile)."""
+    loader = make_loader(impl, ds, batch_size, workers)
+    clock = time.perf_counter
+    busy0, own0 = _busy_s(), _own_s()
+    t0 = clock()
+    it = iter(loader)
+    batch = next(it)
+    touch(batch, pages)
+    t1 = clock()
+    nbytes = 0
+    for _ in range(n_batches - 1):
+        batch = next(it)
+        nbytes += touch(batch, pages)
+    t2 = clock()
+    del batch
+    close_iter(it)
+    del it, loader
+    t3 = clock()
+    foreign = max(0.0, ((_busy_s() - busy0) - (_own_s() - own0)) / (t3 - t0))
+    steady = max(t2 - t1, 1e-9)
+    return t1 - t0, (n_batches - 1) / steady, nbytes / steady, foreign
+
+
+# ---------------------------------------------------------------- main
+
+def wait_quiet(limit_s: float, threshold: float = 0.2) -> float:
+    """Wait (up to limit_s) for a 1-second window in which other processes
+    use less than `threshold` cores; return the last window's load."""
+    deadline = time.perf_counter() + limit_s
+    load = float("nan")
+    while True:
+        b0, o0, t0 = _busy_s(), _own_s(), time.perf_counter()
+        time.sleep(1.0)
+        load = ((_busy_s() - b0) - (_own_s() - o0)) / (time.perf_counter() - t0)
+        if load < threshold or time.perf_counter() > deadline:
+            return load
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help=f"smaller datasets ({QUICK_SCALE:g} of full), fewer batches, 2 repeats by default")
+    p.add_argument("--repeats", type=int, default=None, help="repeats per configuration (default 7, quick 2)")
+    p.add_argument("--workloads", nargs="+", default=list(D.WORKLOADS), choices=list(D.WORKLOADS))
+    p.add_argument("--workers", nargs="+", type=int, default=[0, 2])
+    p.add_argument("--batches", type=int, default=None, help="batches per repeat (default per workload)")
+    p.add_argument("--touch", choices=("one", "pages"), default="one")
+    p.add_argument("--no-torch", action="store_true", help="skip torch even if installed")
+    p.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
+                   help="first wait up to S seconds for other processes to leave the CPUs idle")
+    return p.parse_args(argv)
+
+
+def build_datasets(names: List[str], scale: float) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    tab = None
+    for name in names:
+        if name in ("tabular", "tabular-getitems"):
+            if tab is None:   # one 200 MB matrix shared by both rows
+                tab = D.make("tabular", scale)
+            out[name] = tab if name == "tabular" else D.tabular_getitems(tab)
+        else:
+            out[name] = D.make(name, scale)
+    return out
+
+
+def fmt_ratio(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    repeats = args.repeats if args.repeats is not None else (2 if args.quick else 7)
+    scale = QUICK_SCALE if args.quick else 1.0
+    impls = ["mxload"]
+    if args.no_torch:
+        print("# torch skipped (--no-torch)")
+    elif torch is None:
+        print(f"# torch is not importable ({_TORCH_ERROR}); running mxload only")
+    else:
+        impls.append("torch")
+    print(header("mxload vs torch DataLoader"))
+    print(f"# mxload {mxload.__version__}" + (f", torch {torch.__version__}" if "torch" in impls else "")
+          + f"; repeats {repeats}, scale {scale:g}, touch {args.touch}")
+    sys.stdout.flush()
+
+    datasets = build_datasets(args.workloads, scale)
+    if args.wait_quiet > 0:
+        load = wait_quiet(args.wait_quiet)
+        print(f"# other processes' load before starting: {load:.2f} cores", flush=True)
+    t_start = time.perf_counter()
+    # results[(workload, impl, workers)] = list of (ttfb, b/s, B/s, other load)
+    results: Dict[Tuple[str, str, int], list] = {}
+    for name in args.workloads:
+        ds = datasets[name]
+        wl = D.WORKLOADS[name]
+        n_full = len(ds) // wl.batch_size   # full batches only
+        want = args.batches or BATCHES.get(name, (100, 30))[1 if args.quick else 0]
+        n_batches = max(2, min(want, n_full))
+        configs = [(impl, w) for impl in impls for w in args.workers]
+        for r in range(repeats):
+            k = r % len(configs)
+            for impl, w in configs[k:] + configs[:k]:
+                res = run_once(impl, ds, wl.batch_size, w, n_batches, args.touch == "pages")
+                results.setdefault((name, impl, w), []).append(res)
+                gc.collect()
+        print(f"# {name}: {n_batches} batches of {wl.batch_size} per repeat, {len(ds)} samples "
+              f"({time.perf_counter() - t_start:.0f} s elapsed)", flush=True)
+
+    med: Dict[Tuple[str, str, int], Tuple[float, ...]] = {
+        key: tuple(median([x[i] for x in v]) for i in range(4)) for key, v in results.items()}
+    rows = []
+    for name in args.workloads:
+        for impl in impls:
+            for w in args.workers:
+                ttfb, bps, Bps, foreign = med[(name, impl, w)]
+                vs_torch = None
+                if impl == "mxload" and (name, "torch", w) in med:
+                    vs_torch = bps / med[(name, "torch", w)][1]
+                vs_0 = None
+                if w != 0 and (name, impl, 0) in med:
+                    vs_0 = bps / med[(name, impl, 0)][1]
+                rows.append([name, impl, w, f"{ttfb * 1e3:.1f}", f"{bps:.1f}", f"{Bps / 1e6:.0f}",
+                             fmt_ratio(vs_torch), fmt_ratio(vs_0), f"{foreign:.2f}"])
+    print()
+    print(table(rows, ["workload", "loader", "workers", "ttfb ms", "b/s", "MB/s", "x torch", "x 0w",
+                       "other load"]))
+    worst = max(v[3] for v in med.values())
+    print(f"# other load: cores busy with other processes during the runs (median); "
+          f"{'the machine was quiet' if worst < 0.2 else 'NOISY: other processes competed for the CPUs'}")
+
+    # Targets
+    print()
+    verdicts = []
+    top = max(args.workers)
+    for name in args.workloads:
+        if top == 0:
+            break
+        mx = med[(name, "mxload", top)][1]
+        if "torch" in impls and name in TARGETS:
+            ratio = mx / med[(name, "torch", top)][1]
+            ok = ratio >= TARGETS[name]
+            verdicts.append(ok)
+            print(f"# target {name}: mxload/torch at {top} workers {ratio:.2f}x "
+                  f"(want >= {TARGETS[name]:g}x) {'ok' if ok else 'MISSED'}")
+        if 0 in args.workers:
+            ratio = mx / med[(name, "mxload", 0)][1]
+            ok = ratio >= 1.0
+            verdicts.append(ok)
+            print(f"# target {name}: mxload {top} workers / 0 workers {ratio:.2f}x "
+                  f"(want >= 1x) {'ok' if ok else 'MISSED'}")
+    print(f"# total {time.perf_counter() - t_start:.0f} s; "
+          f"{sum(verdicts)}/{len(verdicts)} targets met")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
