@@ -8,10 +8,11 @@ from .dataset import ArrayDataset, Dataset, IterableDataset, SimpleDataset
 from .errors import LoaderTimeoutError, SharedMemoryError, WorkerError
 from ._worker import WorkerInfo, get_worker_info
 from ._info import show_config
+from ._rng import sample_rng
 from .profiler import Profiler, Report, profile
 
 __all__ = [
     "__version__", "DataLoader", "Dataset", "ArrayDataset", "SimpleDataset", "IterableDataset",
     "WorkerError", "LoaderTimeoutError", "SharedMemoryError", "WorkerInfo", "get_worker_info",
-    "batchify", "sampler", "show_config", "Profiler", "Report", "profile",
+    "batchify", "sampler", "show_config", "Profiler", "Report", "profile", "sample_rng",
 ]

@@ -154,6 +154,8 @@ class Engine:
         self._failure: Optional[BaseException] = None
         self._restarts = 0
         self._batches: Optional[list] = None
+        self._order: Optional[list] = None     # batch indices this epoch delivers, in order
+        self._discard = 0                      # stream batches to drop (IterableDataset resume)
         self._next_dispatch = 0
         self._next_yield = 0
         self._yielded = 0
@@ -262,8 +264,11 @@ class Engine:
 
     # ------------------------------------------------------------------ epochs
 
-    def begin_epoch(self, epoch: int, batches: Optional[list], profiler: Any = None) -> None:
-        """Start an epoch: `batches` of indices, or None for an IterableDataset."""
+    def begin_epoch(self, epoch: int, batches: Optional[list], profiler: Any = None,
+                    skip: Any = frozenset(), discard: int = 0) -> None:
+        """Start an epoch: `batches` of indices, or None for an IterableDataset.
+        A resumed epoch skips the batch indices in `skip` (never dispatched);
+        a resumed stream drops its first `discard` batches."""
         with self._lock:
             if self.state != RUNNING:
                 raise RuntimeError(f"the loader's workers are {self.state}")
@@ -274,32 +279,38 @@ class Engine:
             for w in self._workers:
                 w.exhausted = False
             self._batches = batches
+            self._order = None if batches is None else [i for i in range(len(batches)) if i not in skip]
+            self._discard = discard
             self._next_dispatch = self._next_yield = self._yielded = self._in_flight = 0
             self._dispatch_more()
         del stale  # recycled slabs of the previous epoch, released outside the lock
 
     @property
     def total_batches(self) -> Optional[int]:
-        return None if self._batches is None else len(self._batches)
+        return None if self._order is None else len(self._order)
 
-    def _pick_worker(self) -> Optional[_WorkerHandle]:
+    def _pick_worker(self, idx: int) -> Optional[_WorkerHandle]:
         live = [w for w in self._workers if w.alive and not w.exhausted]
         if not live:
             return None
-        # Round-robin, not least-loaded: which worker loads which batch (and
-        # so which per-worker random stream it sees) must not depend on timing.
-        return live[self._next_dispatch % len(live)]
+        # Round-robin by batch index, not least-loaded: which worker loads
+        # which batch (and so which per-worker random stream it sees) must not
+        # depend on timing, nor on where a resumed epoch starts.
+        return live[idx % len(live)]
 
     def _dispatch_more(self) -> None:
         with self._lock:
             while self.state == RUNNING and self._in_flight < self.prefetch:
-                if self._batches is not None and self._next_dispatch >= len(self._batches):
-                    return
-                worker = self._pick_worker()
+                if self._order is not None:
+                    if self._next_dispatch >= len(self._order):
+                        return
+                    idx = self._order[self._next_dispatch]
+                    indices = self._batches[idx]
+                else:
+                    idx, indices = self._next_dispatch, None
+                worker = self._pick_worker(idx)
                 if worker is None:
                     return
-                idx = self._next_dispatch
-                indices = self._batches[idx] if self._batches is not None else None
                 self._send_task(worker, idx, indices)
                 self._next_dispatch += 1
                 self._in_flight += 1
@@ -335,13 +346,13 @@ class Engine:
                 return _END
             try:
                 if self.in_order:
-                    idx = self._next_yield
+                    idx = self._order[self._next_yield] if self._order is not None else self._next_yield
                     item = self._rb.get(idx, self.timeout)
                 else:
                     idx, item = self._rb.pop_next(self.timeout)
             except TimeoutError:
                 alive = [(w.worker_id, w.pid) for w in self._workers if w.alive]
-                waited = f"batch {self._next_yield}" if self.in_order else "any batch"
+                waited = f"batch {idx}" if self.in_order else "any batch"
                 raise LoaderTimeoutError(
                     f"no {waited} within timeout={self.timeout} s; workers still alive "
                     f"(id, pid): {alive}. A worker may be stuck in __getitem__; raise `timeout` "
@@ -360,13 +371,16 @@ class Engine:
                 continue
             if isinstance(item, _Failure):
                 raise item.error
+            if self._discard:
+                self._discard -= 1   # replayed stream batch, already seen before the checkpoint
+                continue
             self.stats["batches"] += 1
             return item
 
     def _finished(self) -> bool:
         with self._lock:
-            if self._batches is not None:
-                return self._yielded >= len(self._batches)
+            if self._order is not None:
+                return self._yielded >= len(self._order)
             return self._in_flight == 0 and all(w.exhausted or not w.alive for w in self._workers)
 
     # ------------------------------------------------------------------ results
@@ -707,9 +721,10 @@ class EpochIterator:
     when garbage-collected: ``for batch in loader: break`` stops the workers
     at once, because nothing else holds this object strongly."""
 
-    def __init__(self, engine: Engine, persistent: bool):
+    def __init__(self, engine: Engine, persistent: bool, progress: Any):
         self.engine = engine
         self._persistent = persistent
+        self._progress = progress
         self._closed = False
 
     def __iter__(self) -> "EpochIterator":
@@ -733,8 +748,10 @@ class EpochIterator:
             self._end(force=True)
             raise
         if batch is _END:
+            self._progress.finished = True
             self._end()
             raise StopIteration
+        self._progress.taken(self.engine.last_index)
         if profiler is not None:
             profiler.batch_taken(self.engine.last_index, call_ns)
         return batch
@@ -786,7 +803,12 @@ def start_epoch(loader: Any) -> EpochIterator:
         if loader.persistent_workers:
             loader._engine = engine
     loader._stats = engine.stats
-    engine.begin_epoch(loader.epoch, batches, loader.profiler)
+    progress = loader._progress
+    if loader.iterable:
+        engine.begin_epoch(loader.epoch, None, loader.profiler, discard=progress.count)
+    else:
+        progress.total = len(batches)
+        engine.begin_epoch(loader.epoch, batches, loader.profiler, skip=progress.done_indices())
     if loader.profiler is not None:
         loader.profiler.epoch_started(t1 - t0, time.monotonic_ns() - t1)
-    return EpochIterator(engine, loader.persistent_workers)
+    return EpochIterator(engine, loader.persistent_workers, progress)

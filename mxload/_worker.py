@@ -30,6 +30,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from . import _rng
 from . import batchify as _batchify
 from ._slabs import create_shared_fd, map_slab, slab_size_for
 
@@ -95,13 +96,22 @@ def pack_exception(exc: BaseException) -> tuple:
     return (type(exc).__module__, type(exc).__qualname__, str(exc), tb, blob)
 
 
-def fetch_samples(dataset: Any, indices: np.ndarray) -> Any:
+def fetch_samples(dataset: Any, indices: np.ndarray, seed: int = 0, epoch: int = 0) -> Any:
     """The samples of one batch: one ``__getitems__`` call where the dataset
-    offers it (torch 2.x protocol), else one ``__getitem__`` per index."""
+    offers it (torch 2.x protocol), else one ``__getitem__`` per index.
+    Each call runs inside its sample_rng() context (seed, epoch, index)."""
     getitems = getattr(dataset, "__getitems__", None)
-    if getitems is not None:
-        return getitems(indices)
-    return [dataset[i] for i in indices.tolist()]
+    try:
+        if getitems is not None:
+            _rng.set_sample(seed, epoch, None)
+            return getitems(indices)
+        samples = []
+        for i in indices.tolist():
+            _rng.set_sample(seed, epoch, i)
+            samples.append(dataset[i])
+        return samples
+    finally:
+        _rng.clear_sample()
 
 
 class _Stream:
@@ -255,7 +265,7 @@ def _serve(config: WorkerConfig, parent_pid: int, conn: Any, fd_channel: socket.
                     send_message(conn, ("exhausted", epoch, idx))
                     continue
             else:
-                samples = fetch_samples(dataset, np.frombuffer(indices, np.int64))
+                samples = fetch_samples(dataset, np.frombuffer(indices, np.int64), config.seed, epoch)
             t1 = time.monotonic_ns()
             plan = _batchify.plan_batch(batchify_fn, samples, idx)
             slab = inbox.slabs.get(slab_id) if slab_id is not None else None
@@ -322,7 +332,7 @@ def thread_worker_main(engine: Any, worker_id: int, num_workers: int, seed: int,
                         engine.deliver_thread_result(worker_id, ("exhausted", epoch, idx))
                         continue
                 else:
-                    samples = fetch_samples(dataset, indices)
+                    samples = fetch_samples(dataset, indices, engine.seed, epoch)
                 t1 = time.monotonic_ns()
                 timings = None
                 if profiling:

@@ -12,7 +12,9 @@ import numpy as np
 from .batchify import collate, collate_profiled, default_batchify
 from .dataset import IterableDataset
 from ._worker import _Stream, fetch_samples
-from .sampler import BatchSampler, RandomSampler, SequentialSampler
+from ._checkpoint import EpochProgress, check_state
+from .sampler import (BatchSampler, DistributedSampler, RandomSampler, SequentialSampler, load_sampler_state,
+                      sampler_state)
 
 __all__ = ["DataLoader"]
 
@@ -41,7 +43,7 @@ class DataLoader:
                  persistent_workers: bool = False, in_order: bool = True,
                  start_method: Optional[str] = None, max_worker_restarts: int = 0,
                  profile: bool = False, *, collate_fn: Optional[Callable] = None,
-                 drop_last: Optional[bool] = None):
+                 drop_last: Optional[bool] = None, distributed: bool = False):
         if collate_fn is not None:
             if batchify_fn is not None:
                 raise ValueError("pass either batchify_fn or collate_fn (its alias), not both")
@@ -55,6 +57,15 @@ class DataLoader:
             raise TypeError(f"batchify_fn must be callable, got {type(batchify_fn).__name__}")
         self.dataset = dataset
         self.iterable = _is_iterable_dataset(dataset)
+        if distributed:
+            clash = [name for name, bad in (("sampler", sampler is not None),
+                                            ("batch_sampler", batch_sampler is not None)) if bad]
+            if clash:
+                raise ValueError(f"distributed=True is mutually exclusive with {', '.join(clash)} "
+                                 f"(pass a DistributedSampler as sampler= instead)")
+            if self.iterable:
+                raise ValueError("distributed=True cannot be used with an IterableDataset "
+                                 "(shard the stream by rank in the dataset instead)")
 
         if batch_sampler is not None:
             conflicts = [name for name, bad in (("batch_size", batch_size is not None),
@@ -81,7 +92,12 @@ class DataLoader:
                 if sampler is not None and shuffle:
                     raise ValueError("shuffle=True is mutually exclusive with sampler "
                                      "(shuffle with a RandomSampler instead)")
-                if sampler is None:
+                if sampler is None and distributed:
+                    # Every rank must draw the same order, so no random seed here.
+                    sampler = DistributedSampler(len(dataset), shuffle=shuffle,
+                                                 seed=seed if seed is not None else 0,
+                                                 drop_last=last_batch == "discard")
+                elif sampler is None:
                     sampler = (RandomSampler(len(dataset), seed=seed) if shuffle
                                else SequentialSampler(len(dataset)))
                 batch_sampler = BatchSampler(sampler, int(batch_size), last_batch or "keep")
@@ -113,6 +129,7 @@ class DataLoader:
         self.batch_size = batch_size
         self.last_batch = last_batch or "keep"
         self.batch_sampler = batch_sampler
+        self.sampler = getattr(batch_sampler, "sampler", None)  # e.g. loader.sampler.set_epoch(e)
         self.batchify_fn = batchify_fn if batchify_fn is not None else default_batchify
         self.num_workers = int(num_workers)
         self.prefetch = int(prefetch) if prefetch is not None else 2 * max(self.num_workers, 1)
@@ -129,6 +146,8 @@ class DataLoader:
         self._engine: Any = None          # persistent workers' engine
         self._live_iter: Optional[weakref.ref] = None
         self._stats: dict = {}
+        self._progress: Optional[EpochProgress] = None   # the latest epoch's (for state_dict)
+        self._resume: Optional[dict] = None              # load_state_dict() waiting for __iter__
         self.profiler: Any = None
         if self.profile:
             from .profiler import Profiler
@@ -148,6 +167,7 @@ class DataLoader:
         if previous is not None and not self.persistent_workers:
             # One live epoch per loader: a new epoch ends the old one's workers.
             previous.close()
+        self._progress = self._new_progress()
         if self.num_workers == 0:
             it: Any = _InProcessIterator(self)
         else:
@@ -156,6 +176,49 @@ class DataLoader:
         self.epoch += 1
         self._live_iter = weakref.ref(it)
         return it
+
+    # ------------------------------------------------------------ checkpoints
+
+    def _dataset_state(self) -> Any:
+        get = getattr(self.dataset, "state_dict", None)
+        return get() if callable(get) else None
+
+    def _new_progress(self) -> EpochProgress:
+        """Progress of the epoch about to start; call before the sampler advances."""
+        resume, self._resume = self._resume, None
+        state = None if self.iterable else sampler_state(self.batch_sampler)
+        return EpochProgress(self.epoch, state, self._dataset_state(),
+                             resume["done"] if resume is not None else None)
+
+    def state_dict(self) -> dict:
+        """The loader's position, at any point of an epoch: small and
+        JSON-serialisable (no sample data).  A fresh loader over the same
+        dataset given it with load_state_dict() yields exactly the batches not
+        yet yielded, in the same order, with the same sample_rng() draws."""
+        progress = self._progress
+        if self._resume is not None:
+            return dict(self._resume)
+        if progress is None or progress.complete:
+            progress = EpochProgress(self.epoch, None if self.iterable else sampler_state(self.batch_sampler),
+                                     self._dataset_state())
+        return progress.state(self.seed)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a state_dict(): the next iter() resumes that epoch."""
+        state = check_state(state)
+        self.close()  # a live epoch or persistent workers belong to the old position
+        self.seed = int(state["seed"])
+        self.epoch = int(state["epoch"])
+        if not self.iterable:
+            load_sampler_state(self.batch_sampler, state["sampler"])
+        if state.get("dataset") is not None:
+            load = getattr(self.dataset, "load_state_dict", None)
+            if load is None:
+                raise ValueError(f"the state carries dataset state but {type(self.dataset).__name__} "
+                                 f"has no load_state_dict()")
+            load(state["dataset"])
+        self._progress = None
+        self._resume = state
 
     def __len__(self) -> int:
         if self.iterable:
@@ -209,16 +272,25 @@ class _InProcessIterator:
         self.loader = loader
         self._dataset = loader.dataset
         self._batchify = loader.batchify_fn
-        self._index = 0
+        self._epoch = loader.epoch
+        self._progress = loader._progress
+        assert self._progress is not None
+        self._position = 0
         self._profiler = loader.profiler
         t0 = time.monotonic_ns()
+        self._discard = 0
         if loader.iterable:
             self._stream: Optional[_Stream] = _Stream(loader.dataset, int(loader.batch_size),
                                                       loader.last_batch == "discard")
             self._batches: Optional[list] = None
+            self._order: Optional[list] = None
+            self._discard = self._progress.count   # resumed: replay the stream, drop what was seen
         else:
             self._stream = None
             self._batches = loader._epoch_batches()
+            self._progress.total = len(self._batches)
+            done = self._progress.done_indices()
+            self._order = [i for i in range(len(self._batches)) if i not in done]
         self._done = False
         if self._profiler is not None:
             self._profiler.epoch_started(time.monotonic_ns() - t0, 0)
@@ -227,37 +299,46 @@ class _InProcessIterator:
         return self
 
     def __len__(self) -> int:
-        if self._batches is None:
+        if self._order is None:
             return len(self.loader)
-        return len(self._batches)
+        return len(self._order)
 
     def _next_samples(self) -> Any:
-        if self._batches is not None:
-            if self._index >= len(self._batches):
+        """(batch index, samples), or None at the end."""
+        if self._order is not None:
+            if self._position >= len(self._order):
                 return None
-            return fetch_samples(self._dataset, self._batches[self._index])
+            idx = self._order[self._position]
+            return idx, fetch_samples(self._dataset, self._batches[idx], self.loader.seed, self._epoch)
         assert self._stream is not None
-        return self._stream.next_samples()
+        while True:
+            samples = self._stream.next_samples()
+            if samples is None or not self._discard:
+                return None if samples is None else (self._progress.count, samples)
+            self._discard -= 1
 
     def __next__(self) -> Any:
         if self._done:
             raise StopIteration
         profiler = self._profiler
         t0 = time.monotonic_ns()
-        samples = self._next_samples()
-        if samples is None:
+        nxt = self._next_samples()
+        if nxt is None:
+            self._progress.finished = True
             self.close()
             raise StopIteration
+        idx, samples = nxt
         if profiler is None:
-            batch = collate(self._batchify, samples, self._index)
+            batch = collate(self._batchify, samples, idx)
         else:
             t1 = time.monotonic_ns()
-            batch, stats, field_ns = collate_profiled(self._batchify, samples, self._index)
+            batch, stats, field_ns = collate_profiled(self._batchify, samples, idx)
             t2 = time.monotonic_ns()
-            profiler.worker_batch(-1, os.getpid(), self._index, t0, t1 - t0, t2 - t1, t2, stats, field_ns)
-            profiler.batch_ready(self._index, 0)
-            profiler.batch_taken(self._index, t0)
-        self._index += 1
+            profiler.worker_batch(-1, os.getpid(), idx, t0, t1 - t0, t2 - t1, t2, stats, field_ns)
+            profiler.batch_ready(idx, 0)
+            profiler.batch_taken(idx, t0)
+        self._position += 1
+        self._progress.taken(idx)
         return batch
 
     def close(self) -> None:

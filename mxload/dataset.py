@@ -13,6 +13,7 @@ import operator
 
 import numpy as np
 
+from . import _rng
 from .batchify import GatheredSamples
 
 __all__ = [
@@ -124,7 +125,14 @@ class _LazyTransformBatchDataset(_LazyTransformDataset):
 
     def __getitems__(self, indices):
         fn = self._fn
-        return [_apply(fn, s) for s in self._data.__getitems__(indices)]
+        samples = self._data.__getitems__(indices)
+        out = []
+        # The transform sees one sample at a time: give it that sample's
+        # sample_rng() stream, as __getitem__ would.
+        for i, s in zip(np.asarray(indices).tolist(), samples):
+            with _rng.sample_scope(i):
+                out.append(_apply(fn, s))
+        return out
 
 
 class ArrayDataset(Dataset):

@@ -10,6 +10,7 @@ refcount, which un-shares the copy-on-write pages.
 
 import operator
 import os
+import sys
 
 import numpy as np
 
@@ -63,6 +64,26 @@ def _int_from_env(var, default):
         raise ValueError(f"{var}={raw!r} is not an integer") from None
 
 
+def _torch_process_group():
+    """``(world_size, rank)`` of torch's default process group, or None.
+
+    torch is never imported here: a process group can only have been
+    initialised by code that already imported ``torch.distributed``, so
+    looking it up in ``sys.modules`` is enough and keeps ``import mxload``
+    (and samplers in torch-free programs) free of torch.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return None
+    try:
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        return int(dist.get_world_size()), int(dist.get_rank())
+    except Exception:
+        # A half-imported or stubbed torch.distributed: fall back to the env.
+        return None
+
+
 def _permutation(seed, epoch, n):
     # Depends only on (seed, epoch), so every process that shares the seed
     # (e.g. all distributed ranks) derives the same order without talking.
@@ -107,6 +128,35 @@ class Sampler:
 
     def __len__(self):
         raise NotImplementedError
+
+    def state_dict(self):
+        """What decides the next epoch's order (JSON-serialisable): the epoch
+        counter and the seed, for samplers that have them."""
+        return {k: getattr(self, k) for k in ("epoch", "seed") if hasattr(self, k)}
+
+    def load_state_dict(self, state):
+        """Continue from `state` (from state_dict(), possibly of another process)."""
+        for key in ("epoch", "seed"):
+            if key in state:
+                if not hasattr(self, key):
+                    raise ValueError(f"{type(self).__name__} has no {key!r} to restore")
+                setattr(self, key, int(state[key]))
+
+
+def sampler_state(sampler):
+    """state_dict() of any sampler; None for user samplers without one (they
+    are then resumed by replaying and skipping)."""
+    get = getattr(sampler, "state_dict", None)
+    return get() if get is not None else None
+
+
+def load_sampler_state(sampler, state):
+    if state is None:
+        return
+    load = getattr(sampler, "load_state_dict", None)
+    if load is None:
+        raise ValueError(f"cannot restore the state of {type(sampler).__name__}: it has no load_state_dict()")
+    load(state)
 
 
 class SequentialSampler(Sampler):
@@ -207,6 +257,15 @@ class BatchSampler(Sampler):
             return indices[:len(indices) // self.batch_size * self.batch_size]
         return indices
 
+    def state_dict(self):
+        """The rollover carry and the inner sampler's state: enough to rebuild
+        the next epoch's batches exactly."""
+        return {"carry": self._carry.tolist(), "sampler": sampler_state(self.sampler)}
+
+    def load_state_dict(self, state):
+        self._carry = np.asarray(state.get("carry", []), dtype=np.int64)
+        load_sampler_state(self.sampler, state.get("sampler"))
+
     def epoch_batches(self):
         """Return the next epoch's batches as a list of int64 array views and advance."""
         indices = self.epoch_indices()
@@ -233,30 +292,59 @@ class DistributedSampler(Sampler):
     """Gives each of ``num_replicas`` ranks its own shard of ``range(n)``.
 
     Follows PyTorch's ``DistributedSampler``: all ranks shuffle with the same
-    (seed, epoch) permutation; with ``drop_last=False`` the list is padded by
-    repeating indices from its start so every rank gets ``ceil(n / R)``; with
-    ``drop_last=True`` the tail is dropped so every rank gets ``floor(n / R)``
-    and shards are disjoint.  Rank ``r`` takes ``indices[r::R]``.
+    (seed, epoch) permutation ``np.random.default_rng([seed, epoch])
+    .permutation(n)`` (or ``arange(n)`` with ``shuffle=False``) and rank ``r``
+    takes ``indices[r::R]`` of it.
 
-    ``num_replicas`` / ``rank`` default to the ``WORLD_SIZE`` / ``RANK``
-    environment variables (1 / 0 when unset).  Unlike PyTorch, the epoch also
-    advances by itself after each epoch; calling ``set_epoch(e)`` before every
-    epoch gives exactly PyTorch's behaviour.
+    * ``drop_last=False`` (default): the list is padded to
+      ``total_size = ceil(n / R) * R`` by repeating indices from its start
+      (cyclically, if the padding is longer than ``n``), so every rank gets
+      ``ceil(n / R)`` indices.  The union of the shards is all of
+      ``range(n)``; the shards are disjoint except for the
+      ``total_size - n`` padding entries, which repeat the first indices of
+      the epoch's order.
+    * ``drop_last=True``: the last ``n % R`` indices of the order are dropped,
+      every rank gets ``floor(n / R)`` and the shards are disjoint.
+
+    Either way every rank gets the same number of indices, hence (with the
+    same ``batch_size`` and ``last_batch``) the same number of batches, which
+    collective ops in the training step need.
+
+    ``num_replicas`` / ``rank``, when not given, come from the first of:
+    torch's default process group (only if ``torch.distributed`` is already
+    imported and ``is_available() and is_initialized()``; torch is never
+    imported by mxload), the ``WORLD_SIZE`` / ``RANK`` environment variables
+    (set by ``torchrun``), else 1 / 0.  They are read once, in ``__init__``.
+
+    Epochs: like :class:`RandomSampler`, the epoch also advances by itself
+    after each epoch (a deviation from PyTorch, whose sampler repeats epoch 0
+    until ``set_epoch`` is called).  Calling ``set_epoch(e)`` before each
+    epoch, with the same ``e`` on every rank -- PyTorch's idiom, e.g.
+    ``loader.sampler.set_epoch(e)`` -- gives exactly PyTorch's behaviour; the
+    loader draws an epoch's indices when it is iterated (``iter(loader)``),
+    so ``set_epoch`` must come before the ``for`` loop.
     """
 
     def __init__(self, n, num_replicas=None, rank=None, shuffle=True, seed=0,
                  drop_last=False):
         self._n = _as_length(n)
+        group = _torch_process_group() if num_replicas is None or rank is None else None
         # Name where a bad value came from, so a broken launcher env is obvious.
-        if num_replicas is None:
-            num_replicas = _int_from_env("WORLD_SIZE", 1)
-            r_src = " (from WORLD_SIZE)" if "WORLD_SIZE" in os.environ else ""
-        else:
+        if num_replicas is not None:
             num_replicas = _as_int(num_replicas, "num_replicas")
             r_src = ""
+        elif group is not None:
+            num_replicas = group[0]
+            r_src = " (from torch.distributed)"
+        else:
+            num_replicas = _int_from_env("WORLD_SIZE", 1)
+            r_src = " (from WORLD_SIZE)" if "WORLD_SIZE" in os.environ else ""
         if num_replicas < 1:
             raise ValueError(f"num_replicas{r_src} must be >= 1, got {num_replicas}")
-        if rank is None:
+        if rank is None and group is not None:
+            rank = group[1]
+            k_src = " (from torch.distributed)"
+        elif rank is None:
             rank = _int_from_env("RANK", 0)
             k_src = " (from RANK)" if "RANK" in os.environ else ""
         else:
@@ -279,7 +367,12 @@ class DistributedSampler(Sampler):
         self.total_size = self.num_samples * num_replicas
 
     def set_epoch(self, epoch):
-        """Select the shuffle for the next epoch; call with the same value on every rank."""
+        """Make the next epoch use permutation number ``epoch``.
+
+        Call it with the same value on every rank, before iterating the loader
+        (which draws the epoch's indices in ``iter()``).  The epoch then
+        advances by one after each epoch, as without ``set_epoch``.
+        """
         epoch = _as_int(epoch, "epoch")
         if epoch < 0:
             raise ValueError(f"epoch must be a non-negative integer, got {epoch}")

@@ -1,0 +1,73 @@
+"""Checkpointable iterator state: which batches of an epoch were taken.
+
+A loader's state is small and JSON-serialisable: the loader seed, the epoch
+number, the sampler's state *at the start of that epoch* (it regenerates the
+epoch's exact batch list, rollover carry included), the dataset's own
+state_dict() if it has one, and the set of batch indices already yielded
+(a prefix count plus any out-of-order extras).  Resuming rebuilds the same
+batch list and never dispatches the taken batches; an IterableDataset is
+replayed from the epoch start and its first batches are dropped.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+STATE_VERSION = 1
+
+
+class EpochProgress:
+    """Which batch indices of one epoch the consumer has taken."""
+
+    __slots__ = ("epoch", "sampler_state", "dataset_state", "prefix", "extra", "count", "finished", "total")
+
+    def __init__(self, epoch: int, sampler_state: Any, dataset_state: Any,
+                 done: Optional[Dict[str, Any]] = None):
+        self.epoch = epoch
+        self.sampler_state = sampler_state
+        self.dataset_state = dataset_state
+        done = done or {}
+        self.prefix = int(done.get("prefix", 0))       # batches 0..prefix-1 taken
+        self.extra = set(int(i) for i in done.get("extra", ()))
+        self.count = self.prefix + len(self.extra)      # batches taken in all
+        self.finished = False                           # the epoch ran to its end
+        self.total: Optional[int] = None                # batches in the epoch, when known
+
+    @property
+    def complete(self) -> bool:
+        """Every batch was taken (even if the iterator has not said so yet)."""
+        return self.finished or (self.total is not None and self.count >= self.total)
+
+    def taken(self, idx: int) -> None:
+        self.count += 1
+        if idx != self.prefix:
+            self.extra.add(idx)
+            return
+        self.prefix += 1
+        while self.prefix in self.extra:
+            self.extra.remove(self.prefix)
+            self.prefix += 1
+
+    def done_indices(self) -> frozenset:
+        return frozenset(range(self.prefix)) | frozenset(self.extra)
+
+    def state(self, seed: int) -> dict:
+        return {"version": STATE_VERSION, "seed": seed, "epoch": self.epoch,
+                "sampler": self.sampler_state, "dataset": self.dataset_state,
+                "done": {"prefix": self.prefix, "extra": sorted(self.extra)}}
+
+
+def check_state(state: Any) -> dict:
+    """Validate a state from state_dict(); clear errors for anything else."""
+    if not isinstance(state, dict):
+        raise TypeError(f"loader state must be a dict from DataLoader.state_dict(), got {type(state).__name__}")
+    version = state.get("version")
+    if version != STATE_VERSION:
+        raise ValueError(f"unsupported loader state version {version!r} (this mxload writes {STATE_VERSION})")
+    missing = [k for k in ("seed", "epoch", "sampler", "done") if k not in state]
+    if missing:
+        raise ValueError(f"loader state lacks {missing}")
+    done = state["done"]
+    if not isinstance(done, dict) or not isinstance(done.get("prefix"), int) \
+            or not isinstance(done.get("extra", []), list):
+        raise ValueError(f"loader state has a malformed 'done' entry: {done!r}")
+    return state

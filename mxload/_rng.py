@@ -1,0 +1,70 @@
+"""Per-sample random streams: ``mxload.sample_rng()``.
+
+A dataset that draws its random augmentations from ``sample_rng()`` gets the
+same numbers for the same (loader seed, epoch, sample index) whichever worker,
+process, thread or start method loads the sample: the batch stream is then
+bit-identical for any ``num_workers``.  The loader sets the context around
+every ``__getitem__`` call (in workers and in-process); the generator is made
+on first use, so datasets that never ask pay one attribute store per sample.
+"""
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from typing import Iterator, Optional
+
+import numpy as np
+
+__all__ = ["sample_rng"]
+
+_context = threading.local()
+
+
+def set_sample(seed: int, epoch: int, index: Optional[int]) -> None:
+    """The loader is about to load sample `index` of `epoch` (None: a whole
+    batch through __getitems__)."""
+    _context.key = (seed, epoch, index)
+    _context.rngs = {}
+
+
+def clear_sample() -> None:
+    _context.key = None
+    _context.rngs = {}
+
+
+@contextmanager
+def sample_scope(index: int) -> Iterator[None]:
+    """Inside a batch fetch, narrow the context to one sample (if a loader set one)."""
+    key = getattr(_context, "key", None)
+    if key is None:
+        yield
+        return
+    saved = (key, _context.rngs)
+    _context.key = (key[0], key[1], int(index))
+    _context.rngs = {}
+    try:
+        yield
+    finally:
+        _context.key, _context.rngs = saved
+
+
+def sample_rng(index: Optional[int] = None) -> np.random.Generator:
+    """A ``numpy.random.Generator`` seeded from (loader seed, epoch, sample index).
+
+    Call it inside ``__getitem__`` or a transform: repeated calls while the
+    same sample loads continue one stream.  Inside ``__getitems__`` (a whole
+    batch) pass the sample's index explicitly.  Outside a loader it raises."""
+    key = getattr(_context, "key", None)
+    if key is None:
+        raise RuntimeError("mxload.sample_rng() is only valid while a DataLoader loads a sample "
+                           "(inside __getitem__, __getitems__ or a transform)")
+    seed, epoch, current = key
+    if index is None:
+        if current is None:
+            raise RuntimeError("inside __getitems__, call mxload.sample_rng(index) with the sample's index")
+        index = current
+    index = int(index)
+    rng = _context.rngs.get(index)
+    if rng is None:
+        rng = _context.rngs[index] = np.random.default_rng([seed, epoch, index])
+    return rng

@@ -1,0 +1,257 @@
+"""Determinism independent of parallelism, and checkpoint/resume mid-epoch."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import mxload
+
+pytestmark = pytest.mark.timeout(180)
+
+
+class AugmentedDataset(mxload.Dataset):
+    """Random augmentation drawn from mxload.sample_rng()."""
+
+    def __init__(self, n: int = 37):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        rng = mxload.sample_rng()
+        noise = rng.standard_normal(3).astype(np.float32)
+        flip = rng.random() < 0.5   # a second draw continues the same stream
+        return np.float32(i) + noise, np.int64(i), flip
+
+
+class Counter(mxload.IterableDataset):
+    """A stream with a state_dict hook (its offset), sharded across workers."""
+
+    def __init__(self, n: int = 30):
+        self.n = n
+        self.offset = 0
+
+    def __iter__(self):
+        info = mxload.get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(start, self.n, step):
+            yield np.int64(i + self.offset)
+
+    def state_dict(self):
+        return {"offset": self.offset}
+
+    def load_state_dict(self, state):
+        self.offset = state["offset"]
+
+
+def flat(batches):
+    return [tuple(np.asarray(x).tobytes() for x in b) if isinstance(b, tuple) else np.asarray(b).tobytes()
+            for b in batches]
+
+
+def run(**kw):
+    loader = mxload.DataLoader(AugmentedDataset(), batch_size=4, shuffle=True, seed=5, **kw)
+    return flat(loader)
+
+
+REFERENCE_MODES = [
+    dict(num_workers=1), dict(num_workers=2), dict(num_workers=4),
+    dict(num_workers=2, thread_pool=True), dict(num_workers=3, thread_pool=True),
+    dict(num_workers=2, start_method="spawn"), dict(num_workers=2, start_method="forkserver"),
+]
+
+
+@pytest.mark.parametrize("mode", REFERENCE_MODES, ids=lambda m: "-".join(f"{k}={v}" for k, v in m.items()))
+def test_stream_is_bit_identical_for_any_parallelism(mode):
+    assert run(**mode) == run(num_workers=0)
+
+
+def test_different_seed_or_epoch_changes_the_augmentation():
+    loader = mxload.DataLoader(AugmentedDataset(), batch_size=4, seed=5)
+    first, second = flat(loader), flat(loader)
+    assert first != second   # epoch 1 draws other numbers
+    assert flat(mxload.DataLoader(AugmentedDataset(), batch_size=4, seed=6)) != first
+
+
+def test_sample_rng_outside_a_loader_is_an_error():
+    with pytest.raises(RuntimeError, match="only valid while a DataLoader loads a sample"):
+        mxload.sample_rng()
+
+
+def test_sample_rng_in_getitems_needs_the_index():
+    class Batched(mxload.Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitems__(self, idx):
+            return [mxload.sample_rng(i).integers(0, 1 << 30) for i in idx]
+
+    class Single(mxload.Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return mxload.sample_rng().integers(0, 1 << 30)
+
+    assert flat(mxload.DataLoader(Batched(), batch_size=4, seed=2)) == \
+        flat(mxload.DataLoader(Single(), batch_size=4, seed=2))
+
+    class Wrong(Batched):
+        def __getitems__(self, idx):
+            return [mxload.sample_rng().random() for _ in idx]
+
+    with pytest.raises(RuntimeError, match="sample_rng\\(index\\)"):
+        list(mxload.DataLoader(Wrong(), batch_size=4))
+
+
+def test_lazy_transform_over_getitems_gets_per_sample_streams():
+    base = mxload.ArrayDataset(np.arange(12, dtype=np.float64))
+    ds = base.transform(lambda x: x + mxload.sample_rng().random())
+    plain = mxload.SimpleDataset(list(np.arange(12, dtype=np.float64))).transform(
+        lambda x: x + mxload.sample_rng().random())
+    assert flat(mxload.DataLoader(ds, batch_size=4, seed=1)) == flat(mxload.DataLoader(plain, batch_size=4, seed=1))
+
+
+# ---------------------------------------------------------------- checkpoint / resume
+
+
+def _loader(n=37, **kw):
+    kw.setdefault("batch_size", 4)
+    return mxload.DataLoader(AugmentedDataset(n), shuffle=True, **kw)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("last_batch", ["keep", "discard", "rollover"])
+def test_resume_mid_epoch_continues_exactly(num_workers, last_batch):
+    full = _loader(seed=9, last_batch=last_batch, num_workers=num_workers)
+    epochs = [flat(full) for _ in range(3)]
+    expected = epochs[1][5:] + epochs[2]
+
+    first = _loader(seed=9, last_batch=last_batch, num_workers=num_workers)
+    flat(first)                       # epoch 0 done
+    it = iter(first)
+    for _ in range(5):
+        next(it)
+    state = json.loads(json.dumps(first.state_dict()))   # JSON round trip
+    del it
+    assert len(json.dumps(state)) < 1000, "the state holds no sample data"
+
+    fresh = _loader(seed=None, last_batch=last_batch, num_workers=num_workers)  # another seed: restored
+    fresh.load_state_dict(state)
+    assert flat(fresh) + flat(fresh) == expected
+
+
+def test_state_between_epochs_and_after_break():
+    loader = _loader(seed=3)
+    reference = _loader(seed=3)
+    ref_epochs = [flat(reference) for _ in range(2)]
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+    resumed = _loader(seed=3)
+    resumed.load_state_dict(loader.state_dict())
+    assert flat(resumed) == ref_epochs[0][3:]
+    end_state = resumed.state_dict()      # epoch finished: the state points at the next epoch
+    again = _loader(seed=3)
+    again.load_state_dict(end_state)
+    assert flat(again) == ref_epochs[1]
+
+
+def test_resume_out_of_order_skips_exactly_the_taken_batches():
+    loader = _loader(seed=4, num_workers=2, in_order=False)
+    it = iter(loader)
+    taken = [next(it) for _ in range(4)]
+    state = loader.state_dict()
+    del it
+    rest = _loader(seed=4, num_workers=2, in_order=False)
+    rest.load_state_dict(state)
+    got = sorted(flat(taken) + flat(rest))
+    assert got == sorted(flat(_loader(seed=4)))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_iterable_dataset_resume_uses_the_dataset_hook(num_workers):
+    ds = Counter()
+    ds.offset = 100
+    loader = mxload.DataLoader(ds, batch_size=4, num_workers=num_workers)
+    full = [b.tolist() for b in loader]
+    it = iter(loader)
+    head = [next(it).tolist() for _ in range(3)]
+    state = loader.state_dict()
+    del it
+    assert state["dataset"] == {"offset": 100}
+    other = Counter()
+    resumed = mxload.DataLoader(other, batch_size=4, num_workers=num_workers)
+    resumed.load_state_dict(state)
+    assert other.offset == 100
+    assert head + [b.tolist() for b in resumed] == full
+
+
+def test_resume_after_a_worker_restart(tmp_path):
+    from datasets_for_tests import DyingDataset
+    marker = str(tmp_path / "died")
+    loader = mxload.DataLoader(DyingDataset(at=6, how="kill", n=40, only_once_file=marker), batch_size=2,
+                               num_workers=2, max_worker_restarts=1)
+    it = iter(loader)
+    with pytest.warns(RuntimeWarning, match="restarting"):
+        head = [next(it).ravel().tolist() for _ in range(8)]
+    state = loader.state_dict()
+    del it
+    resumed = mxload.DataLoader(DyingDataset(n=40, at=-1), batch_size=2, num_workers=2)
+    resumed.load_state_dict(state)
+    assert head + [b.ravel().tolist() for b in resumed] == [[i, i + 1] for i in range(0, 40, 2)]
+
+
+@pytest.mark.parametrize("bad,match", [
+    ("nope", "must be a dict"),
+    ({"version": 99}, "unsupported loader state version"),
+    ({"version": 1, "seed": 1}, "lacks"),
+    ({"version": 1, "seed": 1, "epoch": 0, "sampler": None, "done": {"prefix": "x"}}, "malformed"),
+])
+def test_bad_state_is_a_clear_error(bad, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        _loader(seed=1).load_state_dict(bad)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 40), batch_size=st.integers(1, 9),
+       last_batch=st.sampled_from(["keep", "discard", "rollover"]),
+       num_workers=st.sampled_from([0, 0, 1, 2]), in_order=st.booleans(),
+       epoch=st.integers(0, 2), stop=st.integers(0, 12))
+def test_property_resume_equals_uninterrupted_run(n, batch_size, last_batch, num_workers, in_order, epoch, stop):
+    def make():
+        return mxload.DataLoader(AugmentedDataset(n), batch_size=batch_size, shuffle=True, seed=11,
+                                 last_batch=last_batch, num_workers=num_workers, in_order=in_order)
+
+    reference = make()
+    ref = [flat(reference) for _ in range(epoch + 2)]
+    expected = sorted(ref[epoch][min(stop, len(ref[epoch])):]) if not in_order else ref[epoch][stop:]
+
+    loader = make()
+    for _ in range(epoch):
+        flat(loader)
+    it = iter(loader)
+    seen = []
+    for _ in range(stop):
+        try:
+            seen.append(next(it))
+        except StopIteration:
+            break
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = flat(resumed)
+    if stop >= len(ref[epoch]):
+        # The epoch had ended: the state points at the next one.
+        assert rest == ref[epoch + 1] or sorted(rest) == sorted(ref[epoch + 1])
+    elif in_order:
+        assert flat(seen) == ref[epoch][:stop]
+        assert rest == expected
+    else:
+        assert sorted(flat(seen) + rest) == sorted(ref[epoch])
