@@ -24,8 +24,8 @@ import math
 import operator
 import pickle
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any, Callable, Iterator, List as TList, Optional, Tuple as TTuple
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -47,8 +47,8 @@ class _Field:
     def __init__(self, path: str, kernel: str, arrays: Any, shape: tuple, dtype: np.dtype,
                  axis: int = 0, pattern: bytes = b""):
         self.path = path
-        self.kernel = kernel        # "stack" | "pad" | "copy"
-        self.arrays = arrays        # list of samples' arrays, or one array for "copy"
+        self.kernel = kernel        # "stack" | "pad" | "copy" | "take"
+        self.arrays = arrays        # samples' arrays; one array ("copy"); (source, indices) ("take")
         self.shape = shape
         self.dtype = dtype
         self.axis = axis
@@ -61,16 +61,16 @@ class _Planner:
 
     __slots__ = ("fields", "objects", "batch_index")
 
-    def __init__(self, batch_index: Optional[int]):
-        self.fields: TList[_Field] = []
-        self.objects: TList[TTuple[str, Any]] = []   # (path, value) passed through as objects
+    def __init__(self, batch_index: int | None):
+        self.fields: list[_Field] = []
+        self.objects: list[tuple[str, Any]] = []   # (path, value) passed through as objects
         self.batch_index = batch_index
 
-    def add(self, field: _Field) -> TTuple[str, int]:
+    def add(self, field: _Field) -> tuple[str, int]:
         self.fields.append(field)
         return ("f", len(self.fields) - 1)
 
-    def add_object(self, path: str, value: Any) -> TTuple[str, Any]:
+    def add_object(self, path: str, value: Any) -> tuple[str, Any]:
         self.objects.append((path, value))
         return ("o", value)
 
@@ -84,7 +84,7 @@ class BatchPlan:
 
     __slots__ = ("root", "fields", "objects", "offsets", "nbytes")
 
-    def __init__(self, root: tuple, fields: TList[_Field], objects: TList[TTuple[str, Any]]):
+    def __init__(self, root: tuple, fields: list[_Field], objects: list[tuple[str, Any]]):
         self.root = root
         self.fields = fields
         self.objects = objects
@@ -92,7 +92,7 @@ class BatchPlan:
         self.offsets = offsets.tolist()
         self.nbytes = int(total)
 
-    def fill(self, buffer: Any, base_offset: int = 0) -> TTuple[list, list]:
+    def fill(self, buffer: Any, base_offset: int = 0) -> tuple[list, list]:
         """Collate every field into `buffer` (anything exporting a writable
         buffer) starting at `base_offset`.  Returns (views, per-field ns)."""
         views = []
@@ -103,6 +103,13 @@ class BatchPlan:
                 ns = _core.stack_fill(field.arrays, out)
             elif field.kernel == "pad":
                 ns = _core.pad_fill(field.arrays, out, field.axis, field.pattern)
+            elif field.kernel == "take":
+                source, indices = field.arrays
+                t0 = time.perf_counter_ns()
+                # mode="clip": the indices are validated, and an unbuffered
+                # take writes straight into the batch buffer.
+                np.take(source, indices, axis=0, out=out, mode="clip")
+                ns = time.perf_counter_ns() - t0
             else:
                 ns = _core.copy_into(field.arrays, out)
             views.append(out)
@@ -115,7 +122,7 @@ class BatchPlan:
         return (self.root, [(o, f.shape, f.dtype.str if f.dtype.fields is None else f.dtype)
                             for f, o in zip(self.fields, self.offsets)])
 
-    def field_stats(self, fill_ns: Sequence[int]) -> TTuple[list, list]:
+    def field_stats(self, fill_ns: Sequence[int]) -> tuple[list, list]:
         """Per-field records for the profiler: ([(path, kernel, nbytes, shape,
         dtype)], [ns]) for the kernel fields (with their `fill_ns`) and the
         objects passed through, which cross processes pickled: their pickling
@@ -246,7 +253,7 @@ class Tuple(Batchify):
 class Dict(Batchify):
     """Apply per-key functions to dict samples; keys without one use default_batchify."""
 
-    def __init__(self, fns: Optional[Mapping] = None, **kwargs: Any):
+    def __init__(self, fns: Mapping | None = None, **kwargs: Any):
         merged = dict(fns or {}, **kwargs)
         for k, fn in merged.items():
             if not callable(fn):
@@ -426,16 +433,25 @@ def _describe(value: Any, path: str, planner: _Planner) -> tuple:
 class GatheredSamples(Sequence):
     """Samples fetched by a vectorised ``__getitems__`` (see ArrayDataset).
 
-    Behaves as the list of samples, but also carries the already gathered
-    columns, so default collation copies each column once instead of
-    splitting it into samples and stacking them again."""
+    Behaves as the list of samples, but default collation sees the source
+    arrays and the indices instead: each column is gathered once, straight
+    into the batch buffer (``np.take(..., out=)``), with no per-sample
+    Python and no intermediate copy."""
 
-    __slots__ = ("columns", "single", "_samples")
+    __slots__ = ("sources", "indices", "single", "_columns", "_samples")
 
-    def __init__(self, columns: Sequence, single: bool):
-        self.columns = tuple(columns)
-        self.single = single          # samples are bare elements, not tuples
-        self._samples: Optional[list] = None
+    def __init__(self, sources: Sequence, indices: np.ndarray, single: bool):
+        self.sources = tuple(sources)     # numpy arrays, indexed along axis 0
+        self.indices = indices            # validated, 1-D int64
+        self.single = single              # samples are bare elements, not tuples
+        self._columns: tuple | None = None
+        self._samples: list | None = None
+
+    @property
+    def columns(self) -> tuple:
+        if self._columns is None:
+            self._columns = tuple(a[self.indices] for a in self.sources)
+        return self._columns
 
     def _materialise(self) -> list:
         if self._samples is None:
@@ -446,7 +462,7 @@ class GatheredSamples(Sequence):
         return self._samples
 
     def __len__(self) -> int:
-        return len(self.columns[0]) if self.columns else 0
+        return len(self.indices)
 
     def __getitem__(self, i: Any) -> Any:
         return self._materialise()[i]
@@ -464,25 +480,24 @@ class GatheredSamples(Sequence):
     def __repr__(self) -> str:
         return f"GatheredSamples({self._materialise()!r})"
 
-    def plan_columns(self, path: str, planner: _Planner) -> Optional[tuple]:
-        """Plan the gathered columns directly, or None if one is not numeric."""
-        if not all(isinstance(c, np.ndarray) and not c.dtype.hasobject for c in self.columns):
+    def plan_columns(self, path: str, planner: _Planner) -> tuple | None:
+        """Plan the columns as gathers, or None if one is not plainly numeric."""
+        if not all(isinstance(a, np.ndarray) and not a.dtype.hasobject for a in self.sources):
             return None
-        if any(c.ndim == 1 and (c.dtype.kind in "SU" or not c.dtype.isnative) for c in self.columns):
+        if any(a.ndim == 1 and (a.dtype.kind in "SU" or not a.dtype.isnative) for a in self.sources):
             # Their elements are numpy scalars that lose the string width or
             # byte order, so the per-sample path would give another dtype.
             return None
-        if self.single:
-            c = self.columns[0]
-            return planner.add(_Field(path, "copy", c, c.shape, c.dtype))
-        return ("t", None, [planner.add(_Field(f"{path}[{i}]", "copy", c, c.shape, c.dtype))
-                            for i, c in enumerate(self.columns)])
+        fields = [planner.add(_Field(path if self.single else f"{path}[{i}]", "take", (a, self.indices),
+                                     (len(self.indices),) + a.shape[1:], a.dtype))
+                  for i, a in enumerate(self.sources)]
+        return fields[0] if self.single else ("t", None, fields)
 
 
 # ---------------------------------------------------------------------------
 
 
-def plan_batch(batchify_fn: Callable, samples: Sequence, batch_index: Optional[int] = None) -> BatchPlan:
+def plan_batch(batchify_fn: Callable, samples: Sequence, batch_index: int | None = None) -> BatchPlan:
     """Plan one batch: planned batchify functions are walked; any other
     callable runs now and its result's arrays become copied fields."""
     if len(samples) == 0:
@@ -495,7 +510,7 @@ def plan_batch(batchify_fn: Callable, samples: Sequence, batch_index: Optional[i
     return BatchPlan(root, planner.fields, planner.objects)
 
 
-def collate(batchify_fn: Callable, samples: Sequence, batch_index: Optional[int] = None) -> Any:
+def collate(batchify_fn: Callable, samples: Sequence, batch_index: int | None = None) -> Any:
     """Collate `samples` into one batch held in a single private buffer."""
     if not isinstance(batchify_fn, Batchify):
         return batchify_fn(samples)
@@ -505,7 +520,7 @@ def collate(batchify_fn: Callable, samples: Sequence, batch_index: Optional[int]
 
 
 def collate_profiled(batchify_fn: Callable, samples: Sequence,
-                     batch_index: Optional[int] = None) -> TTuple[Any, list, list]:
+                     batch_index: int | None = None) -> tuple[Any, list, list]:
     """collate() that also returns the per-field (stats, ns) for the profiler.
     A plain-callable batchify_fn is one opaque field (its own path)."""
     if not isinstance(batchify_fn, Batchify):

@@ -193,7 +193,7 @@ class ArrayDataset(Dataset):
         if all(isinstance(a, np.ndarray) for a in self._data):
             # Keep the gathered columns: default collation copies each one
             # once instead of splitting it into samples and stacking again.
-            return GatheredSamples([a[idx] for a in self._data], single=len(self._data) == 1)
+            return GatheredSamples(self._data, idx.astype(np.int64, copy=False), single=len(self._data) == 1)
         columns = []
         for a in self._data:
             if isinstance(a, np.ndarray):
