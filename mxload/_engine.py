@@ -38,9 +38,11 @@ from .errors import LoaderTimeoutError, SharedMemoryError, WorkerError
 
 RUNNING, SHUTTING_DOWN, CLOSED = "running", "shutting down", "closed"
 
-# Shutdown budget: a stuck worker is terminated after the grace period and
-# killed after the terminate period; every wait shares the one deadline.
-SHUTDOWN_GRACE_S = 0.1
+# Shutdown budget: a worker between tasks exits within a few ms of the stop
+# message; one still inside a batch (whose result nobody wants any more) gets
+# SIGTERM after the grace period, SIGKILL after the terminate period; every
+# wait shares the one deadline.
+SHUTDOWN_GRACE_S = 0.02
 SHUTDOWN_TERMINATE_S = 0.5
 SHUTDOWN_DEADLINE_S = 1.0
 
