@@ -18,13 +18,20 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import child_pids
+from datasets_for_tests import (
+    DictDataset,
+    DyingDataset,
+    MultiArgError,
+    RaisingDataset,
+    SlowDataset,
+    StuckDataset,
+    TupleDataset,
+    failing_init,
+)
 
 import mxload
 from mxload import batchify
-
-from conftest import child_pids
-from datasets_for_tests import (DictDataset, DyingDataset, MultiArgError, RaisingDataset, SlowDataset,
-                                StuckDataset, TupleDataset, failing_init)
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(60)]
 
@@ -106,7 +113,7 @@ def test_exception_in_training_loop_ends_workers():
     with pytest.raises(ZeroDivisionError):
         for _ in loader:
             pids = [p for p in child_pids() if p not in _helpers()]
-            1 / 0
+            _ = 1 / 0
     assert_gone(pids, 1.0)
 
 
@@ -230,7 +237,7 @@ def test_worker_death_is_a_prompt_worker_error(start_method, how, expect):
                                start_method=start_method)
     t0 = None
     with pytest.raises(mxload.WorkerError) as info:
-        for i, _ in enumerate(loader):
+        for _ in loader:
             t0 = time.monotonic()
     err = info.value
     assert time.monotonic() - (t0 or time.monotonic()) < 1.0 + 0.5
@@ -433,3 +440,13 @@ def test_interpreter_exit_with_live_iterator_leaves_nothing(start_method):
     assert "resource_tracker" not in err and "Traceback" not in err, err
     assert_gone(pids, 2.0)
     assert set(os.listdir("/dev/shm")) <= shm_before
+
+
+def test_failed_slab_allocation_says_shared_memory_ran_out(monkeypatch):
+    # Fork workers inherit the patch: every new slab asks for 4 EiB, which
+    # cannot be mapped, as when /dev/shm or memory is exhausted.
+    import mxload._worker
+    monkeypatch.setattr(mxload._worker, "slab_size_for", lambda nbytes, current=0: 1 << 62)
+    loader = mxload.DataLoader(TupleDataset(8), batch_size=4, num_workers=1, start_method="fork")
+    with pytest.raises(mxload.SharedMemoryError, match="(?s)shared memory.*prefetch.*/dev/shm"):
+        list(loader)
