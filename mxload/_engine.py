@@ -49,8 +49,9 @@ SHUTDOWN_DEADLINE_S = 1.0
 _END = object()
 _EXHAUSTED = object()
 
-# Fetcher threads of every live engine: mxload never forks while one runs.
-_live_fetchers: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+# Threads of every live engine (fetchers, thread-pool workers): mxload never
+# forks while one of its own threads runs.
+_live_threads: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
 
 
 def _describe_exit(exitcode: Optional[int]) -> str:
@@ -179,7 +180,7 @@ class Engine:
                 self._wake_r, self._wake_w = os.pipe()
                 self._fetcher = threading.Thread(target=self._fetch_loop, name="mxload-fetcher", daemon=True)
                 self._fetcher.start()
-                _live_fetchers.add(self._fetcher)
+                _live_threads.add(self._fetcher)
         except BaseException:
             self.shutdown()
             raise
@@ -193,9 +194,9 @@ class Engine:
         if requested is not None:
             return requested
         default = "fork" if sys.platform.startswith("linux") else mp.get_start_method()
-        if default == "fork" and any(t.is_alive() for t in list(_live_fetchers)):
-            # Another loader's fetcher thread is running: forking now could
-            # copy a held lock into the child.
+        if default == "fork" and any(t.is_alive() for t in list(_live_threads)):
+            # Another loader's thread is running: forking now could copy a
+            # held lock into the child.
             return "forkserver"
         return default
 
@@ -262,6 +263,7 @@ class Engine:
             args=(self, wid, self.num_workers, worker_seed(self.seed, self.epoch, wid), handle.tasks),
             name=f"mxload-worker-thread-{wid}", daemon=True)
         handle.process.start()
+        _live_threads.add(handle.process)
         return handle
 
     # ------------------------------------------------------------------ epochs

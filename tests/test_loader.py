@@ -7,13 +7,11 @@ import os
 
 import numpy as np
 import pytest
+from datasets_for_tests import DictDataset, ShardedStream, TupleDataset, WorkerInfoDataset, record_worker_id
 
 import mxload
 from mxload import batchify
 from mxload.sampler import BatchSampler, SequentialSampler
-
-from datasets_for_tests import (DictDataset, ShardedStream, TupleDataset, WorkerInfoDataset,
-                                record_worker_id)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -50,7 +48,8 @@ def test_quick_start_example_rollover():
     carried = set(range(50)) - set(seen1.tolist())
     assert set(epoch2[0][1][:2].tolist()) == carried
     for x, y in epoch1 + epoch2:
-        np.testing.assert_array_equal(x, np.stack([np.arange(2 * i, 2 * i + 2) for i in y]).astype(np.float32))
+        np.testing.assert_array_equal(
+            x, np.stack([np.arange(2 * i, 2 * i + 2) for i in y]).astype(np.float32))
 
 
 def test_same_seed_same_order_and_fresh_seed_differs():
@@ -94,7 +93,8 @@ def test_drop_last_and_collate_fn_aliases():
     (dict(batch_size=2, seed=-3), "seed"),
     (dict(batch_size=2, persistent_workers=True), "persistent_workers.*num_workers > 0"),
     (dict(batch_size=2, thread_pool=True), "thread_pool.*num_workers > 0"),
-    (dict(batch_size=2, batchify_fn=batchify.Stack(), collate_fn=batchify.Stack()), "batchify_fn or collate_fn"),
+    (dict(batch_size=2, batchify_fn=batchify.Stack(), collate_fn=batchify.Stack()),
+     "batchify_fn or collate_fn"),
     (dict(batch_size=2, drop_last=True, last_batch="keep"), "drop_last=True conflicts"),
 ])
 def test_conflicting_or_bad_arguments_are_named(kwargs, match):
@@ -115,7 +115,8 @@ def test_iterable_dataset_single_process_and_errors():
     batches = list(loader)
     assert [len(b[1]) for b in batches] == [4, 4, 2]
     assert np.concatenate([b[1] for b in batches]).tolist() == list(range(10))
-    assert [len(b[1]) for b in mxload.DataLoader(ShardedStream(10), batch_size=4, last_batch="discard")] == [4, 4]
+    loader = mxload.DataLoader(ShardedStream(10), batch_size=4, last_batch="discard")
+    assert [len(b[1]) for b in loader] == [4, 4]
     with pytest.raises(ValueError, match="IterableDataset"):
         mxload.DataLoader(ShardedStream(10), batch_size=4, shuffle=True)
     with pytest.raises(ValueError, match="rollover"):
@@ -339,3 +340,38 @@ def test_torch_from_numpy_keeps_the_slab_alive():
     import gc
     gc.collect()
     assert float(tensors[1][4, 0, 0]) == 9.0
+
+
+class CountingPickles(mxload.Dataset):
+    """Counts how often it is pickled (in this process)."""
+    pickles = 0
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        return np.array([i])
+
+    def __getstate__(self):
+        type(self).pickles += 1
+        return self.__dict__
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_dataset_is_pickled_once_for_all_workers(start_method):
+    CountingPickles.pickles = 0
+    loader = mxload.DataLoader(CountingPickles(), batch_size=3, num_workers=4, start_method=start_method)
+    assert np.concatenate(list(loader)).ravel().tolist() == list(range(12))
+    assert CountingPickles.pickles == 1
+
+
+def test_fork_is_avoided_while_another_loaders_thread_runs():
+    from mxload import _engine
+    threads = mxload.DataLoader(TupleDataset(8), batch_size=2, num_workers=1, thread_pool=True)
+    it = iter(threads)
+    next(it)
+    assert _engine.Engine._choose_start_method(None) == "forkserver"
+    assert run(mxload.DataLoader(TupleDataset(8), batch_size=2, num_workers=1)) == \
+        run(mxload.DataLoader(TupleDataset(8), batch_size=2))
+    it.close()
+    assert _engine.Engine._choose_start_method(None) == "fork"
