@@ -23,18 +23,22 @@ stages run in parallel with them and are reported per worker too.
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any
 
 __all__ = ["Profiler", "Report", "profile"]
 
 # The training loop is "loader-bound" when it waits for data more than this
 # share of the wall time.
 LOADER_BOUND_SHARE = 0.2
+
+MAX_TRACE_EVENTS = 200_000
 
 STAGES = ("sampling", "fetch", "collate", "transport", "reorder_wait", "consumer_wait", "consumer_compute")
 
@@ -53,19 +57,22 @@ class Profiler:
 
     def reset(self) -> None:
         with self._lock:
-            self.start_ns: Optional[int] = None
-            self.end_ns: Optional[int] = None
-            self.stage_ns: Dict[str, int] = {s: 0 for s in STAGES}
+            self.start_ns: int | None = None
+            self.end_ns: int | None = None
+            self.stage_ns: dict[str, int] = {s: 0 for s in STAGES}
             self.startup_ns = 0
             # path -> [kernel, calls, ns, bytes, shape, dtype]
-            self.fields: Dict[str, list] = {}
+            self.fields: dict[str, list[Any]] = {}
             # worker id -> [busy ns, batches, first start ns, last end ns, pid, restarts]
-            self.workers: Dict[int, list] = {}
+            self.workers: dict[int, list[Any]] = {}
             self.batches = 0
-            self.events: List[tuple] = []   # (track, name, start ns, dur ns, args)
-            self._last_return_ns: Optional[int] = None
-            self._put_ns: Dict[int, int] = {}
-            self._epoch_start_ns: Optional[int] = None
+            # (track, label, batch index or None, start ns, dur ns) for the Chrome
+            # trace, names formatted only when saved; bounded so a long run
+            # keeps its latest spans instead of growing without limit.
+            self.events: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=MAX_TRACE_EVENTS)
+            self._last_return_ns: int | None = None
+            self._put_ns: dict[int, int] = {}
+            self._epoch_start_ns: int | None = None
 
     # ------------------------------------------------------------ recording
 
@@ -80,37 +87,40 @@ class Profiler:
             self.startup_ns += startup_ns
             self._last_return_ns = None
             self._epoch_start_ns = now
-            self.events.append(("consumer", "start epoch", now - sampling_ns - startup_ns,
-                                sampling_ns + startup_ns, {}))
+            self.events.append(("consumer", "start epoch", None, now - sampling_ns - startup_ns,
+                                sampling_ns + startup_ns))
 
-    def worker_batch(self, worker_id: int, pid: Optional[int], batch_index: int, start_ns: int,
-                     fetch_ns: int, collate_ns: int, sent_ns: int, field_stats: list,
-                     field_ns: list) -> None:
+    # The three per-batch hooks below take no lock: worker_batch/batch_ready
+    # run on one thread at a time (the fetcher, or a thread worker under the
+    # engine lock), batch_taken on the consumer, and they touch disjoint
+    # counters; single dict/deque operations are atomic under the GIL.
+
+    def worker_batch(self, worker_id: int, pid: int | None, batch_index: int, start_ns: int,
+                     fetch_ns: int, collate_ns: int, sent_ns: int, field_stats: list[Any],
+                     field_ns: list[Any]) -> None:
         """A batch finished in a worker (times are the worker's own)."""
-        with self._lock:
-            self.stage_ns["fetch"] += fetch_ns
-            self.stage_ns["collate"] += collate_ns
-            w = self.workers.get(worker_id)
-            if w is None:
-                w = self.workers[worker_id] = [0, 0, start_ns, sent_ns, pid, 0]
-            w[0] += fetch_ns + collate_ns
-            w[1] += 1
-            w[2] = min(w[2], start_ns)
-            w[3] = max(w[3], sent_ns)
-            w[4] = pid
-            for (path, kernel, nbytes, shape, dtype), ns in zip(field_stats, field_ns):
-                f = self.fields.get(path)
-                if f is None:
-                    f = self.fields[path] = [kernel, 0, 0, 0, shape, dtype]
-                f[1] += 1
-                f[2] += ns
-                f[3] += nbytes
-                f[4] = shape
-            # In-process loading (worker -1) happens inside the consumer's next().
-            track = f"worker {worker_id}" if worker_id >= 0 else "consumer"
-            self.events.append((track, f"fetch batch {batch_index}", start_ns, fetch_ns, {}))
-            self.events.append((track, f"collate batch {batch_index}", start_ns + fetch_ns, collate_ns,
-                                {"fields": len(field_stats)}))
+        self.stage_ns["fetch"] += fetch_ns
+        self.stage_ns["collate"] += collate_ns
+        w = self.workers.get(worker_id)
+        if w is None:
+            w = self.workers[worker_id] = [0, 0, start_ns, sent_ns, pid, 0]
+        w[0] += fetch_ns + collate_ns
+        w[1] += 1
+        w[2] = min(w[2], start_ns)
+        w[3] = max(w[3], sent_ns)
+        w[4] = pid
+        for (path, kernel, nbytes, shape, dtype), ns in zip(field_stats, field_ns):
+            f = self.fields.get(path)
+            if f is None:
+                f = self.fields[path] = [kernel, 0, 0, 0, shape, dtype]
+            f[1] += 1
+            f[2] += ns
+            f[3] += nbytes
+            f[4] = shape
+        # In-process loading (worker -1) happens inside the consumer's next().
+        track = f"worker {worker_id}" if worker_id >= 0 else "consumer"
+        self.events.append((track, "fetch", batch_index, start_ns, fetch_ns))
+        self.events.append((track, "collate", batch_index, start_ns + fetch_ns, collate_ns))
 
     def worker_restarted(self, worker_id: int) -> None:
         with self._lock:
@@ -120,31 +130,29 @@ class Profiler:
     def batch_ready(self, batch_index: int, sent_ns: int) -> None:
         """The fetcher put a batch into the reorder buffer."""
         now = _now_ns()
-        with self._lock:
-            transport = max(0, now - sent_ns) if sent_ns else 0
-            self.stage_ns["transport"] += transport
-            self._put_ns[batch_index] = now
-            if transport:
-                self.events.append(("fetcher", f"transport batch {batch_index}", sent_ns, transport, {}))
+        transport = max(0, now - sent_ns) if sent_ns else 0
+        self.stage_ns["transport"] += transport
+        self._put_ns[batch_index] = now
+        if transport:
+            self.events.append(("fetcher", "transport", batch_index, sent_ns, transport))
 
     def batch_taken(self, batch_index: int, call_ns: int) -> None:
         """The consumer's next() (called at `call_ns`) returned `batch_index`."""
         now = _now_ns()
-        with self._lock:
-            if self._last_return_ns is not None:
-                compute = max(0, call_ns - self._last_return_ns)
-                self.stage_ns["consumer_compute"] += compute
-                self.events.append(("consumer", "compute", self._last_return_ns, compute, {}))
-            elif self._epoch_start_ns is not None:
-                self.stage_ns["consumer_compute"] += max(0, call_ns - self._epoch_start_ns)
-            self.stage_ns["consumer_wait"] += now - call_ns
-            self.events.append(("consumer", f"next() -> batch {batch_index}", call_ns, now - call_ns, {}))
-            put = self._put_ns.pop(batch_index, None)
-            if put is not None:
-                self.stage_ns["reorder_wait"] += max(0, now - put)
-            self._last_return_ns = now
-            self.end_ns = now
-            self.batches += 1
+        if self._last_return_ns is not None:
+            compute = max(0, call_ns - self._last_return_ns)
+            self.stage_ns["consumer_compute"] += compute
+            self.events.append(("consumer", "compute", None, self._last_return_ns, compute))
+        elif self._epoch_start_ns is not None:
+            self.stage_ns["consumer_compute"] += max(0, call_ns - self._epoch_start_ns)
+        self.stage_ns["consumer_wait"] += now - call_ns
+        self.events.append(("consumer", "next() ->", batch_index, call_ns, now - call_ns))
+        put = self._put_ns.pop(batch_index, None)
+        if put is not None:
+            self.stage_ns["reorder_wait"] += max(0, now - put)
+        self._last_return_ns = now
+        self.end_ns = now
+        self.batches += 1
 
     def epoch_ended(self) -> None:
         now = _now_ns()
@@ -157,7 +165,7 @@ class Profiler:
 
     # ------------------------------------------------------------ reporting
 
-    def report(self) -> "Report":
+    def report(self) -> Report:
         with self._lock:
             end = self.end_ns if self.end_ns is not None else _now_ns()
             start = self.start_ns if self.start_ns is not None else end
@@ -173,7 +181,7 @@ class Profiler:
                 })
             fields.sort(key=lambda f: f["seconds"], reverse=True)
             workers = []
-            for wid, (busy, n, first, last, pid, restarts) in sorted(self.workers.items()):
+            for wid, (busy, n, _first, _last, pid, restarts) in sorted(self.workers.items()):
                 span = max(1, end - start)
                 workers.append({
                     "worker": wid, "pid": pid, "batches": n, "busy_s": busy / 1e9,
@@ -188,7 +196,7 @@ class Profiler:
         worker, the fetcher and the consumer)."""
         with self._lock:
             events = list(self.events)
-            origin = self.start_ns or (min(e[2] for e in events) if events else 0)
+            origin = self.start_ns or (min(e[3] for e in events) if events else 0)
         pid = os.getpid()
         tracks = sorted({e[0] for e in events}, key=_track_order)
         tids = {name: i + 1 for i, name in enumerate(tracks)}
@@ -197,14 +205,16 @@ class Profiler:
             trace.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
             trace.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
                           "args": {"sort_index": tid}})
-        for track, name, start, dur, args in events:
+        for track, label, batch_index, start, dur in events:
+            name = label if batch_index is None else f"{label} batch {batch_index}"
             trace.append({"name": name, "cat": track.split()[0], "ph": "X", "pid": pid, "tid": tids[track],
-                          "ts": (start - origin) / 1e3, "dur": max(dur, 0) / 1e3, "args": args})
+                          "ts": (start - origin) / 1e3, "dur": max(dur, 0) / 1e3,
+                          "args": {} if batch_index is None else {"batch": batch_index}})
         with open(path, "w") as f:
             json.dump({"traceEvents": trace, "displayTimeUnit": "ms"}, f)
 
 
-def _track_order(name: str) -> tuple:
+def _track_order(name: str) -> tuple[Any, ...]:
     kind = name.split()[0]
     rank = {"consumer": 0, "fetcher": 1, "worker": 2}.get(kind, 3)
     return (rank, int(name.split()[1]) if kind == "worker" else 0)
@@ -213,8 +223,8 @@ def _track_order(name: str) -> tuple:
 class Report:
     """A profile's numbers, a plain-text table (``str()``) and a verdict."""
 
-    def __init__(self, wall_s: float, startup_s: float, stages: Dict[str, float], fields: List[dict],
-                 workers: List[dict], batches: int):
+    def __init__(self, wall_s: float, startup_s: float, stages: dict[str, float],
+                 fields: list[dict[str, Any]], workers: list[dict[str, Any]], batches: int):
         self.wall_s = wall_s
         self.startup_s = startup_s
         self.stages = stages
@@ -267,7 +277,7 @@ class Report:
         return (f"{head}; transport is {share:.0%} of worker time: batches may be large Python objects; "
                 f"return numpy arrays so they travel through shared memory")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"wall_s": self.wall_s, "startup_s": self.startup_s, "batches": self.batches,
                 "stages": dict(self.stages), "fields": [dict(f) for f in self.fields],
                 "workers": [dict(w) for w in self.workers], "verdict": self.verdict,
