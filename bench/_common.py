@@ -7,7 +7,7 @@ import shlex
 import statistics
 import sys
 import time
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -15,7 +15,7 @@ __all__ = ["time_ns", "time_interleaved", "median", "header", "table", "fmt_time
 
 
 def time_ns(fn: Callable[[], object], repeats: int, warmup: int = 3,
-            setup: Optional[Callable[[], object]] = None) -> list:
+            setup: Callable[[], object] | None = None) -> list:
     """Run fn() `warmup` times, then time it `repeats` times; return the ns of
     each timed call.  `setup` (untimed) runs before every call."""
     for _ in range(warmup):

@@ -30,7 +30,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
-
 from _common import fmt_time, header, median, table, time_interleaved  # noqa: E402
 
 import mxload  # noqa: E402

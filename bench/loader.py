@@ -32,14 +32,14 @@ import os
 import sys
 import time
 import warnings
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from mxload import synthetic as D  # noqa: E402
 import mxload  # noqa: E402
+from mxload import synthetic as D  # noqa: E402
 
 try:
     from _common import header, median, table  # noqa: E402
@@ -98,7 +98,7 @@ def _leaves(batch: Any):
         yield batch
 
 
-def _as_numpy(x: Any) -> Optional[np.ndarray]:
+def _as_numpy(x: Any) -> np.ndarray | None:
     if isinstance(x, np.ndarray):
         return x
     if torch is not None and isinstance(x, torch.Tensor):
@@ -156,7 +156,7 @@ def _own_s() -> float:
 
 
 def run_once(impl: str, ds: Any, batch_size: int, workers: int, n_batches: int,
-             pages: bool) -> Tuple[float, float, float, float]:
+             pages: bool) -> tuple[float, float, float, float]:
     """(seconds to first batch, steady batches/s, steady bytes/s, foreign
     load in cores: CPU used by other processes on the machine meanwhile)."""
     loader = make_loader(impl, ds, batch_size, workers)
@@ -196,7 +196,7 @@ def wait_quiet(limit_s: float, threshold: float = 0.2) -> float:
             return load
 
 
-def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true",
                    help=f"smaller datasets ({QUICK_SCALE:g} of full), fewer batches, 2 repeats by default")
@@ -211,8 +211,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def build_datasets(names: List[str], scale: float) -> Dict[str, Any]:
-    out: Dict[str, Any] = {}
+def build_datasets(names: list[str], scale: float) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     tab = None
     for name in names:
         if name in ("tabular", "tabular-getitems"):
@@ -224,11 +224,11 @@ def build_datasets(names: List[str], scale: float) -> Dict[str, Any]:
     return out
 
 
-def fmt_ratio(x: Optional[float]) -> str:
+def fmt_ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     repeats = args.repeats if args.repeats is not None else (2 if args.quick else 7)
     scale = QUICK_SCALE if args.quick else 1.0
@@ -250,7 +250,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"# other processes' load before starting: {load:.2f} cores", flush=True)
     t_start = time.perf_counter()
     # results[(workload, impl, workers)] = list of (ttfb, b/s, B/s, other load)
-    results: Dict[Tuple[str, str, int], list] = {}
+    results: dict[tuple[str, str, int], list] = {}
     for name in args.workloads:
         ds = datasets[name]
         wl = D.WORKLOADS[name]
@@ -267,7 +267,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"# {name}: {n_batches} batches of {wl.batch_size} per repeat, {len(ds)} samples "
               f"({time.perf_counter() - t_start:.0f} s elapsed)", flush=True)
 
-    med: Dict[Tuple[str, str, int], Tuple[float, ...]] = {
+    med: dict[tuple[str, str, int], tuple[float, ...]] = {
         key: tuple(median([x[i] for x in v]) for i in range(4)) for key, v in results.items()}
     rows = []
     for name in args.workloads:

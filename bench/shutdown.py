@@ -33,14 +33,14 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from mxload import synthetic as D  # noqa: E402
 import mxload  # noqa: E402
+from mxload import synthetic as D  # noqa: E402
 
 try:
     from _common import header, table  # noqa: E402
@@ -86,7 +86,7 @@ class SlowImageDataset(D.ImageDataset):
 
 # ---------------------------------------------------------------- /proc probes
 
-def children() -> Dict[int, str]:
+def children() -> dict[int, str]:
     """Direct children of this process: pid -> state letter (Z = zombie)."""
     me = str(os.getpid())
     out = {}
@@ -103,7 +103,7 @@ def children() -> Dict[int, str]:
     return out
 
 
-def present(pids: Set[int]) -> Set[int]:
+def present(pids: set[int]) -> set[int]:
     """The pids that still exist (running or zombie)."""
     out = set()
     for pid in pids:
@@ -115,7 +115,7 @@ def present(pids: Set[int]) -> Set[int]:
     return out
 
 
-def shm_entries() -> Set[str]:
+def shm_entries() -> set[str]:
     try:
         return set(os.listdir("/dev/shm"))
     except OSError:
@@ -165,14 +165,14 @@ def touch(batch: Any) -> None:
     x.reshape(-1)[0]
 
 
-def cycle(impl: str, ds: Any, workers: int, gone_timeout: float) -> Tuple[float, float, Optional[float]]:
+def cycle(impl: str, ds: Any, workers: int, gone_timeout: float) -> tuple[float, float, float | None]:
     """(first batch s, exit s, gone s or None if the workers outlived gone_timeout)."""
     before = set(children())
     clock = time.perf_counter
     t0 = clock()
     loader = make_loader(impl, ds, workers)
     t_break = t0
-    pids: Set[int] = set()
+    pids: set[int] = set()
     t_probe_end = t0
     for batch in loader:
         touch(batch)
@@ -198,11 +198,11 @@ def run_loader(impl: str, ds: Any, workers: int, cycles: int, gone_timeout: floa
     cycle(impl, ds, workers, gone_timeout)   # warm-up (imports, thread pools, ...)
     gc.collect()
     base = snapshot()
-    firsts: List[float] = []
-    exits: List[float] = []
-    gones: List[float] = []
+    firsts: list[float] = []
+    exits: list[float] = []
+    gones: list[float] = []
     stuck = 0
-    errors: List[str] = []
+    errors: list[str] = []
     t_start = time.perf_counter()
     for _ in range(cycles):
         try:
@@ -227,14 +227,14 @@ def run_loader(impl: str, ds: Any, workers: int, cycles: int, gone_timeout: floa
 
 # ---------------------------------------------------------------- main
 
-def ms(xs: List[float], q: Optional[float] = None) -> str:
+def ms(xs: list[float], q: float | None = None) -> str:
     if not xs:
         return "-"
     v = np.max(xs) if q == 100 else (np.median(xs) if q is None else np.percentile(xs, q))
     return f"{v * 1e3:.1f}"
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cycles", type=int, default=300)
     p.add_argument("--workers", type=int, default=4)

@@ -266,11 +266,19 @@ def pad_value_bytes(val, dtype):
     """The bytes of one element equal to `val` in `dtype` (a structured
     dtype takes a tuple, like numpy)."""
     try:
-        element = np.array(val, dtype=dtype)
+        with np.errstate(all="ignore"):   # an overflow is reported below, as an error
+            element = np.array(val, dtype=dtype)
     except (TypeError, ValueError, OverflowError) as e:
         raise ValueError(f"pad value {val!r} cannot be represented as {np.dtype(dtype)}: {e}") from None
     if element.ndim != 0:
         raise ValueError(f"pad value must be a scalar, got {val!r}")
+    if element.dtype.kind in "biufc" and isinstance(val, (int, float, complex, np.number)):
+        # numpy 1.x wraps or truncates silently (300 -> 44 in uint8): insist
+        # the value survives the conversion.
+        back = element.item()
+        if back != val and not (back != back and val != val):
+            raise ValueError(f"pad value {val!r} cannot be represented as {np.dtype(dtype)} "
+                             f"(it would become {back!r})")
     return element.tobytes()
 
 

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, List, Optional
+from typing import Any
 
 import numpy as np
 
@@ -39,7 +39,7 @@ def _touch(batch: object) -> int:
     return 0
 
 
-def bench(argv: Optional[List[str]] = None) -> int:
+def bench(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mxload bench",
                                      description="Run mxload on built-in synthetic workloads.")
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
@@ -96,7 +96,7 @@ def _load_factory(spec: str) -> Any:
     return factory
 
 
-def profile_command(argv: Optional[List[str]] = None) -> int:
+def profile_command(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m mxload profile",
         description="Profile a loader: FACTORY returns a dataset or a DataLoader.")
@@ -132,7 +132,7 @@ def profile_command(argv: Optional[List[str]] = None) -> int:
     return 0
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: python -m mxload {bench,profile,info} [options]\n"

@@ -10,7 +10,7 @@ replayed from the epoch start and its first batches are dropped.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any
 
 STATE_VERSION = 1
 
@@ -21,7 +21,7 @@ class EpochProgress:
     __slots__ = ("epoch", "sampler_state", "dataset_state", "prefix", "extra", "count", "finished", "total")
 
     def __init__(self, epoch: int, sampler_state: Any, dataset_state: Any,
-                 done: Optional[Dict[str, Any]] = None):
+                 done: dict[str, Any] | None = None):
         self.epoch = epoch
         self.sampler_state = sampler_state
         self.dataset_state = dataset_state
@@ -30,7 +30,7 @@ class EpochProgress:
         self.extra = set(int(i) for i in done.get("extra", ()))
         self.count = self.prefix + len(self.extra)      # batches taken in all
         self.finished = False                           # the epoch ran to its end
-        self.total: Optional[int] = None                # batches in the epoch, when known
+        self.total: int | None = None                # batches in the epoch, when known
 
     @property
     def complete(self) -> bool:
@@ -47,19 +47,20 @@ class EpochProgress:
             self.extra.remove(self.prefix)
             self.prefix += 1
 
-    def done_indices(self) -> frozenset:
+    def done_indices(self) -> frozenset[Any]:
         return frozenset(range(self.prefix)) | frozenset(self.extra)
 
-    def state(self, seed: int) -> dict:
+    def state(self, seed: int) -> dict[str, Any]:
         return {"version": STATE_VERSION, "seed": seed, "epoch": self.epoch,
                 "sampler": self.sampler_state, "dataset": self.dataset_state,
                 "done": {"prefix": self.prefix, "extra": sorted(self.extra)}}
 
 
-def check_state(state: Any) -> dict:
+def check_state(state: Any) -> dict[str, Any]:
     """Validate a state from state_dict(); clear errors for anything else."""
     if not isinstance(state, dict):
-        raise TypeError(f"loader state must be a dict from DataLoader.state_dict(), got {type(state).__name__}")
+        raise TypeError(f"loader state must be a dict from DataLoader.state_dict(), "
+                        f"got {type(state).__name__}")
     version = state.get("version")
     if version != STATE_VERSION:
         raise ValueError(f"unsupported loader state version {version!r} (this mxload writes {STATE_VERSION})")

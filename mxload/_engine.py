@@ -25,14 +25,19 @@ import warnings
 import weakref
 from multiprocessing import connection as mp_connection
 from multiprocessing import util as mp_util
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import numpy as np
 
 from ._core import BatchOwner, BufferClosedError, ReorderBuffer
 from ._slabs import SlabPool
-from ._worker import (WorkerConfig, pack_exception, recv_message, send_message, thread_worker_main,
-                      worker_process_main)
+from ._worker import (
+    WorkerConfig,
+    recv_message,
+    send_message,
+    thread_worker_main,
+    worker_process_main,
+)
 from .batchify import views_from_layout
 from .errors import LoaderTimeoutError, SharedMemoryError, WorkerError
 
@@ -51,10 +56,10 @@ _EXHAUSTED = object()
 
 # Threads of every live engine (fetchers, thread-pool workers): mxload never
 # forks while one of its own threads runs.
-_live_threads: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+_live_threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 
 
-def _describe_exit(exitcode: Optional[int]) -> str:
+def _describe_exit(exitcode: int | None) -> str:
     if exitcode is None:
         return "still running"
     if exitcode < 0:
@@ -66,7 +71,8 @@ def _describe_exit(exitcode: Optional[int]) -> str:
     return f"exit code {exitcode}"
 
 
-def _rebuild_exception(info: tuple, worker_id: int, pid: Optional[int], batch_index: int) -> BaseException:
+def _rebuild_exception(info: tuple[Any, ...], worker_id: int, pid: int | None,
+                       batch_index: int) -> BaseException:
     """The consumer-side exception for one raised in a worker: the same type
     where it can be rebuilt from a message, else WorkerError naming it."""
     module, qualname, message, tb, blob = info
@@ -107,19 +113,19 @@ class _WorkerHandle:
         self.worker_id = worker_id
         self.process: Any = None        # mp.Process or threading.Thread
         self.conn: Any = None           # process mode: duplex socket Connection
-        self.fd_channel: Optional[socket.socket] = None
-        self.tasks: Optional[queue.Queue] = None   # thread mode
-        self.known_slabs: set = set()
-        self.pending_drops: List[int] = []
+        self.fd_channel: socket.socket | None = None
+        self.tasks: queue.Queue[Any] | None = None   # thread mode
+        self.known_slabs: set[Any] = set()
+        self.pending_drops: list[int] = []
         # (epoch, batch idx) -> (indices, slab).  Tasks of an abandoned epoch
         # stay here until their result arrives: the worker may still be
         # writing into their slab, so it must not be handed out again.
-        self.outstanding: Dict[tuple, tuple] = {}
+        self.outstanding: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         self.alive = True
         self.exhausted = False
 
     @property
-    def pid(self) -> Optional[int]:
+    def pid(self) -> int | None:
         return getattr(self.process, "pid", None)
 
 
@@ -139,7 +145,7 @@ class Engine:
         self.max_restarts = loader.max_worker_restarts
         self.payload = (loader.dataset, loader.batchify_fn, loader.worker_init_fn)
         self.dataset_type = type(loader.dataset).__name__
-        self.stats: Dict[str, int] = {
+        self.stats: dict[str, int] = {
             "batches": 0, "slabs_created": 0, "slabs_reused": 0, "slabs_retired": 0,
             "worker_restarts": 0, "epochs": 0,
         }
@@ -149,15 +155,15 @@ class Engine:
         self._shutdown_lock = threading.Lock()
         self._rb = ReorderBuffer()
         self._pool = SlabPool(self.stats)
-        self._workers: List[_WorkerHandle] = []
-        self._replaced_processes: list = []
-        self._fetcher: Optional[threading.Thread] = None
+        self._workers: list[_WorkerHandle] = []
+        self._replaced_processes: list[Any] = []
+        self._fetcher: threading.Thread | None = None
         self._stop_fetcher = False
         self._wake_r, self._wake_w = (-1, -1)
-        self._failure: Optional[BaseException] = None
+        self._failure: BaseException | None = None
         self._restarts = 0
-        self._batches: Optional[list] = None
-        self._order: Optional[list] = None     # batch indices this epoch delivers, in order
+        self._batches: list[Any] | None = None
+        self._order: list[Any] | None = None     # batch indices this epoch delivers, in order
         self._discard = 0                      # stream batches to drop (IterableDataset resume)
         self._next_dispatch = 0
         self._next_yield = 0
@@ -166,7 +172,7 @@ class Engine:
         self.last_index = -1
         self.profiler: Any = None
         self._start_method = self._choose_start_method(loader.start_method)
-        self._spawn_payload: Optional[bytes] = None
+        self._spawn_payload: bytes | None = None
         self._finalizer: Any = None
         try:
             if self.use_threads:
@@ -190,7 +196,7 @@ class Engine:
     # ------------------------------------------------------------------ start
 
     @staticmethod
-    def _choose_start_method(requested: Optional[str]) -> str:
+    def _choose_start_method(requested: str | None) -> str:
         if requested is not None:
             return requested
         default = "fork" if sys.platform.startswith("linux") else mp.get_start_method()
@@ -209,13 +215,13 @@ class Engine:
                 f"for {self._start_method!r} workers: {e}. Make them picklable (module-level "
                 f"functions and classes) or use start_method='fork'") from e
 
-    def _start_processes(self, worker_ids: Any, method: str) -> List[_WorkerHandle]:
+    def _start_processes(self, worker_ids: Any, method: str) -> list[_WorkerHandle]:
         if mp.current_process().daemon:
             raise RuntimeError(
                 "cannot start worker processes inside a mxload worker process (workers are "
                 "daemonic and may not have children); inside a dataset use num_workers=0 or "
                 "thread_pool=True")
-        ctx = mp.get_context(method)
+        ctx: Any = mp.get_context(method)  # typeshed's BaseContext lacks Process
         payload: Any = self.payload if method == "fork" else (self._spawn_payload or self._pickled_payload())
         use_death_signal = threading.current_thread() is threading.main_thread() or method != "fork"
         handles = []
@@ -268,7 +274,7 @@ class Engine:
 
     # ------------------------------------------------------------------ epochs
 
-    def begin_epoch(self, epoch: int, batches: Optional[list], profiler: Any = None,
+    def begin_epoch(self, epoch: int, batches: list[Any] | None, profiler: Any = None,
                     skip: Any = frozenset(), discard: int = 0) -> None:
         """Start an epoch: `batches` of indices, or None for an IterableDataset.
         A resumed epoch skips the batch indices in `skip` (never dispatched);
@@ -290,10 +296,10 @@ class Engine:
         del stale  # recycled slabs of the previous epoch, released outside the lock
 
     @property
-    def total_batches(self) -> Optional[int]:
+    def total_batches(self) -> int | None:
         return None if self._order is None else len(self._order)
 
-    def _pick_worker(self, idx: int) -> Optional[_WorkerHandle]:
+    def _pick_worker(self, idx: int) -> _WorkerHandle | None:
         live = [w for w in self._workers if w.alive and not w.exhausted]
         if not live:
             return None
@@ -309,7 +315,7 @@ class Engine:
                     if self._next_dispatch >= len(self._order):
                         return
                     idx = self._order[self._next_dispatch]
-                    indices = self._batches[idx]
+                    indices = self._batches[idx]  # type: ignore[index]  # set with _order
                 else:
                     idx, indices = self._next_dispatch, None
                 worker = self._pick_worker(idx)
@@ -336,7 +342,7 @@ class Engine:
                                        fd_follows, drops, self.profiler is not None))
             if fd_follows:
                 assert worker.fd_channel is not None
-                socket.send_fds(worker.fd_channel, [b"F"], [self._pool.fd(slab_id)])
+                socket.send_fds(worker.fd_channel, [b"F"], [self._pool.fd(slab_id)])  # type: ignore[arg-type]
                 worker.known_slabs.add(slab_id)
         except OSError:
             pass  # the worker is dead; the fetcher reports it and re-dispatches or fails
@@ -389,13 +395,13 @@ class Engine:
 
     # ------------------------------------------------------------------ results
 
-    def deliver_thread_result(self, worker_id: int, msg: tuple) -> None:
+    def deliver_thread_result(self, worker_id: int, msg: tuple[Any, ...]) -> None:
         """Thread workers hand results here (their thread, not the fetcher's)."""
         with self._lock:
             worker = self._workers[worker_id]
             self._handle_message(worker, msg)
 
-    def _handle_message(self, worker: _WorkerHandle, msg: tuple) -> None:
+    def _handle_message(self, worker: _WorkerHandle, msg: tuple[Any, ...]) -> None:
         kind, epoch, idx = msg[0], msg[1], msg[2]
         if idx < 0 and kind == "error":   # worker_init_fn failed: the worker is unusable
             self._fail(_rebuild_exception(msg[3], worker.worker_id, worker.pid, -1))
@@ -445,7 +451,7 @@ class Engine:
                 self._pool.release(assigned)
             self._store(idx, _Failure(_rebuild_exception(msg[3], worker.worker_id, worker.pid, idx)))
 
-    def _profile(self, worker: _WorkerHandle, idx: int, timings: Optional[tuple]) -> None:
+    def _profile(self, worker: _WorkerHandle, idx: int, timings: tuple[Any, ...] | None) -> None:
         profiler = self.profiler
         if profiler is not None and timings is not None:
             start, fetch_ns, collate_ns, sent, stats, field_ns = timings
@@ -470,7 +476,7 @@ class Engine:
         """Fetcher thread: move worker results into the ReorderBuffer and
         notice dead workers at once (their sentinels become ready)."""
         selector = selectors.DefaultSelector()
-        registered: Dict[int, tuple] = {}
+        registered: dict[int, tuple[Any, ...]] = {}
         try:
             selector.register(self._wake_r, selectors.EVENT_READ, None)
             while not self._stop_fetcher:
@@ -503,7 +509,8 @@ class Engine:
         finally:
             selector.close()
 
-    def _sync_selector(self, selector: selectors.BaseSelector, registered: Dict[int, tuple]) -> None:
+    def _sync_selector(self, selector: selectors.BaseSelector,
+                       registered: dict[int, tuple[Any, ...]]) -> None:
         """Watch exactly the live workers (a restart replaces a handle).
         `registered` maps worker id -> (handle, conn fd, sentinel fd): fds are
         unregistered by number, since a dead worker's socket is already closed
@@ -671,7 +678,7 @@ class Engine:
         self._rb.clear()
         self._pool.close()
 
-    def _end_processes(self, procs: list, start: float, deadline: float) -> None:
+    def _end_processes(self, procs: list[Any], start: float, deadline: float) -> None:
         """Grace, then SIGTERM, then SIGKILL, all within one deadline; reap all."""
         self._wait_exit(procs, start + SHUTDOWN_GRACE_S)
         alive = [p for p in procs if p.exitcode is None]
@@ -694,7 +701,7 @@ class Engine:
                 p.close()
 
     @staticmethod
-    def _wait_exit(procs: list, until: float) -> None:
+    def _wait_exit(procs: list[Any], until: float) -> None:
         pending = [p for p in procs if p.exitcode is None]
         while pending:
             remaining = until - time.monotonic()
@@ -731,7 +738,7 @@ class EpochIterator:
         self._progress = progress
         self._closed = False
 
-    def __iter__(self) -> "EpochIterator":
+    def __iter__(self) -> EpochIterator:
         return self
 
     def __len__(self) -> int:
@@ -781,7 +788,7 @@ class EpochIterator:
 
     shutdown = close
 
-    def __enter__(self) -> "EpochIterator":
+    def __enter__(self) -> EpochIterator:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -811,7 +818,7 @@ def start_epoch(loader: Any) -> EpochIterator:
     if loader.iterable:
         engine.begin_epoch(loader.epoch, None, loader.profiler, discard=progress.count)
     else:
-        progress.total = len(batches)
+        progress.total = len(batches)  # type: ignore[arg-type]  # map-style: a list
         engine.begin_epoch(loader.epoch, batches, loader.profiler, skip=progress.done_indices())
     if loader.profiler is not None:
         loader.profiler.epoch_started(t1 - t0, time.monotonic_ns() - t1)

@@ -5,6 +5,7 @@ import multiprocessing as mp
 import os
 import platform
 import sys
+from typing import Any
 
 import numpy as np
 
@@ -12,7 +13,7 @@ from . import _core
 from ._version import __version__
 
 
-def config() -> dict:
+def config() -> dict[str, Any]:
     """The facts show_config() prints, as a dict."""
     return {
         "mxload": __version__,

@@ -10,8 +10,8 @@ on first use, so datasets that never ask pay one attribute store per sample.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator, Optional
 
 import numpy as np
 
@@ -20,7 +20,7 @@ __all__ = ["sample_rng"]
 _context = threading.local()
 
 
-def set_sample(seed: int, epoch: int, index: Optional[int]) -> None:
+def set_sample(seed: int, epoch: int, index: int | None) -> None:
     """The loader is about to load sample `index` of `epoch` (None: a whole
     batch through __getitems__)."""
     _context.key = (seed, epoch, index)
@@ -48,7 +48,7 @@ def sample_scope(index: int) -> Iterator[None]:
         _context.key, _context.rngs = saved
 
 
-def sample_rng(index: Optional[int] = None) -> np.random.Generator:
+def sample_rng(index: int | None = None) -> np.random.Generator:
     """A ``numpy.random.Generator`` seeded from (loader seed, epoch, sample index).
 
     Call it inside ``__getitem__`` or a transform: repeated calls while the
@@ -64,7 +64,7 @@ def sample_rng(index: Optional[int] = None) -> np.random.Generator:
             raise RuntimeError("inside __getitems__, call mxload.sample_rng(index) with the sample's index")
         index = current
     index = int(index)
-    rng = _context.rngs.get(index)
+    rng: np.random.Generator | None = _context.rngs.get(index)
     if rng is None:
         rng = _context.rngs[index] = np.random.default_rng([seed, epoch, index])
     return rng

@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import os
 import secrets
-from typing import Dict, Optional
 
 from ._core import Slab
 from .errors import SharedMemoryError
@@ -32,7 +31,7 @@ def create_shared_fd(size: int) -> int:
         if hasattr(os, "memfd_create"):
             fd = os.memfd_create("mxload-slab", os.MFD_CLOEXEC)
         else:  # pragma: no cover - non-Linux: POSIX shm, unlinked at once
-            import _posixshmem
+            import _posixshmem  # type: ignore[import-not-found]  # CPython-internal, no stubs
             name = "/mxload-" + secrets.token_hex(8)
             fd = _posixshmem.shm_open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             _posixshmem.shm_unlink(name)
@@ -67,10 +66,10 @@ class SlabPool:
     consumer drops a batch); it only appends to a deque, which is atomic, so
     it needs no lock and cannot deadlock against the dispatcher."""
 
-    def __init__(self, stats: dict):
-        self._free: collections.deque = collections.deque()
-        self._slabs: Dict[int, Slab] = {}
-        self._fds: Dict[int, int] = {}
+    def __init__(self, stats: dict[str, int]):
+        self._free: collections.deque[Slab] = collections.deque()
+        self._slabs: dict[int, Slab] = {}
+        self._fds: dict[int, int] = {}
         self._next_id = 0
         self._closed = False
         self.stats = stats
@@ -89,7 +88,7 @@ class SlabPool:
         self.stats["slabs_created"] += 1
         return slab
 
-    def acquire(self) -> Optional[Slab]:
+    def acquire(self) -> Slab | None:
         """A free slab, or None (the worker then makes a new one)."""
         while self._free:
             slab = self._free.popleft()

@@ -26,7 +26,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -49,11 +49,11 @@ class WorkerInfo:
     dataset: Any
 
 
-_process_info: Optional[WorkerInfo] = None
+_process_info: WorkerInfo | None = None
 _thread_info = threading.local()
 
 
-def get_worker_info() -> Optional[WorkerInfo]:
+def get_worker_info() -> WorkerInfo | None:
     """Inside a worker: its id, the number of workers, its seed and its copy of
     the dataset (use them to shard an IterableDataset).  None elsewhere."""
     info = getattr(_thread_info, "info", None)
@@ -85,11 +85,12 @@ def _set_parent_death_signal() -> None:
         pass  # the parent-pid watchdog still covers us
 
 
-def pack_exception(exc: BaseException) -> tuple:
+def pack_exception(exc: BaseException) -> tuple[Any, ...]:
     """(module, qualname, message, formatted traceback, pickled exception or None)."""
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    blob: bytes | None
     try:
-        blob: Optional[bytes] = pickle.dumps(exc)
+        blob = pickle.dumps(exc)
         pickle.loads(blob)  # some exceptions pickle but cannot be rebuilt
     except Exception:
         blob = None
@@ -123,7 +124,7 @@ class _Stream:
         self._drop_last = drop_last
         self.exhausted = False
 
-    def next_samples(self) -> Optional[list]:
+    def next_samples(self) -> list[Any] | None:
         if self.exhausted:
             return None
         samples = []
@@ -148,7 +149,7 @@ class WorkerConfig:
     iterable: bool
     batch_size: int
     drop_last: bool
-    parent_pid: Optional[int]   # None: whoever started us (forkserver)
+    parent_pid: int | None   # None: whoever started us (forkserver)
     use_death_signal: bool
 
 
@@ -208,8 +209,8 @@ class _Inbox:
         self._fd_channel = fd_channel
         self._poller = select.poll()
         self._poller.register(conn.fileno(), select.POLLIN)
-        self.pending: collections.deque = collections.deque()
-        self.slabs: dict = {}
+        self.pending: collections.deque[tuple[Any, ...]] = collections.deque()
+        self.slabs: dict[Any, Any] = {}
         self.stopped = False
 
     def _read_one(self) -> None:
@@ -228,7 +229,7 @@ class _Inbox:
                 os.close(fds[0])
         self.pending.append(task)
 
-    def next_task(self, parent_pid: int) -> Optional[tuple]:
+    def next_task(self, parent_pid: int) -> tuple[Any, ...] | None:
         """The next task, or None when asked to stop or orphaned."""
         timeout_ms = 0 if self.pending else int(PARENT_CHECK_INTERVAL_S * 1000)
         while not self.stopped:
@@ -247,7 +248,7 @@ class _Inbox:
 def _serve(config: WorkerConfig, parent_pid: int, conn: Any, fd_channel: socket.socket, dataset: Any,
            batchify_fn: Any) -> None:
     inbox = _Inbox(conn, fd_channel)
-    stream: Optional[_Stream] = None
+    stream: _Stream | None = None
     stream_epoch = None
     while True:
         task = inbox.next_task(parent_pid)
@@ -269,9 +270,9 @@ def _serve(config: WorkerConfig, parent_pid: int, conn: Any, fd_channel: socket.
             t1 = time.monotonic_ns()
             plan = _batchify.plan_batch(batchify_fn, samples, idx)
             slab = inbox.slabs.get(slab_id) if slab_id is not None else None
-            fill_ns: list = []
+            fill_ns: list[Any] = []
             if plan.nbytes == 0:
-                reply: tuple = ("ok", epoch, idx, slab_id, 0, plan.layout())
+                reply: tuple[Any, ...] = ("ok", epoch, idx, slab_id, 0, plan.layout())
             elif slab is not None and slab.size >= plan.nbytes:
                 _, fill_ns = plan.fill(slab)
                 reply = ("ok", epoch, idx, slab_id, plan.nbytes, plan.layout())
@@ -315,7 +316,7 @@ def thread_worker_main(engine: Any, worker_id: int, num_workers: int, seed: int,
             except Exception as e:
                 engine.deliver_thread_result(worker_id, ("error", engine.epoch, -1, pack_exception(e)))
                 return
-        stream: Optional[_Stream] = None
+        stream: _Stream | None = None
         stream_epoch = None
         while True:
             task = tasks.get()

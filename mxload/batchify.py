@@ -44,7 +44,7 @@ class _Field:
 
     __slots__ = ("path", "kernel", "arrays", "shape", "dtype", "axis", "pattern", "nbytes")
 
-    def __init__(self, path: str, kernel: str, arrays: Any, shape: tuple, dtype: np.dtype,
+    def __init__(self, path: str, kernel: str, arrays: Any, shape: tuple[Any, ...], dtype: np.dtype,
                  axis: int = 0, pattern: bytes = b""):
         self.path = path
         self.kernel = kernel        # "stack" | "pad" | "copy" | "take"
@@ -74,7 +74,7 @@ class _Planner:
         self.objects.append((path, value))
         return ("o", value)
 
-    def error(self, exc_type: type, path: str, message: str) -> Exception:
+    def error(self, exc_type: type[Exception], path: str, message: str) -> Exception:
         where = f"batch {self.batch_index}, " if self.batch_index is not None else ""
         return exc_type(f"cannot collate {where}field {path}: {message}")
 
@@ -84,7 +84,7 @@ class BatchPlan:
 
     __slots__ = ("root", "fields", "objects", "offsets", "nbytes")
 
-    def __init__(self, root: tuple, fields: list[_Field], objects: list[tuple[str, Any]]):
+    def __init__(self, root: tuple[Any, ...], fields: list[_Field], objects: list[tuple[str, Any]]):
         self.root = root
         self.fields = fields
         self.objects = objects
@@ -92,7 +92,7 @@ class BatchPlan:
         self.offsets = offsets.tolist()
         self.nbytes = int(total)
 
-    def fill(self, buffer: Any, base_offset: int = 0) -> tuple[list, list]:
+    def fill(self, buffer: Any, base_offset: int = 0) -> tuple[list[Any], list[Any]]:
         """Collate every field into `buffer` (anything exporting a writable
         buffer) starting at `base_offset`.  Returns (views, per-field ns)."""
         views = []
@@ -116,13 +116,13 @@ class BatchPlan:
             times.append(ns)
         return views, times
 
-    def layout(self) -> tuple:
+    def layout(self) -> tuple[Any, ...]:
         """Picklable description of the batch: structure + (offset, shape, dtype) per field."""
         # dtype strings pickle far smaller/faster than dtype objects; structured ones stay objects.
         return (self.root, [(o, f.shape, f.dtype.str if f.dtype.fields is None else f.dtype)
                             for f, o in zip(self.fields, self.offsets)])
 
-    def field_stats(self, fill_ns: Sequence[int]) -> tuple[list, list]:
+    def field_stats(self, fill_ns: Sequence[int]) -> tuple[list[Any], list[Any]]:
         """Per-field records for the profiler: ([(path, kernel, nbytes, shape,
         dtype)], [ns]) for the kernel fields (with their `fill_ns`) and the
         objects passed through, which cross processes pickled: their pickling
@@ -140,7 +140,7 @@ class BatchPlan:
         return stats, times
 
 
-def assemble(node: tuple, arrays: Sequence) -> Any:
+def assemble(node: tuple[Any, ...], arrays: Sequence[Any]) -> Any:
     """Rebuild a batch's structure from a plan node and its field arrays."""
     tag = node[0]
     if tag == "f":
@@ -158,7 +158,7 @@ def assemble(node: tuple, arrays: Sequence) -> Any:
     return node[1]
 
 
-def views_from_layout(layout: tuple, buffer: Any, base_offset: int = 0) -> Any:
+def views_from_layout(layout: tuple[Any, ...], buffer: Any, base_offset: int = 0) -> Any:
     """The batch a layout describes, as numpy views over `buffer` (no copy)."""
     root, specs = layout
     arrays = [np.ndarray(shape, dtype, buffer=buffer, offset=base_offset + off)
@@ -180,10 +180,10 @@ def allocate(nbytes: int) -> np.ndarray:
 class Batchify:
     """Base class of planned batchify functions; calling one collates a batch."""
 
-    def plan(self, samples: Sequence, path: str, planner: _Planner) -> tuple:
+    def plan(self, samples: Sequence[Any], path: str, planner: _Planner) -> tuple[Any, ...]:
         raise NotImplementedError
 
-    def __call__(self, samples: Sequence) -> Any:
+    def __call__(self, samples: Sequence[Any]) -> Any:
         return collate(self, samples)
 
     def __repr__(self) -> str:
@@ -193,7 +193,7 @@ class Batchify:
 class Stack(Batchify):
     """Stack samples (arrays or scalars of one shape and dtype) on a new axis 0."""
 
-    def plan(self, samples: Sequence, path: str, planner: _Planner) -> tuple:
+    def plan(self, samples: Sequence[Any], path: str, planner: _Planner) -> tuple[Any, ...]:
         return planner.add(_stack_field(samples, path, planner))
 
 
@@ -208,7 +208,7 @@ class Pad(Batchify):
         self.ret_length = ret_length
         self.dtype = None if dtype is None else np.dtype(dtype)
 
-    def plan(self, samples: Sequence, path: str, planner: _Planner) -> tuple:
+    def plan(self, samples: Sequence[Any], path: str, planner: _Planner) -> tuple[Any, ...]:
         items = samples
         try:
             if self.dtype is not None:
@@ -241,7 +241,7 @@ class Tuple(Batchify):
                 raise TypeError(f"Tuple() argument {i} is not callable: {fn!r}")
         self.fns = fns
 
-    def plan(self, samples: Sequence, path: str, planner: _Planner) -> tuple:
+    def plan(self, samples: Sequence[Any], path: str, planner: _Planner) -> tuple[Any, ...]:
         columns = _columns(samples, len(self.fns), path, planner)
         return ("t", None, [_plan_with(fn, col, f"{path}[{i}]", planner)
                             for i, (fn, col) in enumerate(zip(self.fns, columns))])
@@ -253,19 +253,19 @@ class Tuple(Batchify):
 class Dict(Batchify):
     """Apply per-key functions to dict samples; keys without one use default_batchify."""
 
-    def __init__(self, fns: Mapping | None = None, **kwargs: Any):
+    def __init__(self, fns: Mapping[Any, Any] | None = None, **kwargs: Any):
         merged = dict(fns or {}, **kwargs)
         for k, fn in merged.items():
             if not callable(fn):
                 raise TypeError(f"Dict() function for key {k!r} is not callable: {fn!r}")
         self.fns = merged
 
-    def plan(self, samples: Sequence, path: str, planner: _Planner) -> tuple:
+    def plan(self, samples: Sequence[Any], path: str, planner: _Planner) -> tuple[Any, ...]:
         keys, columns = _dict_columns(samples, path, planner)
         missing = [k for k in self.fns if k not in keys]
         if missing:
-            raise planner.error(ValueError, path,
-                                f"samples have no key(s) {missing!r} named in Dict(); sample keys: {list(keys)!r}")
+            raise planner.error(ValueError, path, f"samples have no key(s) {missing!r} named in Dict(); "
+                                                  f"sample keys: {list(keys)!r}")
         children = [_plan_with(self.fns.get(k, default_batchify), column, f"{path}[{k!r}]", planner)
                     for k, column in zip(keys, columns)]
         return ("d", keys, children)
@@ -277,7 +277,7 @@ class Dict(Batchify):
 class List(Batchify):
     """Keep the samples as a plain Python list (no collation)."""
 
-    def plan(self, samples: Sequence, path: str, planner: _Planner) -> tuple:
+    def plan(self, samples: Sequence[Any], path: str, planner: _Planner) -> tuple[Any, ...]:
         return planner.add_object(path, list(samples))
 
 
@@ -286,7 +286,7 @@ class _DefaultBatchify(Batchify):
     dicts; strings are kept as lists.  Anything else is an error naming the
     field."""
 
-    def plan(self, samples: Sequence, path: str, planner: _Planner) -> tuple:
+    def plan(self, samples: Sequence[Any], path: str, planner: _Planner) -> tuple[Any, ...]:
         if isinstance(samples, GatheredSamples):
             node = samples.plan_columns(path, planner)
             if node is not None:
@@ -327,7 +327,7 @@ class _DefaultBatchify(Batchify):
 default_batchify = _DefaultBatchify()
 
 
-def _stack_field(samples: Sequence, path: str, planner: _Planner) -> _Field:
+def _stack_field(samples: Sequence[Any], path: str, planner: _Planner) -> _Field:
     first = samples[0]
     if not isinstance(first, np.ndarray) and isinstance(first, _SCALAR_TYPES):
         # Scalars: one np.array() call converts the whole column.
@@ -357,7 +357,7 @@ def _cast_sample(x: Any, i: int, dtype: np.dtype) -> np.ndarray:
         raise ValueError(f"sample {i} cannot be cast to {dtype}: {e}") from None
 
 
-def _columns(samples: Sequence, width: int, path: str, planner: _Planner) -> list:
+def _columns(samples: Sequence[Any], width: int, path: str, planner: _Planner) -> list[Any]:
     for i, s in enumerate(samples):
         if s is None or not isinstance(s, (tuple, list)) or len(s) != width:
             what = "None" if s is None else (f"length {len(s)}" if isinstance(s, (tuple, list))
@@ -367,7 +367,7 @@ def _columns(samples: Sequence, width: int, path: str, planner: _Planner) -> lis
     return [list(c) for c in zip(*samples)]
 
 
-def _dict_columns(samples: Sequence, path: str, planner: _Planner) -> tuple:
+def _dict_columns(samples: Sequence[Any], path: str, planner: _Planner) -> tuple[Any, ...]:
     """(keys, one list per key) of dict samples that all have sample 0's keys.
 
     Fast path for plain dicts: same type, same length and every key of sample
@@ -389,7 +389,7 @@ def _dict_columns(samples: Sequence, path: str, planner: _Planner) -> tuple:
     return keys, [[s[k] for s in samples] for k in keys]
 
 
-def _dict_keys(samples: Sequence, path: str, planner: _Planner) -> tuple:
+def _dict_keys(samples: Sequence[Any], path: str, planner: _Planner) -> tuple[Any, ...]:
     if not isinstance(samples[0], Mapping):
         raise planner.error(TypeError, path, f"sample 0 is a {type(samples[0]).__name__}, expected a dict")
     keys = tuple(samples[0].keys())
@@ -406,13 +406,14 @@ def _dict_keys(samples: Sequence, path: str, planner: _Planner) -> tuple:
     return keys
 
 
-def _plan_with(fn: Callable, samples: Sequence, path: str, planner: _Planner) -> tuple:
+def _plan_with(fn: Callable[..., Any], samples: Sequence[Any], path: str,
+               planner: _Planner) -> tuple[Any, ...]:
     if isinstance(fn, Batchify):
         return fn.plan(samples, path, planner)
     return _describe(fn(samples), path, planner)
 
 
-def _describe(value: Any, path: str, planner: _Planner) -> tuple:
+def _describe(value: Any, path: str, planner: _Planner) -> tuple[Any, ...]:
     """Plan the result of a custom batchify function: its numpy arrays become
     copied fields (so they travel through shared memory), containers are
     walked, anything else is passed through."""
@@ -430,7 +431,7 @@ def _describe(value: Any, path: str, planner: _Planner) -> tuple:
     return planner.add_object(path, value)
 
 
-class GatheredSamples(Sequence):
+class GatheredSamples(Sequence[Any]):
     """Samples fetched by a vectorised ``__getitems__`` (see ArrayDataset).
 
     Behaves as the list of samples, but default collation sees the source
@@ -440,20 +441,20 @@ class GatheredSamples(Sequence):
 
     __slots__ = ("sources", "indices", "single", "_columns", "_samples")
 
-    def __init__(self, sources: Sequence, indices: np.ndarray, single: bool):
+    def __init__(self, sources: Sequence[Any], indices: np.ndarray, single: bool):
         self.sources = tuple(sources)     # numpy arrays, indexed along axis 0
         self.indices = indices            # validated, 1-D int64
         self.single = single              # samples are bare elements, not tuples
-        self._columns: tuple | None = None
-        self._samples: list | None = None
+        self._columns: tuple[Any, ...] | None = None
+        self._samples: list[Any] | None = None
 
     @property
-    def columns(self) -> tuple:
+    def columns(self) -> tuple[Any, ...]:
         if self._columns is None:
             self._columns = tuple(a[self.indices] for a in self.sources)
         return self._columns
 
-    def _materialise(self) -> list:
+    def _materialise(self) -> list[Any]:
         if self._samples is None:
             if self.single:
                 self._samples = list(self.columns[0])
@@ -467,7 +468,7 @@ class GatheredSamples(Sequence):
     def __getitem__(self, i: Any) -> Any:
         return self._materialise()[i]
 
-    def __iter__(self) -> Iterator:
+    def __iter__(self) -> Iterator[Any]:
         return iter(self._materialise())
 
     def __eq__(self, other: object) -> bool:
@@ -480,7 +481,7 @@ class GatheredSamples(Sequence):
     def __repr__(self) -> str:
         return f"GatheredSamples({self._materialise()!r})"
 
-    def plan_columns(self, path: str, planner: _Planner) -> tuple | None:
+    def plan_columns(self, path: str, planner: _Planner) -> tuple[Any, ...] | None:
         """Plan the columns as gathers, or None if one is not plainly numeric."""
         if not all(isinstance(a, np.ndarray) and not a.dtype.hasobject for a in self.sources):
             return None
@@ -497,7 +498,8 @@ class GatheredSamples(Sequence):
 # ---------------------------------------------------------------------------
 
 
-def plan_batch(batchify_fn: Callable, samples: Sequence, batch_index: int | None = None) -> BatchPlan:
+def plan_batch(batchify_fn: Callable[..., Any], samples: Sequence[Any],
+               batch_index: int | None = None) -> BatchPlan:
     """Plan one batch: planned batchify functions are walked; any other
     callable runs now and its result's arrays become copied fields."""
     if len(samples) == 0:
@@ -510,7 +512,7 @@ def plan_batch(batchify_fn: Callable, samples: Sequence, batch_index: int | None
     return BatchPlan(root, planner.fields, planner.objects)
 
 
-def collate(batchify_fn: Callable, samples: Sequence, batch_index: int | None = None) -> Any:
+def collate(batchify_fn: Callable[..., Any], samples: Sequence[Any], batch_index: int | None = None) -> Any:
     """Collate `samples` into one batch held in a single private buffer."""
     if not isinstance(batchify_fn, Batchify):
         return batchify_fn(samples)
@@ -519,8 +521,8 @@ def collate(batchify_fn: Callable, samples: Sequence, batch_index: int | None = 
     return assemble(plan.root, views)
 
 
-def collate_profiled(batchify_fn: Callable, samples: Sequence,
-                     batch_index: int | None = None) -> tuple[Any, list, list]:
+def collate_profiled(batchify_fn: Callable[..., Any], samples: Sequence[Any],
+                     batch_index: int | None = None) -> tuple[Any, list[Any], list[Any]]:
     """collate() that also returns the per-field (stats, ns) for the profiler.
     A plain-callable batchify_fn is one opaque field (its own path)."""
     if not isinstance(batchify_fn, Batchify):

@@ -5,16 +5,26 @@ from __future__ import annotations
 import os
 import time
 import weakref
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from ._checkpoint import EpochProgress, check_state
+from ._worker import _Stream, fetch_samples
 from .batchify import collate, collate_profiled, default_batchify
 from .dataset import IterableDataset
-from ._worker import _Stream, fetch_samples
-from ._checkpoint import EpochProgress, check_state
-from .sampler import (BatchSampler, DistributedSampler, RandomSampler, SequentialSampler, load_sampler_state,
-                      sampler_state)
+from .sampler import (
+    BatchSampler,
+    DistributedSampler,
+    RandomSampler,
+    SequentialSampler,
+    load_sampler_state,
+    sampler_state,
+)
+
+if TYPE_CHECKING:
+    from ._engine import EpochIterator
 
 __all__ = ["DataLoader"]
 
@@ -35,15 +45,15 @@ class DataLoader:
     ``last_batch="discard"``.  See the README for every argument.
     """
 
-    def __init__(self, dataset: Any, batch_size: Optional[int] = None, shuffle: bool = False,
-                 sampler: Any = None, last_batch: Optional[str] = None, batch_sampler: Any = None,
-                 batchify_fn: Optional[Callable] = None, num_workers: int = 0,
-                 prefetch: Optional[int] = None, thread_pool: bool = False, timeout: float = 120,
-                 worker_init_fn: Optional[Callable[[int], None]] = None, seed: Optional[int] = None,
+    def __init__(self, dataset: Any, batch_size: int | None = None, shuffle: bool = False,
+                 sampler: Any = None, last_batch: str | None = None, batch_sampler: Any = None,
+                 batchify_fn: Callable[..., Any] | None = None, num_workers: int = 0,
+                 prefetch: int | None = None, thread_pool: bool = False, timeout: float = 120,
+                 worker_init_fn: Callable[[int], None] | None = None, seed: int | None = None,
                  persistent_workers: bool = False, in_order: bool = True,
-                 start_method: Optional[str] = None, max_worker_restarts: int = 0,
-                 profile: bool = False, *, collate_fn: Optional[Callable] = None,
-                 drop_last: Optional[bool] = None, distributed: bool = False):
+                 start_method: str | None = None, max_worker_restarts: int = 0,
+                 profile: bool = False, *, collate_fn: Callable[..., Any] | None = None,
+                 drop_last: bool | None = None, distributed: bool = False):
         if collate_fn is not None:
             if batchify_fn is not None:
                 raise ValueError("pass either batchify_fn or collate_fn (its alias), not both")
@@ -79,7 +89,8 @@ class DataLoader:
         else:
             if batch_size is None:
                 raise ValueError("batch_size must be given unless batch_sampler is")
-            if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
+            if (isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer))
+                    or batch_size <= 0):
                 raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
             if self.iterable:
                 if sampler is not None or shuffle:
@@ -113,10 +124,12 @@ class DataLoader:
             raise ValueError(f"start_method must be one of {_START_METHODS} or None, got {start_method!r}")
         if isinstance(max_worker_restarts, bool) or not isinstance(max_worker_restarts, (int, np.integer)) \
                 or max_worker_restarts < 0:
-            raise ValueError(f"max_worker_restarts must be a non-negative integer, got {max_worker_restarts!r}")
+            raise ValueError(
+                f"max_worker_restarts must be a non-negative integer, got {max_worker_restarts!r}")
         if worker_init_fn is not None and not callable(worker_init_fn):
             raise TypeError(f"worker_init_fn must be callable, got {type(worker_init_fn).__name__}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
+                                 or seed < 0):
             raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
         if num_workers == 0:
             unsupported = [name for name, used in (("persistent_workers", persistent_workers),
@@ -136,7 +149,8 @@ class DataLoader:
         self.thread_pool = bool(thread_pool)
         self.timeout = timeout
         self.worker_init_fn = worker_init_fn
-        self.seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % (2 ** 63))
+        self.seed = (int(seed) if seed is not None
+                     else int(cast(int, np.random.SeedSequence().entropy) % (2 ** 63)))
         self.persistent_workers = bool(persistent_workers)
         self.in_order = bool(in_order)
         self.start_method = start_method
@@ -144,10 +158,10 @@ class DataLoader:
         self.profile = bool(profile)
         self.epoch = 0
         self._engine: Any = None          # persistent workers' engine
-        self._live_iter: Optional[weakref.ref] = None
-        self._stats: dict = {}
-        self._progress: Optional[EpochProgress] = None   # the latest epoch's (for state_dict)
-        self._resume: Optional[dict] = None              # load_state_dict() waiting for __iter__
+        self._live_iter: weakref.ref[_InProcessIterator | EpochIterator] | None = None
+        self._stats: dict[str, int] = {}
+        self._progress: EpochProgress | None = None   # the latest epoch's (for state_dict)
+        self._resume: dict[str, Any] | None = None              # load_state_dict() waiting for __iter__
         self.profiler: Any = None
         if self.profile:
             from .profiler import Profiler
@@ -155,21 +169,21 @@ class DataLoader:
 
     # ------------------------------------------------------------------
 
-    def _epoch_batches(self) -> list:
+    def _epoch_batches(self) -> list[Any]:
         """This epoch's batches of indices (advances the sampler's epoch)."""
-        epoch_batches = getattr(self.batch_sampler, "epoch_batches", None)
+        epoch_batches: Callable[[], list[Any]] | None = getattr(self.batch_sampler, "epoch_batches", None)
         if epoch_batches is not None:
             return epoch_batches()
         return [np.asarray(b, dtype=np.int64) for b in self.batch_sampler]
 
-    def __iter__(self) -> Iterator:
+    def __iter__(self) -> _InProcessIterator | EpochIterator:
         previous = self._live_iter() if self._live_iter is not None else None
         if previous is not None and not self.persistent_workers:
             # One live epoch per loader: a new epoch ends the old one's workers.
             previous.close()
         self._progress = self._new_progress()
         if self.num_workers == 0:
-            it: Any = _InProcessIterator(self)
+            it: _InProcessIterator | EpochIterator = _InProcessIterator(self)
         else:
             from ._engine import start_epoch
             it = start_epoch(self)
@@ -190,7 +204,7 @@ class DataLoader:
         return EpochProgress(self.epoch, state, self._dataset_state(),
                              resume["done"] if resume is not None else None)
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """The loader's position, at any point of an epoch: small and
         JSON-serialisable (no sample data).  A fresh loader over the same
         dataset given it with load_state_dict() yields exactly the batches not
@@ -203,7 +217,7 @@ class DataLoader:
                                      self._dataset_state())
         return progress.state(self.seed)
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a state_dict(): the next iter() resumes that epoch."""
         state = check_state(state)
         self.close()  # a live epoch or persistent workers belong to the old position
@@ -223,12 +237,12 @@ class DataLoader:
     def __len__(self) -> int:
         if self.iterable:
             n = len(self.dataset)  # TypeError if the stream has no length
-            bs = int(self.batch_size)
+            bs = int(self.batch_size)  # type: ignore[arg-type]  # required unless batch_sampler
             return n // bs if self.last_batch == "discard" else -(-n // bs)
         return len(self.batch_sampler)
 
     @property
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
         """Counters of the latest worker engine (batches, slabs created/reused/
         retired, worker restarts); empty before workers ran."""
         return dict(self._stats)
@@ -242,7 +256,7 @@ class DataLoader:
         if engine is not None:
             engine.shutdown()
 
-    def __enter__(self) -> "DataLoader":
+    def __enter__(self) -> DataLoader:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -273,17 +287,18 @@ class _InProcessIterator:
         self._dataset = loader.dataset
         self._batchify = loader.batchify_fn
         self._epoch = loader.epoch
-        self._progress = loader._progress
-        assert self._progress is not None
+        progress = loader._progress
+        assert progress is not None
+        self._progress: EpochProgress = progress
         self._position = 0
         self._profiler = loader.profiler
         t0 = time.monotonic_ns()
         self._discard = 0
         if loader.iterable:
-            self._stream: Optional[_Stream] = _Stream(loader.dataset, int(loader.batch_size),
+            self._stream: _Stream | None = _Stream(loader.dataset, int(loader.batch_size),  # type: ignore[arg-type]
                                                       loader.last_batch == "discard")
-            self._batches: Optional[list] = None
-            self._order: Optional[list] = None
+            self._batches: list[Any] | None = None
+            self._order: list[Any] | None = None
             self._discard = self._progress.count   # resumed: replay the stream, drop what was seen
         else:
             self._stream = None
@@ -295,7 +310,7 @@ class _InProcessIterator:
         if self._profiler is not None:
             self._profiler.epoch_started(time.monotonic_ns() - t0, 0)
 
-    def __iter__(self) -> "_InProcessIterator":
+    def __iter__(self) -> _InProcessIterator:
         return self
 
     def __len__(self) -> int:
@@ -309,7 +324,8 @@ class _InProcessIterator:
             if self._position >= len(self._order):
                 return None
             idx = self._order[self._position]
-            return idx, fetch_samples(self._dataset, self._batches[idx], self.loader.seed, self._epoch)
+            return idx, fetch_samples(self._dataset, self._batches[idx],  # type: ignore[index]  # set with _order
+                                      self.loader.seed, self._epoch)
         assert self._stream is not None
         while True:
             samples = self._stream.next_samples()
@@ -347,7 +363,7 @@ class _InProcessIterator:
         self._done = True
         self._stream = None
 
-    def __enter__(self) -> "_InProcessIterator":
+    def __enter__(self) -> _InProcessIterator:
         return self
 
     def __exit__(self, *exc: Any) -> None:

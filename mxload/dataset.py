@@ -8,8 +8,11 @@ whole batch at once, which the loader prefers when present.
 Every class here stores only its data and the user's function, so instances
 pickle whenever those do (needed for spawn-based workers).
 """
+from __future__ import annotations
 
 import operator
+from collections.abc import Callable, Iterator
+from typing import Any, SupportsIndex
 
 import numpy as np
 
@@ -24,7 +27,7 @@ __all__ = [
 ]
 
 
-def _apply(fn, sample):
+def _apply(fn: Callable[..., Any], sample: Any) -> Any:
     # Gluon unpacks tuple samples into positional arguments.
     if isinstance(sample, tuple):
         return fn(*sample)
@@ -37,16 +40,16 @@ class _TransformFirstClosure:
     A class rather than a closure so that it pickles.
     """
 
-    def __init__(self, fn):
+    def __init__(self, fn: Callable[..., Any]):
         self._fn = fn
 
-    def __call__(self, x, *args):
+    def __call__(self, x: Any, *args: Any) -> Any:
         if args:
             return (self._fn(x),) + args
         return self._fn(x)
 
 
-def _check_fn(fn):
+def _check_fn(fn: object) -> None:
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
 
@@ -54,13 +57,13 @@ def _check_fn(fn):
 class Dataset:
     """Base class of map-style datasets: implement ``__getitem__`` and ``__len__``."""
 
-    def __getitem__(self, idx):
+    def __getitem__(self, idx: int) -> Any:
         raise NotImplementedError
 
-    def __len__(self):
+    def __len__(self) -> int:
         raise NotImplementedError
 
-    def transform(self, fn, lazy=True):
+    def transform(self, fn: Callable[..., Any], lazy: bool = True) -> Dataset:
         """Return a dataset whose samples are ``fn(sample)``.
 
         Tuple samples are unpacked: ``fn(*sample)``.  With ``lazy=True`` fn is
@@ -68,6 +71,7 @@ class Dataset:
         and the result is a :class:`SimpleDataset`.
         """
         _check_fn(fn)
+        trans: _LazyTransformDataset
         if hasattr(self, "__getitems__"):
             trans = _LazyTransformBatchDataset(self, fn)
         else:
@@ -76,7 +80,7 @@ class Dataset:
             return trans
         return SimpleDataset([trans[i] for i in range(len(trans))])
 
-    def transform_first(self, fn, lazy=True):
+    def transform_first(self, fn: Callable[..., Any], lazy: bool = True) -> Dataset:
         """Like :meth:`transform` but only the first element of each tuple sample is passed to fn."""
         _check_fn(fn)
         return self.transform(_TransformFirstClosure(fn), lazy)
@@ -85,34 +89,34 @@ class Dataset:
 class SimpleDataset(Dataset):
     """Wraps any sequence (list, tuple, numpy array, ...) as a dataset."""
 
-    def __init__(self, data):
+    def __init__(self, data: Any):
         if not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
             raise TypeError(
                 f"SimpleDataset needs a sequence with __getitem__ and __len__, "
                 f"got {type(data).__name__}")
         self._data = data
 
-    def __getitem__(self, idx):
+    def __getitem__(self, idx: Any) -> Any:
         return self._data[idx]
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._data)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"SimpleDataset(len={len(self)})"
 
 
 class _LazyTransformDataset(Dataset):
     """Applies ``fn`` to each sample of ``data`` on access."""
 
-    def __init__(self, data, fn):
+    def __init__(self, data: Any, fn: Callable[..., Any]):
         self._data = data
         self._fn = fn
 
-    def __getitem__(self, idx):
+    def __getitem__(self, idx: Any) -> Any:
         return _apply(self._fn, self._data[idx])
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._data)
 
 
@@ -123,7 +127,7 @@ class _LazyTransformBatchDataset(_LazyTransformDataset):
     for wrapped datasets without batch fetching.
     """
 
-    def __getitems__(self, indices):
+    def __getitems__(self, indices: Any) -> list[Any]:
         fn = self._fn
         samples = self._data.__getitems__(indices)
         out = []
@@ -143,7 +147,7 @@ class ArrayDataset(Dataset):
     than wrapped because they almost always mean a sampler bug.
     """
 
-    def __init__(self, *args):
+    def __init__(self, *args: Any):
         if not args:
             raise ValueError("ArrayDataset needs at least one array")
         for i, a in enumerate(args):
@@ -159,7 +163,7 @@ class ArrayDataset(Dataset):
                     f"{self._length} while argument {i} has length {len(a)}")
         self._data = args
 
-    def _check_index(self, idx):
+    def _check_index(self, idx: SupportsIndex) -> int:
         try:
             idx = operator.index(idx)
         except TypeError:
@@ -170,13 +174,13 @@ class ArrayDataset(Dataset):
                 f"index {idx} is out of range for ArrayDataset of length {self._length}")
         return idx
 
-    def __getitem__(self, idx):
+    def __getitem__(self, idx: SupportsIndex) -> Any:
         idx = self._check_index(idx)
         if len(self._data) == 1:
             return self._data[0][idx]
         return tuple(a[idx] for a in self._data)
 
-    def __getitems__(self, indices):
+    def __getitems__(self, indices: Any) -> list[Any] | GatheredSamples:
         """Return ``[self[i] for i in indices]``, gathering numpy columns in one step."""
         idx = np.asarray(indices)
         if idx.size == 0:
@@ -206,10 +210,10 @@ class ArrayDataset(Dataset):
             return columns[0]
         return list(zip(*columns))
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self._length
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"ArrayDataset(len={self._length}, arrays={len(self._data)})"
 
 
@@ -220,10 +224,10 @@ class IterableDataset:
     splits the stream among workers.
     """
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         raise NotImplementedError
 
-    def transform(self, fn, lazy=True):
+    def transform(self, fn: Callable[..., Any], lazy: bool = True) -> IterableDataset:
         """Return an iterable dataset yielding ``fn(sample)`` (``fn(*sample)`` for tuples).
 
         Only ``lazy=True`` is supported: a stream may be endless or single-pass,
@@ -236,18 +240,18 @@ class IterableDataset:
             return _SizedLazyTransformIterableDataset(self, fn)
         return _LazyTransformIterableDataset(self, fn)
 
-    def transform_first(self, fn, lazy=True):
+    def transform_first(self, fn: Callable[..., Any], lazy: bool = True) -> IterableDataset:
         """Like :meth:`transform` but only the first element of each tuple sample is passed to fn."""
         _check_fn(fn)
         return self.transform(_TransformFirstClosure(fn), lazy)
 
 
 class _LazyTransformIterableDataset(IterableDataset):
-    def __init__(self, data, fn):
+    def __init__(self, data: Any, fn: Callable[..., Any]):
         self._data = data
         self._fn = fn
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         fn = self._fn
         for sample in self._data:
             yield _apply(fn, sample)
@@ -255,5 +259,5 @@ class _LazyTransformIterableDataset(IterableDataset):
 
 class _SizedLazyTransformIterableDataset(_LazyTransformIterableDataset):
     # Separate class so __len__ exists only when the wrapped stream has one.
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._data)

@@ -1,6 +1,8 @@
 """Exceptions mxload raises to its users."""
 from __future__ import annotations
 
+from typing import Any
+
 from ._core import BufferClosedError
 
 __all__ = ["WorkerError", "LoaderTimeoutError", "SharedMemoryError", "BufferClosedError"]
@@ -19,7 +21,7 @@ class WorkerError(RuntimeError):
         self.exitcode = exitcode
         self.batch_index = batch_index
 
-    def __reduce__(self):  # keep the attributes across pickling
+    def __reduce__(self) -> tuple[Any, ...]:  # keep the attributes across pickling
         return (type(self), (self.args[0], self.worker_id, self.pid, self.exitcode, self.batch_index))
 
 

@@ -11,8 +11,11 @@ refcount, which un-shares the copy-on-write pages.
 import operator
 import os
 import sys
+from collections.abc import Iterator
+from typing import Any, Protocol, cast
 
 import numpy as np
+import numpy.typing as npt
 
 __all__ = [
     "Sampler",
@@ -28,8 +31,17 @@ _ITER_CHUNK = 4096
 
 _LAST_BATCH_MODES = ("keep", "discard", "rollover")
 
+IndexArray = npt.NDArray[np.int64]
 
-def _as_int(value, name):
+
+class SizedIndices(Protocol):
+    """What BatchSampler accepts as a sampler: any iterable of indices with a length."""
+
+    def __iter__(self) -> Iterator[Any]: ...
+    def __len__(self) -> int: ...
+
+
+def _as_int(value: Any, name: str) -> int:
     """Return ``value`` as a Python int; bools and floats are rejected."""
     if isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{name} must be an integer, got {value!r}")
@@ -39,14 +51,14 @@ def _as_int(value, name):
         raise ValueError(f"{name} must be an integer, got {value!r}") from None
 
 
-def _as_length(n, name="n"):
+def _as_length(n: int, name: str = "n") -> int:
     n = _as_int(n, name)
     if n < 0:
         raise ValueError(f"{name} must be a non-negative integer, got {n}")
     return n
 
 
-def _as_seed(seed):
+def _as_seed(seed: int) -> int:
     seed = _as_int(seed, "seed")
     if seed < 0:
         # SeedSequence only accepts non-negative entropy.
@@ -54,7 +66,7 @@ def _as_seed(seed):
     return seed
 
 
-def _int_from_env(var, default):
+def _int_from_env(var: str, default: int) -> int:
     raw = os.environ.get(var)
     if raw is None or raw.strip() == "":
         return default
@@ -64,7 +76,7 @@ def _int_from_env(var, default):
         raise ValueError(f"{var}={raw!r} is not an integer") from None
 
 
-def _torch_process_group():
+def _torch_process_group() -> tuple[int, int] | None:
     """``(world_size, rank)`` of torch's default process group, or None.
 
     torch is never imported here: a process group can only have been
@@ -84,18 +96,18 @@ def _torch_process_group():
         return None
 
 
-def _permutation(seed, epoch, n):
+def _permutation(seed: int, epoch: int, n: int) -> IndexArray:
     # Depends only on (seed, epoch), so every process that shares the seed
     # (e.g. all distributed ranks) derives the same order without talking.
     return np.random.default_rng([seed, epoch]).permutation(n).astype(np.int64, copy=False)
 
 
-def _iter_ints(indices):
+def _iter_ints(indices: IndexArray) -> Iterator[int]:
     for start in range(0, len(indices), _ITER_CHUNK):
         yield from indices[start:start + _ITER_CHUNK].tolist()
 
 
-def _sampler_indices(sampler):
+def _sampler_indices(sampler: Any) -> IndexArray:
     """Next epoch's indices of any sampler as a 1-D int64 array."""
     get = getattr(sampler, "epoch_indices", None)
     if get is not None:
@@ -117,24 +129,24 @@ def _sampler_indices(sampler):
 class Sampler:
     """Base class: subclasses implement ``epoch_indices()`` and ``__len__``."""
 
-    def epoch_indices(self):
+    def epoch_indices(self) -> IndexArray:
         """Return the next epoch's indices as a 1-D int64 array and advance the epoch."""
         raise NotImplementedError
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         # Not a generator function: the epoch advances when iter() is called,
         # not lazily on the first next().
         return _iter_ints(self.epoch_indices())
 
-    def __len__(self):
+    def __len__(self) -> int:
         raise NotImplementedError
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """What decides the next epoch's order (JSON-serialisable): the epoch
         counter and the seed, for samplers that have them."""
         return {k: getattr(self, k) for k in ("epoch", "seed") if hasattr(self, k)}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state` (from state_dict(), possibly of another process)."""
         for key in ("epoch", "seed"):
             if key in state:
@@ -143,14 +155,14 @@ class Sampler:
                 setattr(self, key, int(state[key]))
 
 
-def sampler_state(sampler):
+def sampler_state(sampler: Any) -> Any:
     """state_dict() of any sampler; None for user samplers without one (they
     are then resumed by replaying and skipping)."""
     get = getattr(sampler, "state_dict", None)
     return get() if get is not None else None
 
 
-def load_sampler_state(sampler, state):
+def load_sampler_state(sampler: Any, state: Any) -> None:
     if state is None:
         return
     load = getattr(sampler, "load_state_dict", None)
@@ -162,16 +174,16 @@ def load_sampler_state(sampler, state):
 class SequentialSampler(Sampler):
     """Yields ``0, 1, ..., n-1`` in order, every epoch."""
 
-    def __init__(self, n):
+    def __init__(self, n: int):
         self._n = _as_length(n)
 
-    def epoch_indices(self):
+    def epoch_indices(self) -> IndexArray:
         return np.arange(self._n, dtype=np.int64)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self._n
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"SequentialSampler(n={self._n})"
 
 
@@ -183,27 +195,27 @@ class RandomSampler(Sampler):
     ``seed=None`` a random seed is drawn once and kept in ``.seed``.
     """
 
-    def __init__(self, n, seed=None):
+    def __init__(self, n: int, seed: int | None = None):
         self._n = _as_length(n)
-        self.seed = np.random.SeedSequence().entropy if seed is None else _as_seed(seed)
+        self.seed = cast(int, np.random.SeedSequence().entropy) if seed is None else _as_seed(seed)
         self.epoch = 0
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """Make the next epoch use permutation number ``epoch``."""
         epoch = _as_int(epoch, "epoch")
         if epoch < 0:
             raise ValueError(f"epoch must be a non-negative integer, got {epoch}")
         self.epoch = epoch
 
-    def epoch_indices(self):
+    def epoch_indices(self) -> IndexArray:
         indices = _permutation(self.seed, self.epoch, self._n)
         self.epoch += 1
         return indices
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self._n
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"RandomSampler(n={self._n}, seed={self.seed}, epoch={self.epoch})"
 
 
@@ -218,7 +230,7 @@ class BatchSampler(Sampler):
     ``__len__`` (e.g. a list).
     """
 
-    def __init__(self, sampler, batch_size, last_batch="keep"):
+    def __init__(self, sampler: SizedIndices, batch_size: int, last_batch: str = "keep"):
         if sampler is None:
             raise ValueError("sampler must not be None")
         if isinstance(batch_size, (bool, np.bool_)):
@@ -239,7 +251,7 @@ class BatchSampler(Sampler):
         self.last_batch = last_batch
         self._carry = np.empty(0, dtype=np.int64)
 
-    def epoch_indices(self):
+    def epoch_indices(self) -> IndexArray:
         """Return the flat indices covered by the next epoch's batches and advance.
 
         Batches are consecutive ``batch_size`` slices of this array; only the
@@ -257,25 +269,25 @@ class BatchSampler(Sampler):
             return indices[:len(indices) // self.batch_size * self.batch_size]
         return indices
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """The rollover carry and the inner sampler's state: enough to rebuild
         the next epoch's batches exactly."""
         return {"carry": self._carry.tolist(), "sampler": sampler_state(self.sampler)}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self._carry = np.asarray(state.get("carry", []), dtype=np.int64)
         load_sampler_state(self.sampler, state.get("sampler"))
 
-    def epoch_batches(self):
+    def epoch_batches(self) -> list[IndexArray]:
         """Return the next epoch's batches as a list of int64 array views and advance."""
         indices = self.epoch_indices()
         bs = self.batch_size
         return [indices[i:i + bs] for i in range(0, len(indices), bs)]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[IndexArray]:
         return iter(self.epoch_batches())
 
-    def __len__(self):
+    def __len__(self) -> int:
         n = len(self.sampler)
         if self.last_batch == "keep":
             return -(-n // self.batch_size)
@@ -283,7 +295,7 @@ class BatchSampler(Sampler):
             return n // self.batch_size
         return (len(self._carry) + n) // self.batch_size
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"BatchSampler({self.sampler!r}, batch_size={self.batch_size}, "
                 f"last_batch={self.last_batch!r})")
 
@@ -325,8 +337,8 @@ class DistributedSampler(Sampler):
     so ``set_epoch`` must come before the ``for`` loop.
     """
 
-    def __init__(self, n, num_replicas=None, rank=None, shuffle=True, seed=0,
-                 drop_last=False):
+    def __init__(self, n: int, num_replicas: int | None = None, rank: int | None = None,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False):
         self._n = _as_length(n)
         group = _torch_process_group() if num_replicas is None or rank is None else None
         # Name where a bad value came from, so a broken launcher env is obvious.
@@ -366,7 +378,7 @@ class DistributedSampler(Sampler):
             self.num_samples = -(-self._n // num_replicas)
         self.total_size = self.num_samples * num_replicas
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """Make the next epoch use permutation number ``epoch``.
 
         Call it with the same value on every rank, before iterating the loader
@@ -378,7 +390,7 @@ class DistributedSampler(Sampler):
             raise ValueError(f"epoch must be a non-negative integer, got {epoch}")
         self.epoch = epoch
 
-    def epoch_indices(self):
+    def epoch_indices(self) -> IndexArray:
         if self.shuffle:
             indices = _permutation(self.seed, self.epoch, self._n)
         else:
@@ -392,10 +404,10 @@ class DistributedSampler(Sampler):
             indices = np.resize(indices, self.total_size)
         return np.ascontiguousarray(indices[self.rank::self.num_replicas])
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.num_samples
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"DistributedSampler(n={self._n}, num_replicas={self.num_replicas}, "
                 f"rank={self.rank}, shuffle={self.shuffle}, seed={self.seed}, "
                 f"drop_last={self.drop_last})")

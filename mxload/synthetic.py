@@ -28,10 +28,14 @@ quick runs; shapes and batch sizes never change.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Dict
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .dataset import ArrayDataset
 
 __all__ = [
     "ImageDataset", "TabularDataset", "Dict16Dataset", "AugmentDataset",
@@ -61,7 +65,7 @@ class ImageDataset:
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, i: int):
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
         if not 0 <= i < self.n:
             raise IndexError(i)
         return self.images[i % len(self.images)], self.labels[i]
@@ -73,7 +77,7 @@ class AugmentDataset(ImageDataset):
     index, so it is the same in every loader and worker) and normalisation to
     float32 ((x / 255 - mean) / std)."""
 
-    def __getitem__(self, i: int):
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
         img, label = super().__getitem__(i)
         if (i * 2654435761 >> 16) & 1:
             img = img[:, ::-1]
@@ -96,11 +100,11 @@ class TabularDataset:
     def __len__(self) -> int:
         return len(self.x)
 
-    def __getitem__(self, i: int):
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
         return self.x[i], int(self.y[i])
 
 
-def tabular_getitems(base: TabularDataset):
+def tabular_getitems(base: TabularDataset) -> ArrayDataset:
     """mxload.ArrayDataset over `base`'s arrays (vectorised ``__getitems__``).
 
     torch >= 2.0 also calls ``__getitems__`` when a dataset has it, then runs
@@ -121,7 +125,7 @@ class Dict16Dataset:
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, i: int) -> Dict[str, np.ndarray]:
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
         return {k: c[i] for k, c in zip(self.keys, self.cols)}
 
 
@@ -137,11 +141,11 @@ class Workload:
         return self.build(n)
 
 
-def _tabular_getitems(n: int):
+def _tabular_getitems(n: int) -> ArrayDataset:
     return tabular_getitems(TabularDataset(n))
 
 
-WORKLOADS: Dict[str, Workload] = {w.name: w for w in [
+WORKLOADS: dict[str, Workload] = {w.name: w for w in [
     Workload("images", 64, 10_000, ImageDataset),
     Workload("tabular", 1024, 200_000, TabularDataset),
     Workload("tabular-getitems", 1024, 200_000, _tabular_getitems),
@@ -155,6 +159,6 @@ def make(name: str, scale: float = 1.0) -> Any:
     return WORKLOADS[name].make(scale)
 
 
-def make_workload(name: str, scale: float = 1.0) -> tuple:
+def make_workload(name: str, scale: float = 1.0) -> tuple[Any, ...]:
     """(dataset, batch size) of workload `name`."""
     return WORKLOADS[name].make(scale), WORKLOADS[name].batch_size

@@ -11,8 +11,17 @@ import pytest
 
 import mxload
 from mxload.batchify import (
-    Dict, GatheredSamples, List, Pad, Stack, Tuple, allocate, collate, default_batchify,
-    plan_batch, views_from_layout,
+    Dict,
+    GatheredSamples,
+    List,
+    Pad,
+    Stack,
+    Tuple,
+    allocate,
+    collate,
+    default_batchify,
+    plan_batch,
+    views_from_layout,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -198,7 +207,7 @@ def test_default_structured_and_datetime_arrays():
 
 
 def test_default_tuple_of_fields():
-    samples = [(np.full((2, 2), i, np.float32), i, np.int8(i), "s%d" % i) for i in range(3)]
+    samples = [(np.full((2, 2), i, np.float32), i, np.int8(i), f"s{i}") for i in range(3)]
     out = default_batchify(samples)
     want = (np.stack([s[0] for s in samples]), np.array([0, 1, 2]),
             np.array([0, 1, 2], np.int8), ["s0", "s1", "s2"])
@@ -222,7 +231,7 @@ def test_default_namedtuple_class_preserved():
 
 
 def test_default_dict_key_order_preserved():
-    samples = [{"z": np.int8(i), "a": np.zeros(2) + i, "m": "n%d" % i} for i in range(2)]
+    samples = [{"z": np.int8(i), "a": np.zeros(2) + i, "m": f"n{i}"} for i in range(2)]
     out = default_batchify(samples)
     assert list(out) == ["z", "a", "m"]
     assert_same(out, {"z": np.array([0, 1], np.int8),
@@ -238,7 +247,7 @@ def test_default_deeply_nested_all_in_one_buffer():
         return Sample(
             image=np.full((4, 3), i, np.uint8),
             meta={"label": i, "box": (np.float32(i), [np.arange(2, dtype=np.int16) + i, True]),
-                  "name": "img%d" % i, "pt": Point(i * 1.0, np.complex64(i))},
+                  "name": f"img{i}", "pt": Point(i * 1.0, np.complex64(i))},
         )
     samples = [make(i) for i in range(3)]
     out = default_batchify(samples)
@@ -370,7 +379,7 @@ def test_pad_errors():
 
 
 def test_tuple_of_builtins():
-    samples = [(np.arange(n), n, "w%d" % n, np.ones(2)) for n in (2, 3)]
+    samples = [(np.arange(n), n, f"w{n}", np.ones(2)) for n in (2, 3)]
     out = Tuple(Pad(val=-1), Stack(), List(), default_batchify)(samples)
     assert_same(out, (np.array([[0, 1, -1], [0, 1, 2]]), np.array([2, 3]), ["w2", "w3"],
                       np.ones((2, 2))))
@@ -420,14 +429,16 @@ def test_tuple_errors():
         Tuple()
     with pytest.raises(TypeError, match=r"Tuple\(\) argument 1 is not callable: 3"):
         Tuple(Stack(), 3)
-    with pytest.raises(ValueError, match=r"batch 2, field sample: sample 1 is length 3, expected a tuple/list of length 2"):
+    with pytest.raises(ValueError,
+                       match=r"batch 2, field sample: sample 1 is length 3, "
+                             r"expected a tuple/list of length 2"):
         collate(Tuple(Stack(), Stack()), [(1, 2), (1, 2, 3)], batch_index=2)
     with pytest.raises(TypeError, match=r"batch 2, field sample: sample 0 is a int, expected a tuple/list"):
         collate(Tuple(Stack(), Stack()), [1, 2], batch_index=2)
 
 
 def test_dict_named_keys_and_default_for_others():
-    samples = [{"name": "n%d" % n, "tokens": np.arange(n, dtype=np.int32), "label": n}
+    samples = [{"name": f"n{n}", "tokens": np.arange(n, dtype=np.int32), "label": n}
                for n in (1, 3)]
     out = Dict(tokens=Pad(val=-1, ret_length=True))(samples)
     assert list(out) == ["name", "tokens", "label"]
@@ -446,9 +457,13 @@ def test_dict_errors():
         Dict(a=3)
     with pytest.raises(TypeError, match="not callable"):
         Dict({"a": "Stack"})
-    with pytest.raises(ValueError, match=r"batch 7, field sample: samples have no key\(s\) \['label'\] named in Dict\(\)"):
+    with pytest.raises(ValueError,
+                       match=r"batch 7, field sample: "
+                             r"samples have no key\(s\) \['label'\] named in Dict\(\)"):
         collate(Dict(label=Stack()), [{"x": 1}, {"x": 2}], batch_index=7)
-    with pytest.raises(ValueError, match=r"batch 7, field sample: sample 1 has different keys.*missing \['b'\], extra \['c'\]"):
+    with pytest.raises(ValueError,
+                       match=r"batch 7, field sample: "
+                             r"sample 1 has different keys.*missing \['b'\], extra \['c'\]"):
         collate(Dict(), [{"a": 1, "b": 2}, {"a": 1, "c": 2}], batch_index=7)
     with pytest.raises(TypeError, match=r"batch 7, field sample: sample 0 is a tuple, expected a dict"):
         collate(Dict(), [(1, 2), (3, 4)], batch_index=7)
@@ -480,7 +495,7 @@ def test_plan_custom_plain_function_and_layout_roundtrip():
                          "pair": (np.float16([1, 2]), None)},
                 "ragged": [np.arange(3, dtype=np.uint8), np.arange(5, dtype=np.uint8)]}
 
-    samples = [{"x": np.full((2, 3), i, np.float32), "name": "s%d" % i} for i in range(4)]
+    samples = [{"x": np.full((2, 3), i, np.float32), "name": f"s{i}"} for i in range(4)]
     plan = plan_batch(batchify, samples, batch_index=0)
     assert plan.nbytes % 64 == 0
     assert all(int(o) % 64 == 0 for o in plan.offsets)

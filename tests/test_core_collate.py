@@ -200,7 +200,7 @@ def test_stack_non_contiguous_inputs(dtype):
         np.testing.assert_array_equal(arr, c, err_msg=name)
         assert name == "contiguous" or not arr.flags.c_contiguous, name
     layouts["broadcast_rows"] = np.broadcast_to(c[0], c.shape)  # zero stride
-    for name, arr in layouts.items():
+    for arr in layouts.values():
         got = stack([arr, c, arr])
         assert_same(got, np_stack([arr, c, arr]))
     # every layout in one batch
@@ -593,7 +593,8 @@ def test_copy_into_layouts(dtype):
         assert_same(out, src)
         # non-contiguous destinations
         big = np.zeros((8, 12), c.dtype)
-        for dst in (big[::2, ::2], big[:4, :6], big[4:, 6:][::-1, ::-1], np.zeros(c.shape, c.dtype, order="F")):
+        for dst in (big[::2, ::2], big[:4, :6], big[4:, 6:][::-1, ::-1],
+                    np.zeros(c.shape, c.dtype, order="F")):
             dst[...] = np.zeros((), c.dtype)
             copy_into(src, dst)
             np.testing.assert_array_equal(dst, src, err_msg=name)
@@ -644,7 +645,7 @@ def _check_layout(sizes, offsets, total, alignment):
     assert total >= sum(sizes)
     assert total % alignment == 0
     spans = sorted((int(o), int(o) + s) for o, s in zip(offsets, sizes) if s > 0)
-    for (a0, a1), (b0, b1) in zip(spans, spans[1:]):
+    for (_, a1), (b0, _) in zip(spans, spans[1:]):
         assert a1 <= b0, "fields overlap"
     assert all(end <= total for _, end in spans)
     assert all(0 <= int(o) <= total for o in offsets)
@@ -1020,7 +1021,7 @@ def test_batch_owner_requires_slab():
         BatchOwner(object(), 0, 0)
 
 
-def test_pad_value_must_be_scalar():
+def test_pad_value_must_be_scalar_names_the_value():
     with pytest.raises(ValueError, match="pad value must be a scalar"):
         _core.pad([np.ones(2), np.ones(3)], val=[1, 2])
 
@@ -1045,3 +1046,10 @@ def test_low_level_fills_never_write_outside_out():
         _core.pad_fill([np.ones(6), np.ones(2)], np.empty((2, 4)), 0, np.float64(0).tobytes())
     with pytest.raises(ValueError, match="axis"):
         _core.pad_fill(arrs, np.empty((2, 4)), 1, np.float64(0).tobytes())
+
+
+@pytest.mark.parametrize("dtype,val", [(np.uint8, 1.5), (np.int8, -129), (np.float32, 1e300)])
+def test_pad_value_that_would_change_is_rejected(dtype, val):
+    with pytest.raises(ValueError, match="cannot be represented"):
+        _core.pad([np.ones(2, dtype), np.ones(3, dtype)], val=val)
+    assert _core.pad([np.ones(1, np.float32), np.ones(2, np.float32)], val=float("nan"))[0, 1] != 0

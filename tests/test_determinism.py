@@ -114,7 +114,8 @@ def test_lazy_transform_over_getitems_gets_per_sample_streams():
     ds = base.transform(lambda x: x + mxload.sample_rng().random())
     plain = mxload.SimpleDataset(list(np.arange(12, dtype=np.float64))).transform(
         lambda x: x + mxload.sample_rng().random())
-    assert flat(mxload.DataLoader(ds, batch_size=4, seed=1)) == flat(mxload.DataLoader(plain, batch_size=4, seed=1))
+    assert (flat(mxload.DataLoader(ds, batch_size=4, seed=1))
+            == flat(mxload.DataLoader(plain, batch_size=4, seed=1)))
 
 
 # ---------------------------------------------------------------- checkpoint / resume
@@ -223,7 +224,8 @@ def test_bad_state_is_a_clear_error(bad, match):
        last_batch=st.sampled_from(["keep", "discard", "rollover"]),
        num_workers=st.sampled_from([0, 0, 1, 2]), in_order=st.booleans(),
        epoch=st.integers(0, 2), stop=st.integers(0, 12))
-def test_property_resume_equals_uninterrupted_run(n, batch_size, last_batch, num_workers, in_order, epoch, stop):
+def test_property_resume_equals_uninterrupted_run(n, batch_size, last_batch, num_workers, in_order, epoch,
+                                                  stop):
     def make():
         return mxload.DataLoader(AugmentedDataset(n), batch_size=batch_size, shuffle=True, seed=11,
                                  last_batch=last_batch, num_workers=num_workers, in_order=in_order)

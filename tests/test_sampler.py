@@ -9,7 +9,6 @@ from mxload.sampler import (
     SequentialSampler,
 )
 
-
 # --- SequentialSampler -------------------------------------------------------
 
 def test_sequential_order_and_types():

@@ -1,0 +1,122 @@
+"""Type stubs for mxload._core, the compiled (Cython) core built from csrc/.
+
+Keep in step with csrc/_core.pyx and the .pxi files it includes:
+reorder.pxi (ReorderBuffer, BufferClosedError), collate.pxi (kernels,
+layout planner, ALIGNMENT, monotonic_ns) and slab.pxi (Slab, BatchOwner)."""
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal, Self, TypedDict, overload
+
+import numpy as np
+from numpy.typing import ArrayLike, DTypeLike, NDArray
+
+# ---------------------------------------------------------------- _core.pyx
+
+class _BuildInfo(TypedDict):
+    compile_flags: str
+    numpy_build_version: str
+    numpy_c_api: bool
+
+BUILD_INFO: _BuildInfo
+
+# ---------------------------------------------------------------- reorder.pxi
+
+class BufferClosedError(RuntimeError):
+    """Raised by ReorderBuffer operations after close()."""
+
+class ReorderBuffer:
+    """Thread-safe map from batch index to item with blocking, GIL-free waits."""
+
+    def put(self, idx: int, item: object) -> None: ...
+    def try_get(self, idx: int, default: Any = None) -> Any: ...
+    def get(self, idx: int, timeout: float | None = None) -> Any: ...
+    def pop_next(self, timeout: float | None = None) -> tuple[int, Any]: ...
+    def close(self, reason: object = None) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+    def clear(self) -> dict[int, Any]: ...
+    def __len__(self) -> int: ...
+    def __contains__(self, idx: int, /) -> bool: ...
+
+# ---------------------------------------------------------------- collate.pxi
+
+ALIGNMENT: int
+
+def stack_check(
+    arrays: Iterable[ArrayLike],
+) -> tuple[list[NDArray[Any]], tuple[int, ...], np.dtype[Any]]: ...
+def stack_fill(arrays: list[NDArray[Any]], out: NDArray[Any]) -> int: ...
+def stack(arrays: Iterable[ArrayLike], out: NDArray[Any] | None = None) -> NDArray[Any]: ...
+def pad_check(
+    arrays: Iterable[ArrayLike], axis: int = 0,
+) -> tuple[list[NDArray[Any]], tuple[int, ...], np.dtype[Any], NDArray[np.int64]]: ...
+def pad_fill(arrays: list[NDArray[Any]], out: NDArray[Any], axis: int, pattern: bytes) -> int: ...
+def pad_value_bytes(val: object, dtype: DTypeLike) -> bytes: ...
+@overload
+def pad(
+    arrays: Iterable[ArrayLike],
+    axis: int = 0,
+    val: object = 0,
+    out: NDArray[Any] | None = None,
+    ret_length: Literal[False] = False,
+) -> NDArray[Any]: ...
+@overload
+def pad(
+    arrays: Iterable[ArrayLike],
+    axis: int = 0,
+    val: object = 0,
+    out: NDArray[Any] | None = None,
+    *,
+    ret_length: Literal[True],
+) -> tuple[NDArray[Any], NDArray[np.int64]]: ...
+@overload
+def pad(
+    arrays: Iterable[ArrayLike],
+    axis: int,
+    val: object,
+    out: NDArray[Any] | None,
+    ret_length: Literal[True],
+) -> tuple[NDArray[Any], NDArray[np.int64]]: ...
+@overload
+def pad(
+    arrays: Iterable[ArrayLike],
+    axis: int = 0,
+    val: object = 0,
+    out: NDArray[Any] | None = None,
+    ret_length: bool = False,
+) -> NDArray[Any] | tuple[NDArray[Any], NDArray[np.int64]]: ...
+def copy_into(src: NDArray[Any], out: NDArray[Any]) -> int: ...
+def plan_layout(nbytes: Sequence[int], alignment: int = 64) -> tuple[NDArray[np.int64], int]: ...
+def monotonic_ns() -> int: ...
+
+# ---------------------------------------------------------------- slab.pxi
+
+class Slab:
+    """A read-write MAP_SHARED mapping of `size` bytes of file descriptor `fd`."""
+
+    @property
+    def size(self) -> int: ...
+    @property
+    def slab_id(self) -> Any: ...
+    def __new__(cls, fd: int, size: int, slab_id: object = None, populate: bool = False) -> Self: ...
+    @property
+    def address(self) -> int: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+
+class BatchOwner:
+    """Owns one batch's bytes inside a slab; recycles the slab when freed."""
+
+    @property
+    def slab(self) -> Slab: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    def __new__(
+        cls,
+        slab: Slab,
+        offset: int,
+        nbytes: int,
+        on_release: Callable[[Slab], object] | None = None,
+    ) -> Self: ...
+    def detach(self) -> None: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
