@@ -244,38 +244,34 @@ class Report:
             return (f"consumer-bound: the training loop waited for data {wait_share:.0%} of the time "
                     f"and computed {self.stages['consumer_compute'] / wall:.0%}; the loader is not the "
                     f"bottleneck")
-        work = {"fetch": self.stages["fetch"], "collate": self.stages["collate"],
-                "transport": self.stages["transport"]}
-        total_work = sum(work.values()) or 1e-9
-        stage = max(work, key=lambda k: work[k])
         head = f"loader-bound: the training loop waited for data {wait_share:.0%} of the time"
-        idle = [w["busy_share"] for w in self.workers]
-        if idle and max(idle) < 0.4:
-            return (f"{head}; workers idle {1 - sum(idle) / len(idle):.0%}: raise prefetch "
-                    f"(or check the consumer thread)")
-        if stage == "collate" and self.fields:
+        fetch, collate = self.stages["fetch"], self.stages["collate"]
+        worker_time = max(fetch + collate, 1e-9)
+        busy = [w["busy_share"] for w in self.workers if w["worker"] >= 0]
+        if busy and sum(busy) / len(busy) < 0.5:
+            return (f"{head}; workers idle {1 - sum(busy) / len(busy):.0%}: raise prefetch (or the "
+                    f"main process is saturated: transport took {self.stages['transport']:.3f} s)")
+        if collate > fetch and self.fields:
             top = self.fields[0]
+            top_share = top["seconds"] / worker_time
+            in_kernels = sum(f["seconds"] for f in self.fields) / max(collate, 1e-9)
+            if top_share < 0.25 and len(self.fields) > 3:
+                return (f"{head}; collation is {collate / worker_time:.0%} of worker time, spread over "
+                        f"{len(self.fields)} fields ({min(in_kernels, 1):.0%} of it copying, the rest "
+                        f"per-field work): return fewer, larger arrays (stack related fields into one)")
             mb = top["bytes_per_batch"] / 1e6
-            share = top["seconds"] / total_work
             if top["kernel"] == "pickled":
-                hint = "return a numpy array instead of a list / Python objects"
-                how = "via pickled fallback"
+                how, hint = "via pickled fallback", "return a numpy array instead of a list / Python objects"
             elif top["kernel"] == "pad":
-                hint = "bucket samples by length or cap the padded length"
-                how = "via pad"
+                how, hint = "via pad", "bucket samples by length or cap the padded length"
             else:
+                how = f"via {top['kernel']}"
                 hint = ("use a smaller dtype (e.g. uint8 instead of float32) or add workers"
                         if mb > 1 else "add workers")
-                how = f"via {top['kernel']}"
-            return (f"{head}; collation of {top['path']} is {share:.0%} of worker time: {mb:.1f} MB/batch "
-                    f"{how}; {hint}")
-        if stage == "fetch":
-            share = work["fetch"] / total_work
-            return (f"{head}; sample fetch (__getitem__ / transforms) is {share:.0%} of worker time: "
-                    f"add workers, or implement __getitems__ to fetch a batch at once")
-        share = work["transport"] / total_work
-        return (f"{head}; transport is {share:.0%} of worker time: batches may be large Python objects; "
-                f"return numpy arrays so they travel through shared memory")
+            return (f"{head}; collation of {top['path']} is {top_share:.0%} of worker time: "
+                    f"{mb:.1f} MB/batch {how}; {hint}")
+        return (f"{head}; sample fetch (__getitem__ / transforms) is {fetch / worker_time:.0%} of worker "
+                f"time: add workers, or implement __getitems__ to fetch a batch at once")
 
     def to_dict(self) -> dict[str, Any]:
         return {"wall_s": self.wall_s, "startup_s": self.startup_s, "batches": self.batches,
