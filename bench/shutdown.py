@@ -39,21 +39,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _common import header, table  # noqa: E402
+
 import mxload  # noqa: E402
 from mxload import synthetic as D  # noqa: E402
-
-try:
-    from _common import header, table  # noqa: E402
-except Exception:  # pragma: no cover - _common is owned by another script
-    def header(title):
-        return f"# {title}\n# python {sys.version.split()[0]}, numpy {np.__version__}, cores {os.cpu_count()}"
-
-    def table(rows, head):
-        cells = [[str(h) for h in head]] + [[str(c) for c in r] for r in rows]
-        widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
-        fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
-                                  for i, (c, w) in enumerate(zip(r, widths)))
-        return "\n".join([fmt(cells[0]), "  ".join("-" * w for w in widths)] + [fmt(r) for r in cells[1:]])
 
 try:
     import torch

@@ -138,6 +138,29 @@ class _Stream:
         return samples
 
 
+class _SampleSource:
+    """Where a worker's batches come from: indices into a map-style dataset,
+    or, for an IterableDataset, this worker's stream (restarted each epoch)."""
+
+    def __init__(self, dataset: Any, iterable: bool, batch_size: int, drop_last: bool, seed: int):
+        self._dataset = dataset
+        self._iterable = iterable
+        self._batch_size = batch_size
+        self._drop_last = drop_last
+        self._seed = seed
+        self._stream: _Stream | None = None
+        self._stream_epoch: int | None = None
+
+    def samples(self, epoch: int, indices: Any) -> Any:
+        """The samples of one batch, or None when this worker's stream is done."""
+        if not self._iterable:
+            return fetch_samples(self._dataset, indices, self._seed, epoch)
+        if self._stream is None or self._stream_epoch != epoch:
+            self._stream = _Stream(self._dataset, self._batch_size, self._drop_last)
+            self._stream_epoch = epoch
+        return self._stream.next_samples()
+
+
 @dataclass
 class WorkerConfig:
     """Everything a worker needs besides its socket (picklable for spawn)."""
@@ -248,8 +271,7 @@ class _Inbox:
 def _serve(config: WorkerConfig, parent_pid: int, conn: Any, fd_channel: socket.socket, dataset: Any,
            batchify_fn: Any) -> None:
     inbox = _Inbox(conn, fd_channel)
-    stream: _Stream | None = None
-    stream_epoch = None
+    source = _SampleSource(dataset, config.iterable, config.batch_size, config.drop_last, config.seed)
     while True:
         task = inbox.next_task(parent_pid)
         if task is None:
@@ -258,15 +280,10 @@ def _serve(config: WorkerConfig, parent_pid: int, conn: Any, fd_channel: socket.
         t0 = time.monotonic_ns()
         new_fd = -1
         try:
-            if config.iterable:
-                if stream is None or stream_epoch != epoch:
-                    stream, stream_epoch = _Stream(dataset, config.batch_size, config.drop_last), epoch
-                samples = stream.next_samples()
-                if samples is None:
-                    send_message(conn, ("exhausted", epoch, idx))
-                    continue
-            else:
-                samples = fetch_samples(dataset, np.frombuffer(indices, np.int64), config.seed, epoch)
+            samples = source.samples(epoch, None if indices is None else np.frombuffer(indices, np.int64))
+            if samples is None:
+                send_message(conn, ("exhausted", epoch, idx))
+                continue
             t1 = time.monotonic_ns()
             plan = _batchify.plan_batch(batchify_fn, samples, idx)
             slab = inbox.slabs.get(slab_id) if slab_id is not None else None
@@ -316,8 +333,7 @@ def thread_worker_main(engine: Any, worker_id: int, num_workers: int, seed: int,
             except Exception as e:
                 engine.deliver_thread_result(worker_id, ("error", engine.epoch, -1, pack_exception(e)))
                 return
-        stream: _Stream | None = None
-        stream_epoch = None
+        source = _SampleSource(dataset, engine.iterable, engine.batch_size, engine.drop_last, engine.seed)
         while True:
             task = tasks.get()
             if task is None:
@@ -325,15 +341,10 @@ def thread_worker_main(engine: Any, worker_id: int, num_workers: int, seed: int,
             epoch, idx, indices, profiling = task
             t0 = time.monotonic_ns()
             try:
-                if engine.iterable:
-                    if stream is None or stream_epoch != epoch:
-                        stream, stream_epoch = _Stream(dataset, engine.batch_size, engine.drop_last), epoch
-                    samples = stream.next_samples()
-                    if samples is None:
-                        engine.deliver_thread_result(worker_id, ("exhausted", epoch, idx))
-                        continue
-                else:
-                    samples = fetch_samples(dataset, indices, engine.seed, epoch)
+                samples = source.samples(epoch, indices)
+                if samples is None:
+                    engine.deliver_thread_result(worker_id, ("exhausted", epoch, idx))
+                    continue
                 t1 = time.monotonic_ns()
                 timings = None
                 if profiling:
