@@ -295,6 +295,8 @@ class Report:
                 lines.append(f"{f['path'][:28]:<28} {f['kernel']:<8} {f['seconds']:>8.3f} "
                              f"{f['share_of_worker_time']:>8.0%} {f['bytes_per_batch'] / 1e6:>9.2f} "
                              f"{str(tuple(f['shape'])):<18} {f['dtype']}")
+            if len(self.fields) > 12:
+                lines.append(f"... and {len(self.fields) - 12} more fields (all of them in to_dict())")
         if self.workers:
             lines += ["", f"{'worker':<8} {'pid':>8} {'batches':>8} {'busy s':>8} {'idle s':>8} "
                           f"{'busy':>6} {'restarts':>8}"]
