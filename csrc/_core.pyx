@@ -12,6 +12,8 @@ from libc.errno cimport errno
 from libc.stdint cimport int64_t
 
 cimport numpy as cnp
+import warnings
+
 import numpy as np
 
 from mxl_c cimport *

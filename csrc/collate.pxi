@@ -266,7 +266,10 @@ def pad_value_bytes(val, dtype):
     """The bytes of one element equal to `val` in `dtype` (a structured
     dtype takes a tuple, like numpy)."""
     try:
-        with np.errstate(all="ignore"):   # an overflow is reported below, as an error
+        # An overflow is reported below, as an error: silence numpy's own
+        # overflow warning (numpy 2) and its wrap-around deprecation (numpy 1).
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
             element = np.array(val, dtype=dtype)
     except (TypeError, ValueError, OverflowError) as e:
         raise ValueError(f"pad value {val!r} cannot be represented as {np.dtype(dtype)}: {e}") from None
