@@ -397,15 +397,19 @@ class Engine:
 
     def deliver_thread_result(self, worker_id: int, msg: tuple[Any, ...]) -> None:
         """Thread workers hand results here (their thread, not the fetcher's)."""
-        with self._lock:
+        with self._lock:   # also serialises the profiler hooks between thread workers
             worker = self._workers[worker_id]
-            self._handle_message(worker, msg)
+            profiled = self._handle_message(worker, msg)
+            if profiled is not None:
+                self._profile(worker, *profiled)
 
-    def _handle_message(self, worker: _WorkerHandle, msg: tuple[Any, ...]) -> None:
+    def _handle_message(self, worker: _WorkerHandle, msg: tuple[Any, ...]) -> tuple[int, Any] | None:
+        """Act on one worker message; returns (batch idx, timings) of a
+        delivered batch, for the profiler (called outside the engine lock)."""
         kind, epoch, idx = msg[0], msg[1], msg[2]
         if idx < 0 and kind == "error":   # worker_init_fn failed: the worker is unusable
             self._fail(_rebuild_exception(msg[3], worker.worker_id, worker.pid, -1))
-            return
+            return None
         task = worker.outstanding.pop((epoch, idx), None)
         assigned = task[1] if task is not None else None
         if epoch != self.epoch:
@@ -429,7 +433,7 @@ class Engine:
         if task is None:   # stale result from an abandoned epoch
             if assigned is not None:
                 self._pool.release(assigned)
-            return
+            return None
         if kind == "ok":
             if nbytes == 0 or assigned is None:
                 if assigned is not None:
@@ -439,17 +443,18 @@ class Engine:
                 owner = BatchOwner(assigned, 0, nbytes, self._pool.release)
                 batch = views_from_layout(layout, owner)
             self._store(idx, batch)
-            self._profile(worker, idx, msg[6])
-        elif kind == "batch":   # thread worker, private memory
+            return idx, msg[6]
+        if kind == "batch":   # thread worker, private memory
             self._store(idx, msg[3])
-            self._profile(worker, idx, msg[4])
-        elif kind == "exhausted":
+            return idx, msg[4]
+        if kind == "exhausted":
             worker.exhausted = True
             self._store(idx, _EXHAUSTED)
         elif kind == "error":
             if assigned is not None:
                 self._pool.release(assigned)
             self._store(idx, _Failure(_rebuild_exception(msg[3], worker.worker_id, worker.pid, idx)))
+        return None
 
     def _profile(self, worker: _WorkerHandle, idx: int, timings: tuple[Any, ...] | None) -> None:
         profiler = self.profiler
@@ -544,7 +549,9 @@ class Engine:
         except (EOFError, OSError):
             return False
         with self._lock:
-            self._handle_message(worker, msg)
+            profiled = self._handle_message(worker, msg)
+        if profiled is not None:
+            self._profile(worker, *profiled)
         return True
 
     def _on_worker_death(self, worker: _WorkerHandle) -> None:
