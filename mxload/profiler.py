@@ -32,6 +32,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
+
 __all__ = ["Profiler", "Report", "profile"]
 
 # The training loop is "loader-bound" when it waits for data more than this
@@ -266,8 +268,12 @@ class Report:
                 how, hint = "via pad", "bucket samples by length or cap the padded length"
             else:
                 how = f"via {top['kernel']}"
-                hint = ("use a smaller dtype (e.g. uint8 instead of float32) or add workers"
-                        if mb > 1 else "add workers")
+                try:
+                    wide = np.dtype(top["dtype"]).itemsize > 1
+                except TypeError:
+                    wide = False
+                hint = ("use a smaller dtype (e.g. uint8 or float16 instead of float32) or add workers"
+                        if mb > 1 and wide else "add workers")
             return (f"{head}; collation of {top['path']} is {top_share:.0%} of worker time: "
                     f"{mb:.1f} MB/batch {how}; {hint}")
         return (f"{head}; sample fetch (__getitem__ / transforms) is {fetch / worker_time:.0%} of worker "
