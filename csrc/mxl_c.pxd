@@ -30,6 +30,7 @@ cdef extern from "<pthread.h>" nogil:
     int pthread_mutex_init(pthread_mutex_t *m, const pthread_mutexattr_t *attr)
     int pthread_mutex_destroy(pthread_mutex_t *m)
     int pthread_mutex_lock(pthread_mutex_t *m)
+    int pthread_mutex_trylock(pthread_mutex_t *m)
     int pthread_mutex_unlock(pthread_mutex_t *m)
     int pthread_cond_init(pthread_cond_t *c, const pthread_condattr_t *attr)
     int pthread_cond_destroy(pthread_cond_t *c)
