@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["time_ns", "time_interleaved", "median", "header", "table", "fmt_time"]
+__all__ = ["time_ns", "time_interleaved", "median", "header", "table", "fmt_time", "optional_torch"]
 
 
 def time_ns(fn: Callable[[], object], repeats: int, warmup: int = 3,
@@ -94,3 +94,14 @@ def table(rows: Sequence[Sequence[object]], head: Sequence[str]) -> str:
     out = [line(cells[0]), "  ".join("-" * w for w in widths)]
     out += [line(r) for r in cells[1:]]
     return "\n".join(out)
+
+
+def optional_torch() -> tuple:
+    """(torch, torch.utils.data.DataLoader, "") or (None, None, why it is missing):
+    torch is an optional comparison baseline."""
+    try:
+        import torch
+        from torch.utils.data import DataLoader
+    except Exception as e:  # pragma: no cover - torch is optional
+        return None, None, f"{type(e).__name__}: {e}"
+    return torch, DataLoader, ""

@@ -39,20 +39,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import header, table  # noqa: E402
+from _common import header, optional_torch, table  # noqa: E402
 
 import mxload  # noqa: E402
 from mxload import synthetic as D  # noqa: E402
 
-try:
-    import torch
-    from torch.utils.data import DataLoader as TorchDataLoader
-except Exception as _e:  # pragma: no cover - torch is optional
-    torch = None
-    TorchDataLoader = None
-    _TORCH_ERROR = f"{type(_e).__name__}: {_e}"
-else:
-    _TORCH_ERROR = ""
+torch, TorchDataLoader, _TORCH_ERROR = optional_torch()
 
 BATCH = 64
 

@@ -48,6 +48,26 @@ static inline void mxl_copy_strided_1d(char *dst, mxl_ssize_t dst_stride,
 #undef MXL_LOOP
 }
 
+/* Advance an odometer over dimensions [0, nd) of `shape`, moving both
+ * pointers by their strides; returns 0 once every position was visited. */
+static inline int mxl_advance(mxl_ssize_t *index, const mxl_ssize_t *shape, int nd,
+                              char **dst, const mxl_ssize_t *dst_strides,
+                              const char **src, const mxl_ssize_t *src_strides)
+{
+    int d;
+    for (d = nd - 1; d >= 0; d--) {
+        index[d]++;
+        *dst += dst_strides[d];
+        *src += src_strides[d];
+        if (index[d] < shape[d])
+            return 1;
+        *dst -= dst_strides[d] * shape[d];
+        *src -= src_strides[d] * shape[d];
+        index[d] = 0;
+    }
+    return 0;
+}
+
 /* Copy an n-d array (src, src_strides) into (dst, dst_strides), both of
  * `shape`.  Trailing dimensions that are contiguous in both are merged into
  * one memcpy block, so the common cases (contiguous sample into a contiguous
@@ -76,38 +96,15 @@ static void mxl_copy_nd(char *dst, const mxl_ssize_t *dst_strides,
     if (block == itemsize) {
         /* innermost dimension is strided: copy it element by element */
         int last = nd - 1;
-        for (;;) {
+        do {
             mxl_copy_strided_1d(dst, dst_strides[last], src, src_strides[last],
                                 shape[last], itemsize);
-            for (d = last - 1; d >= 0; d--) {
-                index[d]++;
-                dst += dst_strides[d];
-                src += src_strides[d];
-                if (index[d] < shape[d])
-                    break;
-                dst -= dst_strides[d] * shape[d];
-                src -= src_strides[d] * shape[d];
-                index[d] = 0;
-            }
-            if (d < 0)
-                return;
-        }
+        } while (mxl_advance(index, shape, last, &dst, dst_strides, &src, src_strides));
+        return;
     }
-    for (;;) {
+    do {
         memcpy(dst, src, (size_t)block);
-        for (d = nd - 1; d >= 0; d--) {
-            index[d]++;
-            dst += dst_strides[d];
-            src += src_strides[d];
-            if (index[d] < shape[d])
-                break;
-            dst -= dst_strides[d] * shape[d];
-            src -= src_strides[d] * shape[d];
-            index[d] = 0;
-        }
-        if (d < 0)
-            return;
-    }
+    } while (mxl_advance(index, shape, nd, &dst, dst_strides, &src, src_strides));
 }
 
 /* Fill `nbytes` (a multiple of itemsize) with the element `pattern`. */
