@@ -461,8 +461,7 @@ class Engine:
         if profiler is not None and timings is not None:
             start, fetch_ns, collate_ns, sent, stats, field_ns = timings
             profiler.worker_batch(worker.worker_id, worker.pid, idx, start, fetch_ns, collate_ns, sent,
-                                  stats, field_ns)
-            profiler.batch_ready(idx, sent if not self.use_threads else 0)
+                                  stats, field_ns, transported=not self.use_threads)
 
     def _store(self, idx: int, item: Any) -> None:
         try:

@@ -350,8 +350,8 @@ class _InProcessIterator:
             t1 = time.monotonic_ns()
             batch, stats, field_ns = collate_profiled(self._batchify, samples, idx)
             t2 = time.monotonic_ns()
-            profiler.worker_batch(-1, os.getpid(), idx, t0, t1 - t0, t2 - t1, t2, stats, field_ns)
-            profiler.batch_ready(idx, 0)
+            profiler.worker_batch(-1, os.getpid(), idx, t0, t1 - t0, t2 - t1, t2, stats, field_ns,
+                                  transported=False)
             profiler.batch_taken(idx, t0)
         self._position += 1
         self._progress.taken(idx)

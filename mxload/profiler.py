@@ -68,9 +68,9 @@ class Profiler:
             # worker id -> [busy ns, batches, first start ns, last end ns, pid, restarts]
             self.workers: dict[int, list[Any]] = {}
             self.batches = 0
-            # (track, label, batch index or None, start ns, dur ns) for the Chrome
-            # trace, names formatted only when saved; bounded so a long run
-            # keeps its latest spans instead of growing without limit.
+            # One raw record per batch and side ("batch" from the fetcher, "next"
+            # from the consumer, "epoch"), expanded into trace spans only when a
+            # trace is saved; bounded so a long run keeps its latest records.
             self.events: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=MAX_TRACE_EVENTS)
             self._last_return_ns: int | None = None
             self._put_ns: dict[int, int] = {}
@@ -89,20 +89,27 @@ class Profiler:
             self.startup_ns += startup_ns
             self._last_return_ns = None
             self._epoch_start_ns = now
-            self.events.append(("consumer", "start epoch", None, now - sampling_ns - startup_ns,
-                                sampling_ns + startup_ns))
+            self.events.append(("epoch", now - sampling_ns - startup_ns, sampling_ns + startup_ns))
 
-    # The three per-batch hooks below take no lock: worker_batch/batch_ready
-    # run on one thread at a time (the fetcher, or a thread worker under the
-    # engine lock), batch_taken on the consumer, and they touch disjoint
-    # counters; single dict/deque operations are atomic under the GIL.
+    # The per-batch hooks below take no lock: worker_batch runs on one thread
+    # at a time (the fetcher, or a thread worker under the engine lock),
+    # batch_taken on the consumer; they touch disjoint counters, and single
+    # dict/deque operations are atomic under the GIL.  Each appends one raw
+    # record for the trace, expanded into spans only when a trace is saved.
 
     def worker_batch(self, worker_id: int, pid: int | None, batch_index: int, start_ns: int,
                      fetch_ns: int, collate_ns: int, sent_ns: int, field_stats: list[Any],
-                     field_ns: list[Any]) -> None:
-        """A batch finished in a worker (times are the worker's own)."""
-        self.stage_ns["fetch"] += fetch_ns
-        self.stage_ns["collate"] += collate_ns
+                     field_ns: list[Any], transported: bool = True) -> None:
+        """A batch finished in a worker (times are the worker's own) and is
+        now in the reorder buffer; `transported`: it crossed from another
+        process (sent_ns is then the worker's send time)."""
+        now = _now_ns()
+        stage_ns = self.stage_ns
+        stage_ns["fetch"] += fetch_ns
+        stage_ns["collate"] += collate_ns
+        if transported:
+            stage_ns["transport"] += max(0, now - sent_ns)
+        self._put_ns[batch_index] = now
         w = self.workers.get(worker_id)
         if w is None:
             w = self.workers[worker_id] = [0, 0, start_ns, sent_ns, pid, 0]
@@ -111,47 +118,37 @@ class Profiler:
         w[2] = min(w[2], start_ns)
         w[3] = max(w[3], sent_ns)
         w[4] = pid
+        fields = self.fields
         for (path, kernel, nbytes, shape, dtype), ns in zip(field_stats, field_ns):
-            f = self.fields.get(path)
+            f = fields.get(path)
             if f is None:
-                f = self.fields[path] = [kernel, 0, 0, 0, shape, dtype]
+                f = fields[path] = [kernel, 0, 0, 0, shape, dtype]
             f[1] += 1
             f[2] += ns
             f[3] += nbytes
             f[4] = shape
-        # In-process loading (worker -1) happens inside the consumer's next().
-        track = f"worker {worker_id}" if worker_id >= 0 else "consumer"
-        self.events.append((track, "fetch", batch_index, start_ns, fetch_ns))
-        self.events.append((track, "collate", batch_index, start_ns + fetch_ns, collate_ns))
+        self.events.append(("batch", worker_id, batch_index, start_ns, fetch_ns, collate_ns,
+                            sent_ns if transported else 0, now))
 
     def worker_restarted(self, worker_id: int) -> None:
         with self._lock:
             w = self.workers.setdefault(worker_id, [0, 0, _now_ns(), _now_ns(), None, 0])
             w[5] += 1
 
-    def batch_ready(self, batch_index: int, sent_ns: int) -> None:
-        """The fetcher put a batch into the reorder buffer."""
-        now = _now_ns()
-        transport = max(0, now - sent_ns) if sent_ns else 0
-        self.stage_ns["transport"] += transport
-        self._put_ns[batch_index] = now
-        if transport:
-            self.events.append(("fetcher", "transport", batch_index, sent_ns, transport))
-
     def batch_taken(self, batch_index: int, call_ns: int) -> None:
         """The consumer's next() (called at `call_ns`) returned `batch_index`."""
         now = _now_ns()
-        if self._last_return_ns is not None:
-            compute = max(0, call_ns - self._last_return_ns)
-            self.stage_ns["consumer_compute"] += compute
-            self.events.append(("consumer", "compute", None, self._last_return_ns, compute))
+        stage_ns = self.stage_ns
+        previous = self._last_return_ns
+        if previous is not None:
+            stage_ns["consumer_compute"] += max(0, call_ns - previous)
         elif self._epoch_start_ns is not None:
-            self.stage_ns["consumer_compute"] += max(0, call_ns - self._epoch_start_ns)
-        self.stage_ns["consumer_wait"] += now - call_ns
-        self.events.append(("consumer", "next() ->", batch_index, call_ns, now - call_ns))
+            stage_ns["consumer_compute"] += max(0, call_ns - self._epoch_start_ns)
+        stage_ns["consumer_wait"] += now - call_ns
         put = self._put_ns.pop(batch_index, None)
         if put is not None:
-            self.stage_ns["reorder_wait"] += max(0, now - put)
+            stage_ns["reorder_wait"] += max(0, now - put)
+        self.events.append(("next", batch_index, call_ns, now, previous))
         self._last_return_ns = now
         self.end_ns = now
         self.batches += 1
@@ -193,21 +190,45 @@ class Profiler:
             return Report(wall_s=wall_ns / 1e9, startup_s=self.startup_ns / 1e9, stages=stages,
                           fields=fields, workers=workers, batches=self.batches)
 
+    def _spans(self) -> list[tuple[str, str, int | None, int, int]]:
+        """The raw records as (track, label, batch index or None, start ns, dur ns)."""
+        with self._lock:
+            records = list(self.events)
+        spans: list[tuple[str, str, int | None, int, int]] = []
+        for record in records:
+            kind = record[0]
+            if kind == "batch":
+                _, worker_id, idx, start, fetch_ns, collate_ns, sent, ready = record
+                # In-process loading (worker -1) happens inside the consumer's next().
+                track = f"worker {worker_id}" if worker_id >= 0 else "consumer"
+                spans.append((track, "fetch", idx, start, fetch_ns))
+                spans.append((track, "collate", idx, start + fetch_ns, collate_ns))
+                if sent:
+                    spans.append(("fetcher", "transport", idx, sent, max(0, ready - sent)))
+            elif kind == "next":
+                _, idx, call, now, previous = record
+                if previous is not None:
+                    spans.append(("consumer", "compute", None, previous, max(0, call - previous)))
+                spans.append(("consumer", "next() ->", idx, call, now - call))
+            else:  # "epoch"
+                spans.append(("consumer", "start epoch", None, record[1], record[2]))
+        return spans
+
     def save_chrome_trace(self, path: str) -> None:
         """Write the recorded spans in the Trace Event Format (one track per
         worker, the fetcher and the consumer)."""
-        with self._lock:
-            events = list(self.events)
-            origin = self.start_ns or (min(e[3] for e in events) if events else 0)
+        spans = self._spans()
+        origin = self.start_ns or (min(sp[3] for sp in spans) if spans else 0)
         pid = os.getpid()
-        tracks = sorted({e[0] for e in events}, key=_track_order)
+        tracks = sorted({sp[0] for sp in spans}, key=_track_order)
         tids = {name: i + 1 for i, name in enumerate(tracks)}
-        trace = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": "mxload"}}]
+        trace: list[dict[str, Any]] = [
+            {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": "mxload"}}]
         for name, tid in tids.items():
             trace.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
             trace.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
                           "args": {"sort_index": tid}})
-        for track, label, batch_index, start, dur in events:
+        for track, label, batch_index, start, dur in spans:
             name = label if batch_index is None else f"{label} batch {batch_index}"
             trace.append({"name": name, "cat": track.split()[0], "ph": "X", "pid": pid, "tid": tids[track],
                           "ts": (start - origin) / 1e3, "dur": max(dur, 0) / 1e3,
