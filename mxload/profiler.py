@@ -41,6 +41,7 @@ __all__ = ["Profiler", "Report", "profile"]
 LOADER_BOUND_SHARE = 0.2
 
 MAX_TRACE_EVENTS = 200_000
+FOLD_AT = 4096   # queued per-batch records aggregated at once
 
 STAGES = ("sampling", "fetch", "collate", "transport", "reorder_wait", "consumer_wait", "consumer_compute")
 
@@ -54,7 +55,7 @@ class Profiler:
     """Collects per-batch, per-field and per-worker timings of one loader."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()   # _fold() runs inside report() and the epoch hooks
         self.reset()
 
     def reset(self) -> None:
@@ -75,6 +76,8 @@ class Profiler:
             self._last_return_ns: int | None = None
             self._put_ns: dict[int, int] = {}
             self._epoch_start_ns: int | None = None
+            self._done_queue: collections.deque[tuple[Any, ...]] = collections.deque()
+            self._taken_queue: collections.deque[tuple[Any, ...]] = collections.deque()
 
     # ------------------------------------------------------------ recording
 
@@ -83,6 +86,7 @@ class Profiler:
         `startup_ns` started workers and dispatched the first batches."""
         now = _now_ns()
         with self._lock:
+            self._fold()
             if self.start_ns is None:
                 self.start_ns = now - sampling_ns - startup_ns
             self.stage_ns["sampling"] += sampling_ns
@@ -91,11 +95,11 @@ class Profiler:
             self._epoch_start_ns = now
             self.events.append(("epoch", now - sampling_ns - startup_ns, sampling_ns + startup_ns))
 
-    # The per-batch hooks below take no lock: worker_batch runs on one thread
-    # at a time (the fetcher, or a thread worker under the engine lock),
-    # batch_taken on the consumer; they touch disjoint counters, and single
-    # dict/deque operations are atomic under the GIL.  Each appends one raw
-    # record for the trace, expanded into spans only when a trace is saved.
+    # The per-batch hooks only append one raw record to a queue: the fetcher
+    # and the consumer are on the critical path of every batch (while one
+    # runs Python code the other may wait for the GIL), so the aggregation
+    # happens later, in _fold(): at report time, at epoch boundaries, or when
+    # a queue has FOLD_AT records.  Deque appends and poplefts are atomic.
 
     def worker_batch(self, worker_id: int, pid: int | None, batch_index: int, start_ns: int,
                      fetch_ns: int, collate_ns: int, sent_ns: int, field_stats: list[Any],
@@ -103,59 +107,75 @@ class Profiler:
         """A batch finished in a worker (times are the worker's own) and is
         now in the reorder buffer; `transported`: it crossed from another
         process (sent_ns is then the worker's send time)."""
-        now = _now_ns()
-        stage_ns = self.stage_ns
-        stage_ns["fetch"] += fetch_ns
-        stage_ns["collate"] += collate_ns
-        if transported:
-            stage_ns["transport"] += max(0, now - sent_ns)
-        self._put_ns[batch_index] = now
-        w = self.workers.get(worker_id)
-        if w is None:
-            w = self.workers[worker_id] = [0, 0, start_ns, sent_ns, pid, 0]
-        w[0] += fetch_ns + collate_ns
-        w[1] += 1
-        w[2] = min(w[2], start_ns)
-        w[3] = max(w[3], sent_ns)
-        w[4] = pid
-        fields = self.fields
-        for (path, kernel, nbytes, shape, dtype), ns in zip(field_stats, field_ns):
-            f = fields.get(path)
-            if f is None:
-                f = fields[path] = [kernel, 0, 0, 0, shape, dtype]
-            f[1] += 1
-            f[2] += ns
-            f[3] += nbytes
-            f[4] = shape
-        self.events.append(("batch", worker_id, batch_index, start_ns, fetch_ns, collate_ns,
-                            sent_ns if transported else 0, now))
+        queue = self._done_queue
+        queue.append((worker_id, pid, batch_index, start_ns, fetch_ns, collate_ns,
+                      sent_ns if transported else 0, _now_ns(), field_stats, field_ns))
+        if len(queue) >= FOLD_AT:
+            self._fold()
+
+    def batch_taken(self, batch_index: int, call_ns: int) -> None:
+        """The consumer's next() (called at `call_ns`) returned `batch_index`."""
+        queue = self._taken_queue
+        queue.append((batch_index, call_ns, _now_ns()))
+        if len(queue) >= FOLD_AT:
+            self._fold()
 
     def worker_restarted(self, worker_id: int) -> None:
         with self._lock:
             w = self.workers.setdefault(worker_id, [0, 0, _now_ns(), _now_ns(), None, 0])
             w[5] += 1
 
-    def batch_taken(self, batch_index: int, call_ns: int) -> None:
-        """The consumer's next() (called at `call_ns`) returned `batch_index`."""
-        now = _now_ns()
-        stage_ns = self.stage_ns
-        previous = self._last_return_ns
-        if previous is not None:
-            stage_ns["consumer_compute"] += max(0, call_ns - previous)
-        elif self._epoch_start_ns is not None:
-            stage_ns["consumer_compute"] += max(0, call_ns - self._epoch_start_ns)
-        stage_ns["consumer_wait"] += now - call_ns
-        put = self._put_ns.pop(batch_index, None)
-        if put is not None:
-            stage_ns["reorder_wait"] += max(0, now - put)
-        self.events.append(("next", batch_index, call_ns, now, previous))
-        self._last_return_ns = now
-        self.end_ns = now
-        self.batches += 1
+    def _fold(self) -> None:
+        """Aggregate the queued per-batch records into the stage, field and
+        worker totals (and the bounded trace records)."""
+        with self._lock:
+            stage_ns, workers, fields, events = self.stage_ns, self.workers, self.fields, self.events
+            done, taken = self._done_queue, self._taken_queue
+            while done:
+                (worker_id, pid, idx, start, fetch_ns, collate_ns, sent, ready,
+                 field_stats, field_ns) = done.popleft()
+                stage_ns["fetch"] += fetch_ns
+                stage_ns["collate"] += collate_ns
+                if sent:
+                    stage_ns["transport"] += max(0, ready - sent)
+                self._put_ns[idx] = ready
+                w = workers.get(worker_id)
+                if w is None:
+                    w = workers[worker_id] = [0, 0, start, sent, pid, 0]
+                w[0] += fetch_ns + collate_ns
+                w[1] += 1
+                w[2] = min(w[2], start)
+                w[3] = max(w[3], sent)
+                w[4] = pid
+                for (path, kernel, nbytes, shape, dtype), ns in zip(field_stats, field_ns):
+                    f = fields.get(path)
+                    if f is None:
+                        f = fields[path] = [kernel, 0, 0, 0, shape, dtype]
+                    f[1] += 1
+                    f[2] += ns
+                    f[3] += nbytes
+                    f[4] = shape
+                events.append(("batch", worker_id, idx, start, fetch_ns, collate_ns, sent, ready))
+            while taken:
+                idx, call, now = taken.popleft()
+                previous = self._last_return_ns
+                if previous is not None:
+                    stage_ns["consumer_compute"] += max(0, call - previous)
+                elif self._epoch_start_ns is not None:
+                    stage_ns["consumer_compute"] += max(0, call - self._epoch_start_ns)
+                stage_ns["consumer_wait"] += now - call
+                put = self._put_ns.pop(idx, None)
+                if put is not None:
+                    stage_ns["reorder_wait"] += max(0, now - put)
+                events.append(("next", idx, call, now, previous))
+                self._last_return_ns = now
+                self.end_ns = now
+                self.batches += 1
 
     def epoch_ended(self) -> None:
         now = _now_ns()
         with self._lock:
+            self._fold()
             if self._last_return_ns is not None:
                 self.stage_ns["consumer_compute"] += max(0, now - self._last_return_ns)
             self._last_return_ns = None
@@ -166,6 +186,7 @@ class Profiler:
 
     def report(self) -> Report:
         with self._lock:
+            self._fold()
             end = self.end_ns if self.end_ns is not None else _now_ns()
             start = self.start_ns if self.start_ns is not None else end
             wall_ns = max(1, end - start)
@@ -193,6 +214,7 @@ class Profiler:
     def _spans(self) -> list[tuple[str, str, int | None, int, int]]:
         """The raw records as (track, label, batch index or None, start ns, dur ns)."""
         with self._lock:
+            self._fold()
             records = list(self.events)
         spans: list[tuple[str, str, int | None, int, int]] = []
         for record in records:
