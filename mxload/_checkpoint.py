@@ -47,8 +47,11 @@ class EpochProgress:
             self.extra.remove(self.prefix)
             self.prefix += 1
 
-    def done_indices(self) -> frozenset[Any]:
-        return frozenset(range(self.prefix)) | frozenset(self.extra)
+    def remaining(self, total: int) -> list[int]:
+        """The batch indices of a `total`-batch epoch not taken yet, in order
+        (and remember `total`)."""
+        self.total = total
+        return [i for i in range(self.prefix, total) if i not in self.extra]
 
     def state(self, seed: int) -> dict[str, Any]:
         return {"version": STATE_VERSION, "seed": seed, "epoch": self.epoch,

@@ -37,6 +37,7 @@ from ._worker import (
     send_message,
     thread_worker_main,
     worker_process_main,
+    worker_seed,
 )
 from .batchify import views_from_layout
 from .errors import LoaderTimeoutError, SharedMemoryError, WorkerError
@@ -261,7 +262,6 @@ class Engine:
         return handles
 
     def _start_thread_worker(self, wid: int) -> _WorkerHandle:
-        from ._worker import worker_seed
         handle = _WorkerHandle(wid)
         handle.tasks = queue.Queue()
         handle.process = threading.Thread(
@@ -274,11 +274,12 @@ class Engine:
 
     # ------------------------------------------------------------------ epochs
 
-    def begin_epoch(self, epoch: int, batches: list[Any] | None, profiler: Any = None,
-                    skip: Any = frozenset(), discard: int = 0) -> None:
-        """Start an epoch: `batches` of indices, or None for an IterableDataset.
-        A resumed epoch skips the batch indices in `skip` (never dispatched);
-        a resumed stream drops its first `discard` batches."""
+    def begin_epoch(self, epoch: int, batches: list[Any] | None, order: list[int] | None,
+                    profiler: Any = None, discard: int = 0) -> None:
+        """Start an epoch: `batches` of indices and the `order` of the batch
+        indices to deliver (a resumed epoch leaves out those already taken), or
+        both None for an IterableDataset, whose resumed stream drops its first
+        `discard` batches."""
         with self._lock:
             if self.state != RUNNING:
                 raise RuntimeError(f"the loader's workers are {self.state}")
@@ -289,7 +290,7 @@ class Engine:
             for w in self._workers:
                 w.exhausted = False
             self._batches = batches
-            self._order = None if batches is None else [i for i in range(len(batches)) if i not in skip]
+            self._order = order
             self._discard = discard
             self._next_dispatch = self._next_yield = self._yielded = self._in_flight = 0
             self._dispatch_more()
@@ -822,10 +823,10 @@ def start_epoch(loader: Any) -> EpochIterator:
     loader._stats = engine.stats
     progress = loader._progress
     if loader.iterable:
-        engine.begin_epoch(loader.epoch, None, loader.profiler, discard=progress.count)
+        engine.begin_epoch(loader.epoch, None, None, loader.profiler, discard=progress.count)
     else:
-        progress.total = len(batches)  # type: ignore[arg-type]  # map-style: a list
-        engine.begin_epoch(loader.epoch, batches, loader.profiler, skip=progress.done_indices())
+        assert batches is not None
+        engine.begin_epoch(loader.epoch, batches, progress.remaining(len(batches)), loader.profiler)
     if loader.profiler is not None:
         loader.profiler.epoch_started(t1 - t0, time.monotonic_ns() - t1)
     return EpochIterator(engine, loader.persistent_workers, progress)

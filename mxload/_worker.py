@@ -160,6 +160,10 @@ class _SampleSource:
             self._stream_epoch = epoch
         return self._stream.next_samples()
 
+    def close(self) -> None:
+        """Drop the stream's iterator (an abandoned epoch releases it now)."""
+        self._stream = None
+
 
 @dataclass
 class WorkerConfig:

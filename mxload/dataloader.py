@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from ._checkpoint import EpochProgress, check_state
-from ._worker import _Stream, fetch_samples
+from ._worker import _SampleSource
 from .batchify import collate, collate_profiled, default_batchify
 from .dataset import IterableDataset
 from .sampler import (
@@ -284,7 +284,6 @@ class _InProcessIterator:
 
     def __init__(self, loader: DataLoader):
         self.loader = loader
-        self._dataset = loader.dataset
         self._batchify = loader.batchify_fn
         self._epoch = loader.epoch
         progress = loader._progress
@@ -294,18 +293,15 @@ class _InProcessIterator:
         self._profiler = loader.profiler
         t0 = time.monotonic_ns()
         self._discard = 0
+        self._source = _SampleSource(loader.dataset, loader.iterable, int(loader.batch_size or 0),
+                                     loader.last_batch == "discard", loader.seed)
         if loader.iterable:
-            self._stream: _Stream | None = _Stream(loader.dataset, int(loader.batch_size),  # type: ignore[arg-type]
-                                                      loader.last_batch == "discard")
             self._batches: list[Any] | None = None
-            self._order: list[Any] | None = None
+            self._order: list[int] | None = None
             self._discard = self._progress.count   # resumed: replay the stream, drop what was seen
         else:
-            self._stream = None
             self._batches = loader._epoch_batches()
-            self._progress.total = len(self._batches)
-            done = self._progress.done_indices()
-            self._order = [i for i in range(len(self._batches)) if i not in done]
+            self._order = self._progress.remaining(len(self._batches))
         self._done = False
         if self._profiler is not None:
             self._profiler.epoch_started(time.monotonic_ns() - t0, 0)
@@ -324,11 +320,9 @@ class _InProcessIterator:
             if self._position >= len(self._order):
                 return None
             idx = self._order[self._position]
-            return idx, fetch_samples(self._dataset, self._batches[idx],  # type: ignore[index]  # set with _order
-                                      self.loader.seed, self._epoch)
-        assert self._stream is not None
+            return idx, self._source.samples(self._epoch, self._batches[idx])  # type: ignore[index]
         while True:
-            samples = self._stream.next_samples()
+            samples = self._source.samples(self._epoch, None)
             if samples is None or not self._discard:
                 return None if samples is None else (self._progress.count, samples)
             self._discard -= 1
@@ -361,7 +355,7 @@ class _InProcessIterator:
         if not self._done and self._profiler is not None:
             self._profiler.epoch_ended()
         self._done = True
-        self._stream = None
+        self._source.close()
 
     def __enter__(self) -> _InProcessIterator:
         return self
