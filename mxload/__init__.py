@@ -1,6 +1,13 @@
 """mxload: a fast, reliable multi-process data loader with a compiled core.
 
 Public names only; everything else lives in private modules."""
+try:
+    from . import _core  # noqa: F401  (first: every module below needs it)
+except ImportError as _error:
+    from ._missing_core import explain_missing_core
+
+    raise ImportError(explain_missing_core(_error)) from None  # the original misleads (see _missing_core)
+
 from . import batchify, sampler
 from ._info import show_config
 from ._rng import sample_rng
