@@ -18,7 +18,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import child_pids
+from conftest import child_pids, shm_entries
 from datasets_for_tests import (
     DictDataset,
     DyingDataset,
@@ -359,6 +359,9 @@ def test_pad_handles_the_ragged_field_through_workers():
 def _script(body: str) -> str:
     return textwrap.dedent(f"""
         import os, sys, time, signal
+        # The suite may run with SIGINT ignored (background jobs, some CI runners), and an
+        # ignored signal stays ignored in children: restore Python's Ctrl-C handling.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         sys.path.insert(0, {TESTS_DIR!r})
         import numpy as np, mxload
         from datasets_for_tests import SlowDataset, TupleDataset
@@ -372,7 +375,7 @@ def _run_script(body: str, **kw):
 
 @pytest.mark.parametrize("start_method", START_METHODS)
 def test_parent_killed_workers_exit_and_no_shared_memory_remains(start_method):
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = shm_entries()
     proc = _run_script(f"""
         loader = mxload.DataLoader(SlowDataset(0.05, n=10_000), batch_size=2, num_workers=3,
                                    start_method={start_method!r})
@@ -392,7 +395,7 @@ def test_parent_killed_workers_exit_and_no_shared_memory_remains(start_method):
         proc.wait(5)
         proc.stdout.close()
         proc.stderr.close()
-    assert set(os.listdir("/dev/shm")) <= shm_before
+    assert shm_entries() <= shm_before
 
 
 @pytest.mark.parametrize("start_method", START_METHODS)
@@ -425,7 +428,7 @@ def test_ctrl_c_reaches_the_training_loop_once_and_workers_stay_quiet(start_meth
 
 @pytest.mark.parametrize("start_method", START_METHODS)
 def test_interpreter_exit_with_live_iterator_leaves_nothing(start_method):
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = shm_entries()
     proc = _run_script(f"""
         loader = mxload.DataLoader(SlowDataset(0.01, n=1000), batch_size=2, num_workers=2,
                                    start_method={start_method!r}, persistent_workers=True)
@@ -439,7 +442,7 @@ def test_interpreter_exit_with_live_iterator_leaves_nothing(start_method):
     assert proc.returncode == 0, err
     assert "resource_tracker" not in err and "Traceback" not in err, err
     assert_gone(pids, 2.0)
-    assert set(os.listdir("/dev/shm")) <= shm_before
+    assert shm_entries() <= shm_before
 
 
 def test_failed_slab_allocation_says_shared_memory_ran_out(monkeypatch):
