@@ -192,7 +192,7 @@ class ArrayDataset(Dataset):
         bad = (idx < 0) | (idx >= self._length)
         if bad.any():
             raise IndexError(
-                f"index {int(idx[bad.argmax()])} is out of range for ArrayDataset "
+                f"index {int(idx[np.flatnonzero(bad)[0]])} is out of range for ArrayDataset "
                 f"of length {self._length}")
         if all(isinstance(a, np.ndarray) for a in self._data):
             # Keep the gathered columns: default collation copies each one
