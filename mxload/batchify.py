@@ -413,11 +413,19 @@ def _plan_with(fn: Callable[..., Any], samples: Sequence[Any], path: str,
     return _describe(fn(samples), path, planner)
 
 
+def _slab_representable(value: Any) -> bool:
+    """Whether a shared-memory view rebuilt from (shape, dtype string) is
+    exactly `value`: a plain ndarray of plain numbers.  Subclasses (masked,
+    record, user arrays with attributes), object arrays and dtypes with
+    metadata would come back as a bare ndarray without them."""
+    return type(value) is np.ndarray and not value.dtype.hasobject and value.dtype.metadata is None
+
+
 def _describe(value: Any, path: str, planner: _Planner) -> tuple[Any, ...]:
-    """Plan the result of a custom batchify function: its numpy arrays become
-    copied fields (so they travel through shared memory), containers are
-    walked, anything else is passed through."""
-    if isinstance(value, np.ndarray) and not value.dtype.hasobject:
+    """Plan the result of a custom batchify function: its plain numpy arrays
+    become copied fields (so they travel through shared memory), containers
+    are walked, anything else is passed through (pickled across processes)."""
+    if _slab_representable(value):
         return planner.add(_Field(path, "copy", value, value.shape, value.dtype))
     if isinstance(value, tuple) and hasattr(value, "_fields"):
         return ("t", type(value), [_describe(v, f"{path}.{n}", planner)

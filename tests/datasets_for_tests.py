@@ -161,3 +161,36 @@ def record_worker_id(worker_id: int) -> None:
 
 def failing_init(worker_id: int) -> None:
     raise RuntimeError(f"init failed in worker {worker_id}")
+
+
+class TaggedArray(np.ndarray):
+    """An ndarray subclass carrying an attribute (as units/metadata libraries do)."""
+
+    def __array_finalize__(self, obj):
+        self.tag = getattr(obj, "tag", None)
+
+    def __reduce__(self):
+        base = super().__reduce__()
+        return base[0], base[1], (base[2], self.tag)
+
+    def __setstate__(self, state):
+        super().__setstate__(state[0])
+        self.tag = state[1]
+
+
+def unusual_arrays_batchify(samples):
+    """A batchify_fn returning arrays that a plain shared-memory view cannot
+    represent: a masked array, a record array, an ndarray subclass with an
+    attribute, an object array, a dtype with metadata."""
+    values = np.array([s[1] for s in samples], np.int64)
+    tagged = values.view(TaggedArray)
+    tagged.tag = "units=m"
+    return {
+        "masked": np.ma.masked_array(values, mask=values % 2 == 0),
+        "record": np.rec.fromarrays([values, values * 0.5], names="i,x"),
+        "tagged": tagged,
+        "objects": np.array([{"i": int(v)} for v in values], dtype=object),
+        "meta": np.array(values, dtype=np.dtype(np.int64, metadata={"unit": "m"})),
+        "plain": values * 2,
+        "structured": np.array([(v, v * 0.5) for v in values], dtype=[("i", np.int64), ("x", np.float64)]),
+    }

@@ -7,7 +7,14 @@ import os
 
 import numpy as np
 import pytest
-from datasets_for_tests import DictDataset, ShardedStream, TupleDataset, WorkerInfoDataset, record_worker_id
+from datasets_for_tests import (
+    DictDataset,
+    ShardedStream,
+    TupleDataset,
+    WorkerInfoDataset,
+    record_worker_id,
+    unusual_arrays_batchify,
+)
 
 import mxload
 from mxload import batchify
@@ -196,6 +203,42 @@ def test_custom_batchify_objects_survive_and_arrays_use_shared_memory():
     assert all(b["note"] == "custom" for b in got)
     assert all(isinstance(b["x"].base, np.ndarray) or b["x"].base is not None for b in got)
     assert type(_root(got[0]["x"])).__name__ == "BatchOwner"
+
+
+def _assert_identical(a, b, path="batch"):
+    """Same type and content, down to masks, record fields, attributes and dtype metadata."""
+    assert type(a) is type(b), f"{path}: {type(a).__name__} != {type(b).__name__}"
+    if isinstance(a, dict):
+        assert list(a) == list(b), path
+        for k in a:
+            _assert_identical(a[k], b[k], f"{path}[{k!r}]")
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype, f"{path}: {a.dtype!r} != {b.dtype!r}"
+        assert a.dtype.metadata == b.dtype.metadata, f"{path}: dtype metadata differs"
+        assert a.shape == b.shape, path
+        if isinstance(a, np.ma.MaskedArray):
+            assert np.array_equal(np.ma.getmaskarray(a), np.ma.getmaskarray(b)), f"{path}: mask differs"
+            a, b = a.data, b.data
+        assert a.tolist() == b.tolist(), f"{path}: content differs"
+        assert getattr(a, "__dict__", {}) == getattr(b, "__dict__", {}), f"{path}: attributes differ"
+    else:
+        assert a == b, path
+
+
+@pytest.mark.parametrize("mode", ["thread", "fork", "spawn"])
+def test_batches_the_slab_cannot_represent_arrive_exactly_as_in_process(mode):
+    """A batchify_fn's masked arrays, ndarray subclasses, object arrays and
+    dtypes with metadata come out of every kind of worker exactly as in-process."""
+    kwargs = {"thread_pool": True} if mode == "thread" else {"start_method": mode}
+    ds = TupleDataset(12)
+    expected = list(mxload.DataLoader(ds, batch_size=4, batchify_fn=unusual_arrays_batchify))
+    assert expected[0]["masked"].mask.tolist() == [True, False, True, False]
+    got = list(mxload.DataLoader(ds, batch_size=4, batchify_fn=unusual_arrays_batchify, num_workers=2,
+                                 **kwargs))
+    assert len(got) == len(expected) == 3
+    for g, e in zip(got, expected):
+        _assert_identical(g, e)
+    assert type(_root(got[0]["plain"])).__name__ == ("ndarray" if mode == "thread" else "BatchOwner")
 
 
 def _root(a):
