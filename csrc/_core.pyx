@@ -9,7 +9,7 @@ from cpython.buffer cimport PyBuffer_FillInfo
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.errno cimport errno
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint64_t
 
 cimport numpy as cnp
 import warnings

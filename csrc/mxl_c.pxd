@@ -1,5 +1,5 @@
 # C declarations used by mxload._core: kept apart from the code that uses them.
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint64_t
 
 cdef extern from "mxl_copy.h" nogil:
     ctypedef Py_ssize_t mxl_ssize_t

@@ -1,12 +1,24 @@
 # ReorderBuffer: batches arrive out of order (from the fetcher thread), the
-# consumer takes them in order.  A native mutex + condition variable guard it;
-# every wait happens with the GIL released.
+# consumer takes them in order.  Every wait happens with the GIL released.
 #
-# Lock discipline (why there is no deadlock with the GIL): a thread only ever
-# *blocks* on the mutex inside `with nogil` (a try-lock comes first, which
-# never blocks), so a thread blocked on the mutex never holds the GIL.  While holding the mutex a thread may take the GIL back and
-# touch the dict, but it never runs arbitrary Python code (no signal handlers,
-# no finalizers of stored items) until it has unlocked.
+# Lock discipline.  The Python state (_items, _order, _closed, _reason) is
+# guarded by the GIL alone: each method reads and updates it in Cython code
+# that runs no Python code in between (int keys; nothing that calls back).
+# (This module does not declare free-threading support, so a free-threaded
+# CPython keeps the GIL enabled while it is loaded.)
+# The native mutex guards only C state: the _generation counter that every
+# put() and close() bumps, and the condition variable a waiter sleeps on.
+# Nothing runs under the mutex but C: no allocation (which on CPython <= 3.11
+# may start a collection, whose finalizers may call close() on this very
+# buffer), no Py_DECREF (which may run a finalizer), no Python call.  So code
+# that re-enters the buffer from a collection never finds the mutex held by
+# its own thread.  A thread blocks on the mutex only with the GIL released
+# (a try-lock comes first, which never blocks), and never takes the GIL back
+# while holding it, so the two locks cannot deadlock either.
+#
+# A waiter reads the generation *before* looking for its item and sleeps only
+# while the generation is unchanged: an item put after the look bumps it, so
+# no wake-up is lost.
 
 from heapq import heappush, heappop
 
@@ -43,6 +55,7 @@ cdef class ReorderBuffer:
     """
     cdef pthread_mutex_t _mutex
     cdef pthread_cond_t _cond
+    cdef uint64_t _generation  # bumped by put() and close(); under _mutex
     cdef dict _items
     cdef list _order      # min-heap of indices for pop_next (lazily pruned)
     cdef bint _closed
@@ -54,6 +67,7 @@ cdef class ReorderBuffer:
         if pthread_cond_init(&self._cond, NULL) != 0:
             pthread_mutex_destroy(&self._mutex)
             raise MemoryError("pthread_cond_init failed")
+        self._generation = 0
         self._items = {}
         self._order = []
         self._closed = False
@@ -63,7 +77,7 @@ cdef class ReorderBuffer:
         pthread_cond_destroy(&self._cond)
         pthread_mutex_destroy(&self._mutex)
 
-    cdef inline void _lock(self):
+    cdef inline void _lock(self) noexcept:
         # Uncontended (the common case): take it without releasing the GIL,
         # which would hand the GIL to the other thread and cost two context
         # switches per put/get.  Contended: wait with the GIL released.
@@ -71,8 +85,32 @@ cdef class ReorderBuffer:
             with nogil:
                 pthread_mutex_lock(&self._mutex)
 
-    cdef inline void _unlock(self) noexcept:
+    cdef inline uint64_t _generation_now(self) noexcept:
+        cdef uint64_t g
+        self._lock()
+        g = self._generation
         pthread_mutex_unlock(&self._mutex)
+        return g
+
+    cdef inline void _notify(self) noexcept:
+        """Wake every waiter: something was put, or the buffer closed."""
+        self._lock()
+        self._generation += 1
+        pthread_cond_broadcast(&self._cond)
+        pthread_mutex_unlock(&self._mutex)
+
+    cdef uint64_t _wait_for_change(self, uint64_t seen, double seconds) noexcept nogil:
+        """Sleep until the generation differs from `seen` or `seconds` pass;
+        return the generation at wake-up."""
+        cdef timespec ts
+        _abs_deadline(&ts, seconds)
+        pthread_mutex_lock(&self._mutex)
+        while self._generation == seen:
+            if pthread_cond_timedwait(&self._cond, &self._mutex, &ts) != 0:
+                break  # timed out: the caller checks its deadline and signals
+        seen = self._generation
+        pthread_mutex_unlock(&self._mutex)
+        return seen
 
     cdef object _closed_error(self):
         msg = "ReorderBuffer is closed"
@@ -81,35 +119,42 @@ cdef class ReorderBuffer:
         return BufferClosedError(msg)
 
     def put(self, Py_ssize_t idx, item):
-        self._lock()
-        try:
-            if self._closed:
-                raise self._closed_error()
-            if idx in self._items:
-                raise KeyError(f"batch index {idx} is already in the ReorderBuffer")
-            self._items[idx] = item
-            heappush(self._order, idx)
-            if len(self._order) > 2 * len(self._items) + 64:
-                # get() leaves stale heap entries; rebuild before they pile up.
-                self._order = sorted(self._items)
-            pthread_cond_broadcast(&self._cond)
-        finally:
-            self._unlock()
+        if self._closed:
+            raise self._closed_error()
+        if idx in self._items:
+            raise KeyError(f"batch index {idx} is already in the ReorderBuffer")
+        self._items[idx] = item
+        heappush(self._order, idx)
+        if len(self._order) > 2 * len(self._items) + 64:
+            # get() leaves stale heap entries; rebuild before they pile up.
+            self._order = sorted(self._items)
+        self._notify()
 
     def try_get(self, Py_ssize_t idx, default=None):
-        self._lock()
-        try:
-            if self._closed:
-                raise self._closed_error()
-            return self._items.pop(idx, default)
-        finally:
-            self._unlock()
+        if self._closed:
+            raise self._closed_error()
+        return self._items.pop(idx, default)
+
+    cdef object _pop_smallest(self):
+        """(idx, item) with the smallest idx stored, or _MISSING."""
+        while self._order:
+            key = heappop(self._order)
+            item = self._items.pop(key, _MISSING)
+            if item is not _MISSING:
+                return key, item
+        if self._items:
+            # A put interleaved by a finalizer between its two updates left
+            # a key off the heap: rebuild rather than ever miss an item.
+            self._order = sorted(self._items)
+            return self._pop_smallest()
+        return _MISSING
 
     cdef object _wait(self, Py_ssize_t idx, bint any_index, timeout):
         cdef double remaining = -1.0
         cdef double slice_s
-        cdef timespec ts
         cdef int64_t deadline_ns = 0
+        cdef uint64_t seen = 0
+        cdef bint armed = False
         if timeout is not None:
             if not timeout >= 0:
                 raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
@@ -118,33 +163,31 @@ cdef class ReorderBuffer:
             else:
                 deadline_ns = mxl_monotonic_ns() + <int64_t>(timeout * 1e9)
         while True:
-            self._lock()
-            try:
-                if self._closed:
-                    raise self._closed_error()
-                if any_index:
-                    while self._order:
-                        key = heappop(self._order)
-                        item = self._items.pop(key, _MISSING)
-                        if item is not _MISSING:
-                            return key, item
-                else:
-                    item = self._items.pop(idx, _MISSING)
-                    if item is not _MISSING:
-                        return item
-                if timeout is not None:
-                    remaining = (deadline_ns - mxl_monotonic_ns()) / 1e9
-                    if remaining <= 0:
-                        what = "any batch" if any_index else f"batch {idx}"
-                        raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
-                slice_s = _WAIT_SLICE_S if (remaining < 0 or remaining > _WAIT_SLICE_S) else remaining
-                _abs_deadline(&ts, slice_s)
-                with nogil:
-                    pthread_cond_timedwait(&self._cond, &self._mutex, &ts)
-            finally:
-                self._unlock()
-            # Outside the mutex: let Python run pending signal handlers so
-            # Ctrl-C interrupts a consumer blocked here.
+            if self._closed:
+                raise self._closed_error()
+            if any_index:
+                found = self._pop_smallest()
+            else:
+                found = self._items.pop(idx, _MISSING)
+            if found is not _MISSING:
+                return found
+            if not armed:
+                # Read the generation, then look once more: an item put
+                # between the first look and this read is found by the
+                # second look; one put after it wakes the wait below.
+                seen = self._generation_now()
+                armed = True
+                continue
+            if timeout is not None:
+                remaining = (deadline_ns - mxl_monotonic_ns()) / 1e9
+                if remaining <= 0:
+                    what = "any batch" if any_index else f"batch {idx}"
+                    raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+            slice_s = _WAIT_SLICE_S if (remaining < 0 or remaining > _WAIT_SLICE_S) else remaining
+            with nogil:
+                seen = self._wait_for_change(seen, slice_s)
+            # Let Python run pending signal handlers so Ctrl-C interrupts a
+            # consumer blocked here.
             PyErr_CheckSignals()
 
     def get(self, Py_ssize_t idx, timeout=None):
@@ -156,14 +199,10 @@ cdef class ReorderBuffer:
         return self._wait(0, True, timeout)
 
     def close(self, reason=None):
-        self._lock()
-        try:
-            if not self._closed:
-                self._closed = True
-                self._reason = reason
-            pthread_cond_broadcast(&self._cond)
-        finally:
-            self._unlock()
+        if not self._closed:
+            self._closed = True
+            self._reason = reason
+        self._notify()
 
     @property
     def closed(self):
@@ -172,26 +211,15 @@ cdef class ReorderBuffer:
     def clear(self):
         """Remove everything; return the removed items as a dict.
 
-        The items are released by the caller after the mutex is dropped, so
-        their finalizers (slab recycling) never run under the lock."""
-        self._lock()
-        try:
-            items, self._items = self._items, {}
-            self._order = []
-        finally:
-            self._unlock()
+        The caller releases the items, so their finalizers (slab recycling)
+        run outside this call."""
+        items = self._items
+        self._items = {}
+        self._order = []
         return items
 
     def __len__(self):
-        self._lock()
-        try:
-            return len(self._items)
-        finally:
-            self._unlock()
+        return len(self._items)
 
     def __contains__(self, Py_ssize_t idx):
-        self._lock()
-        try:
-            return idx in self._items
-        finally:
-            self._unlock()
+        return idx in self._items

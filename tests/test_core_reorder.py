@@ -1,9 +1,11 @@
 """Tests for mxload._core.ReorderBuffer: ordering, blocking waits with the GIL
-released, timeouts, close/clear semantics, signal delivery and thread stress."""
+released, timeouts, close/clear semantics, signal delivery, thread stress and
+re-entry from the garbage collector."""
 import gc
 import os
 import random
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -18,6 +20,8 @@ pytestmark = pytest.mark.timeout(60)
 
 # Generous slack for "promptly": the buffer waits in 50 ms slices, CI boxes are slow.
 SLACK = 1.0
+# MXLOAD_LONG_TESTS=1 runs the repeated race and re-entry tests many more times.
+LONG = os.environ.get("MXLOAD_LONG_TESTS") == "1"
 
 
 class Item:
@@ -751,3 +755,133 @@ def test_huge_timeouts_mean_wait_forever(timeout):
     assert buf.get(0, timeout=timeout) == "x"
     with pytest.raises(ValueError, match="timeout"):
         buf.get(1, timeout=float("nan"))
+
+
+# ---------------------------------------------------------------------------
+# re-entry from the garbage collector
+# ---------------------------------------------------------------------------
+
+# Run in a child so that a deadlock fails the test (by its timeout) instead of
+# hanging the suite.  Before each operation a collection is armed: freelists
+# are drained and the generation-0 count pushed past its threshold with the
+# collector disabled, so (on CPython <= 3.11, which collects inline) the first
+# container or exception the operation allocates runs a collection right there.
+# The collection reaches the same buffer, as an EpochIterator.__del__ does
+# (shutdown -> close()): through a gc callback, or the finalizer of cyclic
+# garbage.  A buffer that allocates while holding its native mutex locks it a
+# second time from the same thread and hangs for ever.
+_GC_REENTRY_CHILD = r"""
+import gc, sys
+from mxload._core import BufferClosedError, ReorderBuffer
+
+rounds, how = int(sys.argv[1]), sys.argv[2]
+state = {"buf": None, "in_op": False, "inside": 0, "next": 10_000}
+
+
+def reach(buf):
+    state["inside"] += state["in_op"]
+    state["next"] += 1
+    len(buf)
+    0 in buf
+    if state["next"] % 3 == 0:
+        buf.close("closed by a collection")
+    else:
+        try:
+            buf.put(state["next"], "from a collection")
+        except BufferClosedError:
+            pass
+
+
+def on_collect(phase, info):
+    if phase == "start" and state["buf"] is not None:
+        reach(state["buf"])
+
+
+class Reacher:
+    def __init__(self, buf):
+        self.buf, self.cycle = buf, self
+
+    def __del__(self):
+        reach(self.buf)
+
+
+class Junk:
+    pass
+
+
+def expect(value):
+    def check(got, buf):
+        assert got == value, (got, value)
+    return check
+
+
+OPS = [
+    ("put", lambda b: b.put(1, "y"), None),
+    ("put a duplicate", lambda b: b.put(0, "again"), KeyError),
+    ("put after close", lambda b: (b.close("closed"), b.put(1, "y")), BufferClosedError),
+    ("get", lambda b: b.get(0), expect("x")),
+    ("get, timed out", lambda b: b.get(5, timeout=0), TimeoutError),
+    ("get after close", lambda b: (b.close("closed"), b.get(0)), BufferClosedError),
+    ("try_get", lambda b: b.try_get(0), expect("x")),
+    ("try_get after close", lambda b: (b.close("closed"), b.try_get(0)), BufferClosedError),
+    ("pop_next", lambda b: b.pop_next(timeout=0), expect((0, "x"))),
+    ("pop_next, timed out", lambda b: (b.get(0), b.pop_next(timeout=0)), TimeoutError),
+    ("clear", lambda b: b.clear(), None),
+    ("close", lambda b: b.close("closed"), None),
+    ("len", lambda b: len(b), None),
+    ("contains", lambda b: 0 in b, expect(True)),
+]
+
+gc.set_threshold(1000)
+gc.callbacks.append(on_collect)
+for r in range(rounds):
+    for name, op, outcome in OPS:
+        buf = ReorderBuffer()
+        buf.put(0, "x")
+        gc.collect()
+        gc.disable()
+        drain = [(i, i) for i in range(400)] + [{} for _ in range(400)] + [[] for _ in range(400)]
+        junk = [Junk() for _ in range(1000 - 2 * (r % 4))]  # vary where the collection lands
+        if how == "finalizer":
+            Reacher(buf)
+        else:
+            state["buf"] = buf
+        gc.enable()
+        state["in_op"] = True
+        try:
+            got = op(buf)
+        except BufferClosedError:
+            assert buf.closed, name  # closed by the operation or by the collection
+        except BaseException as e:
+            assert isinstance(outcome, type) and isinstance(e, outcome), (name, e)
+        else:
+            assert not isinstance(outcome, type), (name, "did not raise", outcome)
+            if outcome is not None:
+                outcome(got, buf)
+        state["in_op"] = False
+        state["buf"] = None
+        del drain, junk
+print("collections inside an operation:", state["inside"], "of", rounds * len(OPS), flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["gc_callback", "finalizer"])
+def test_collection_inside_an_operation_may_reach_the_buffer(how):
+    """A collection that runs inside any ReorderBuffer method (allocation of a
+    result, an exception, a container) may call back into the same buffer:
+    close(), put(), len(), `in`.  Nothing hangs, every operation ends with its
+    own result or BufferClosedError."""
+    rounds = 300 if LONG else 15
+    try:
+        proc = subprocess.run([sys.executable, "-c", _GC_REENTRY_CHILD, str(rounds), how],
+                              capture_output=True, text=True, timeout=20 + rounds / 10)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"deadlock: a collection ({how}) re-entered a ReorderBuffer "
+                    f"that held its mutex")
+    assert proc.returncode == 0, proc.stderr
+    inside = int(proc.stdout.split()[-3])
+    # The reproduction is only worth something if collections really ran
+    # inside the operations: in the 8 that allocate (an exception, a result
+    # tuple, a new dict), on CPython <= 3.11; 3.12+ collects between bytecodes.
+    if sys.version_info < (3, 12):
+        assert inside >= rounds * 6, proc.stdout
