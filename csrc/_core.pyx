@@ -41,4 +41,6 @@ BUILD_INFO = {
     "compile_flags": MXL_COMPILE_FLAGS.decode(),
     "numpy_build_version": MXL_NUMPY_BUILD_VERSION.decode(),
     "numpy_c_api": True,
+    # The clock ReorderBuffer's waits are timed on (see mxl_cond.h).
+    "wait_clock": MXL_COND_CLOCK_NAME.decode(),
 }

@@ -15,8 +15,6 @@ cdef extern from "<time.h>" nogil:
     struct timespec:
         time_t tv_sec
         long tv_nsec
-    int CLOCK_REALTIME
-    int clock_gettime(int clk, timespec *ts)
 
 cdef extern from "<pthread.h>" nogil:
     ctypedef struct pthread_mutex_t:
@@ -25,17 +23,19 @@ cdef extern from "<pthread.h>" nogil:
         pass
     ctypedef struct pthread_cond_t:
         pass
-    ctypedef struct pthread_condattr_t:
-        pass
     int pthread_mutex_init(pthread_mutex_t *m, const pthread_mutexattr_t *attr)
     int pthread_mutex_destroy(pthread_mutex_t *m)
     int pthread_mutex_lock(pthread_mutex_t *m)
     int pthread_mutex_trylock(pthread_mutex_t *m)
     int pthread_mutex_unlock(pthread_mutex_t *m)
-    int pthread_cond_init(pthread_cond_t *c, const pthread_condattr_t *attr)
     int pthread_cond_destroy(pthread_cond_t *c)
     int pthread_cond_broadcast(pthread_cond_t *c)
     int pthread_cond_timedwait(pthread_cond_t *c, pthread_mutex_t *m, const timespec *abstime)
+
+cdef extern from "mxl_cond.h" nogil:
+    const char *MXL_COND_CLOCK_NAME
+    int mxl_cond_init(pthread_cond_t *c)
+    void mxl_cond_deadline(timespec *ts, double seconds)
 
 cdef extern from "<sys/mman.h>" nogil:
     int PROT_READ

@@ -34,14 +34,6 @@ cdef double _WAIT_SLICE_S = 0.05
 cdef double _MAX_TIMEOUT_S = 1e9
 
 
-cdef inline void _abs_deadline(timespec *ts, double seconds) noexcept nogil:
-    clock_gettime(CLOCK_REALTIME, ts)
-    cdef long whole = <long>seconds
-    cdef long nsec = ts.tv_nsec + <long>((seconds - whole) * 1e9)
-    ts.tv_sec += whole + nsec // 1000000000
-    ts.tv_nsec = nsec % 1000000000
-
-
 cdef class ReorderBuffer:
     """Thread-safe map from batch index to item with blocking, GIL-free waits.
 
@@ -64,7 +56,7 @@ cdef class ReorderBuffer:
     def __cinit__(self):
         if pthread_mutex_init(&self._mutex, NULL) != 0:
             raise MemoryError("pthread_mutex_init failed")
-        if pthread_cond_init(&self._cond, NULL) != 0:
+        if mxl_cond_init(&self._cond) != 0:
             pthread_mutex_destroy(&self._mutex)
             raise MemoryError("pthread_cond_init failed")
         self._generation = 0
@@ -103,7 +95,7 @@ cdef class ReorderBuffer:
         """Sleep until the generation differs from `seen` or `seconds` pass;
         return the generation at wake-up."""
         cdef timespec ts
-        _abs_deadline(&ts, seconds)
+        mxl_cond_deadline(&ts, seconds)
         pthread_mutex_lock(&self._mutex)
         while self._generation == seen:
             if pthread_cond_timedwait(&self._cond, &self._mutex, &ts) != 0:

@@ -15,6 +15,7 @@ class _BuildInfo(TypedDict):
     compile_flags: str
     numpy_build_version: str
     numpy_c_api: bool
+    wait_clock: str
 
 BUILD_INFO: _BuildInfo
 

@@ -20,6 +20,7 @@ def config() -> dict[str, Any]:
         "core": _core.__file__,
         "compile_flags": _core.BUILD_INFO["compile_flags"],
         "numpy (built against)": _core.BUILD_INFO["numpy_build_version"],
+        "wait clock (timeouts, Ctrl-C)": _core.BUILD_INFO["wait_clock"],
         "numpy (running)": np.__version__,
         "python": platform.python_version(),
         "platform": f"{sys.platform} {platform.machine()}",
@@ -32,7 +33,8 @@ def config() -> dict[str, Any]:
 
 def show_config() -> None:
     """Print the version, the compiled core's build flags, numpy version,
-    start method, and whether memfd_create and PR_SET_PDEATHSIG are available."""
+    the clock waits are timed on, start method, and whether memfd_create and
+    PR_SET_PDEATHSIG are available."""
     info = config()
     width = max(map(len, info))
     for key, value in info.items():

@@ -885,3 +885,88 @@ def test_collection_inside_an_operation_may_reach_the_buffer(how):
     # tuple, a new dict), on CPython <= 3.11; 3.12+ collects between bytecodes.
     if sys.version_info < (3, 12):
         assert inside >= rounds * 6, proc.stdout
+
+
+# ---------------------------------------------------------------------------
+# the clock of the waits
+# ---------------------------------------------------------------------------
+
+
+def test_waits_run_on_the_monotonic_clock():
+    """Waits are timed on CLOCK_MONOTONIC where pthreads can (Linux); show_config
+    reports the clock."""
+    clock = _core.BUILD_INFO["wait_clock"]
+    assert clock in ("CLOCK_MONOTONIC", "CLOCK_REALTIME")
+    if sys.platform.startswith("linux"):
+        assert clock == "CLOCK_MONOTONIC"
+
+
+# An LD_PRELOAD shim that makes every CLOCK_REALTIME reading in the process an
+# hour ahead of the kernel's wall clock: exactly what a program sees when the
+# wall clock is stepped back an hour between reading it and waiting.  A wait
+# whose deadline is computed on CLOCK_REALTIME then sleeps an hour.
+_WALL_CLOCK_SHIM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <time.h>
+
+int clock_gettime(clockid_t clk, struct timespec *ts)
+{
+    static int (*real)(clockid_t, struct timespec *);
+    if (real == NULL)
+        real = (int (*)(clockid_t, struct timespec *))dlsym(RTLD_NEXT, "clock_gettime");
+    int rc = real(clk, ts);
+    if (rc == 0 && clk == CLOCK_REALTIME)
+        ts->tv_sec += 3600;
+    return rc;
+}
+"""
+
+_WALL_CLOCK_CHILD = r"""
+import signal, sys, time
+from mxload._core import ReorderBuffer
+
+assert time.time() - float(sys.argv[1]) > 3000, "the wall-clock shim is not active"
+buf = ReorderBuffer()
+for wait in (lambda: buf.get(0, timeout=0.3), lambda: buf.pop_next(timeout=0.3)):
+    t0 = time.monotonic()
+    try:
+        wait()
+    except TimeoutError:
+        pass
+    print(round(time.monotonic() - t0, 3), flush=True)
+# No timeout at all: a signal handler (Ctrl-C's path) runs between wait slices.
+def alarm(signum, frame):
+    raise InterruptedError("alarm")
+signal.signal(signal.SIGALRM, alarm)
+signal.setitimer(signal.ITIMER_REAL, 0.2)
+t0 = time.monotonic()
+try:
+    buf.get(0)
+except InterruptedError:
+    pass
+print(round(time.monotonic() - t0, 3), flush=True)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD_PRELOAD shim, Linux")
+def test_a_wall_clock_step_does_not_stretch_waits(tmp_path):
+    import shutil
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("needs a C compiler to build the wall-clock shim")
+    (tmp_path / "shim.c").write_text(_WALL_CLOCK_SHIM)
+    shim = tmp_path / "shim.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(shim), str(tmp_path / "shim.c"),
+                    "-ldl"], check=True, capture_output=True, timeout=60)
+    env = dict(os.environ, LD_PRELOAD=str(shim))
+    try:
+        proc = subprocess.run([sys.executable, "-c", _WALL_CLOCK_CHILD, str(time.time())],
+                              env=env, capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        pytest.fail("a wait slept past its timeout: it is timed on the wall clock")
+    assert proc.returncode == 0, proc.stderr
+    timed_get, timed_pop, interrupted = map(float, proc.stdout.split())
+    assert 0.3 <= timed_get < 0.3 + SLACK
+    assert 0.3 <= timed_pop < 0.3 + SLACK
+    assert 0.15 <= interrupted < 0.2 + SLACK

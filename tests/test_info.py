@@ -12,7 +12,8 @@ from mxload import _core
 from mxload._info import config
 
 EXPECTED_KEYS = [
-    "mxload", "core", "compile_flags", "numpy (built against)", "numpy (running)", "python",
+    "mxload", "core", "compile_flags", "numpy (built against)", "wait clock (timeouts, Ctrl-C)",
+    "numpy (running)", "python",
     "platform", "default start method", "memfd_create (anonymous shared memory)",
     "PR_SET_PDEATHSIG (workers die with parent)", "cpu cores",
 ]
@@ -29,6 +30,7 @@ def test_config_reports_version_build_numpy_and_platform():
     assert built == _core.BUILD_INFO["numpy_build_version"]
     assert int(built.split(".")[0]) >= 2
     assert info["numpy (running)"] == np.__version__
+    assert info["wait clock (timeouts, Ctrl-C)"] == _core.BUILD_INFO["wait_clock"]
     assert info["default start method"] in ("fork", "spawn", "forkserver")
     assert info["memfd_create (anonymous shared memory)"] is hasattr(os, "memfd_create")
     assert info["PR_SET_PDEATHSIG (workers die with parent)"] is sys.platform.startswith("linux")
