@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from ._checkpoint import EpochProgress, check_state
+from ._cpus import warn_if_oversubscribed
 from ._worker import _SampleSource
 from .batchify import collate, collate_profiled, default_batchify
 from .dataset import IterableDataset
@@ -145,6 +146,8 @@ class DataLoader:
         self.sampler = getattr(batch_sampler, "sampler", None)  # e.g. loader.sampler.set_epoch(e)
         self.batchify_fn = batchify_fn if batchify_fn is not None else default_batchify
         self.num_workers = int(num_workers)
+        if self.num_workers and not thread_pool:
+            warn_if_oversubscribed(self.num_workers)
         self.prefetch = int(prefetch) if prefetch is not None else 2 * max(self.num_workers, 1)
         self.thread_pool = bool(thread_pool)
         self.timeout = timeout

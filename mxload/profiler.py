@@ -1,5 +1,5 @@
-"""The loader profiler: where does a batch's time go, which field's collation
-is the hotspot, and is the training loop waiting for data at all?
+"""The loader profiler: where does the training loop's time go, which field's
+collation is the hotspot, and is the training loop waiting for data at all?
 
 Recording is a handful of integer appends per batch (timestamps come from the
 workers' own messages and from the C kernels' monotonic clock), so it can stay
@@ -7,25 +7,33 @@ on in a real run.  ``Profiler.report()`` turns the records into a
 :class:`Report`; ``Profiler.save_chrome_trace(path)`` writes a Trace Event
 Format file for Perfetto / chrome://tracing.
 
-Stages of one batch:
+``Report.stages`` partitions the wall time (first epoch's start to the latest
+batch or epoch end) as the training loop lived it; the stages add up to the
+wall time, nothing is counted twice:
 
-- ``sampling``: the sampler producing the epoch's index lists (main process);
-- ``fetch``: ``__getitem__`` / ``__getitems__`` / transforms (worker);
-- ``collate``: the batchify planner and kernels (worker);
-- ``transport``: from the worker sending the result to the batch being in the
-  reorder buffer (queue, slab hand-off, views built);
-- ``reorder_wait``: the batch sat finished but out of order;
-- ``consumer_wait``: the training loop blocked in ``next()``;
-- ``consumer_compute``: the training loop's own time between ``next()`` calls.
+- ``startup``: starting workers and dispatching the first batches;
+- ``sampling``: the sampler producing the epoch's index lists;
+- ``consumer_compute``: the training loop's own time between ``next()``
+  calls (and between epochs);
+- the rest is the training loop blocked in ``next()``, split by where the
+  batch it waited for was at that moment:
+  ``queued`` (not started: every worker busy with earlier batches),
+  ``fetch`` (``__getitem__`` / ``__getitems__`` / transforms in a worker),
+  ``collate`` (the batchify kernels in a worker),
+  ``transport`` (its trip from the worker to the training loop), and
+  ``reorder_wait`` (the loop waited for this batch although a later one was
+  already finished: ``in_order=False`` would have yielded that one).
 
-``consumer_wait + consumer_compute + startup`` is the wall time; the worker
-stages run in parallel with them and are reported per worker too.
+``Report.worker_stages`` has the workers' own totals (fetch, collate and
+transport summed over all batches and workers, which run in parallel with the
+training loop), and the worker table their busy time and CPU time.
 """
 from __future__ import annotations
 
 import collections
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -34,16 +42,42 @@ from typing import Any
 
 import numpy as np
 
+from ._cpus import usable_cores
+
 __all__ = ["Profiler", "Report", "profile"]
 
 # The training loop is "loader-bound" when it waits for data more than this
 # share of the wall time.
 LOADER_BOUND_SHARE = 0.2
+# Cores count as full when the loader's processes use this share of them.
+CPU_FULL_SHARE = 0.85
+# ... or when the workers spend this share of their runnable time waiting
+# for a core (the machine is shared, or there are more workers than cores).
+CONTENDED_SHARE = 0.25
+# A worker computes (rather than sleeps or waits on I/O) when its CPU time
+# is at least this share of its busy time.
+COMPUTING_SHARE = 0.7
+# Below this many microseconds of __getitem__ per sample, the Python call per
+# sample (not the work inside it) dominates, and __getitems__ pays off.
+PER_SAMPLE_OVERHEAD_US = 50.0
 
 MAX_TRACE_EVENTS = 200_000
 FOLD_AT = 4096   # queued per-batch records aggregated at once
 
-STAGES = ("sampling", "fetch", "collate", "transport", "reorder_wait", "consumer_wait", "consumer_compute")
+WAIT_STAGES = ("queued", "fetch", "collate", "transport", "reorder_wait")
+STAGES = ("startup", "sampling") + WAIT_STAGES + ("consumer_compute",)
+WORKER_STAGES = ("fetch", "collate", "transport")
+
+_STAGE_LABELS = {
+    "startup": "start-up (workers, first batches)",
+    "sampling": "sampling (index lists)",
+    "queued": "waiting: batch queued",
+    "fetch": "waiting: fetch",
+    "collate": "waiting: collate",
+    "transport": "waiting: transport",
+    "reorder_wait": "waiting: reorder",
+    "consumer_compute": "training loop's own time",
+}
 
 
 def _now_ns() -> int:
@@ -51,19 +85,60 @@ def _now_ns() -> int:
     return time.monotonic_ns()
 
 
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _process_cpu_ns(pid: int) -> tuple[int, int] | None:
+    """(CPU time used, time spent runnable but waiting for a core) of `pid`'s
+    main thread so far, in ns, from /proc (Linux); None where it cannot be
+    read (another OS, or the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            run, wait = f.read().split()[:2]
+        return int(run), int(wait)
+    except (OSError, ValueError):
+        pass
+    try:   # no schedstat (kernel without CONFIG_SCHED_INFO): CPU time alone, in clock ticks
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // _CLOCK_TICKS, 0
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _clip(t: int, lo: int, hi: int) -> int:
+    return lo if t < lo else hi if t > hi else t
+
+
 class Profiler:
-    """Collects per-batch, per-field and per-worker timings of one loader."""
+    """Collects per-batch, per-field and per-worker timings of one loader.
+
+    Made by ``DataLoader(..., profile=True)`` (as ``loader.profiler``) or by
+    :func:`profile`; the loader calls the recording hooks.  Read it with
+    :meth:`report` and :meth:`save_chrome_trace`.
+
+    Example:
+        >>> import numpy as np, mxload
+        >>> loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(8)), batch_size=4, profile=True)
+        >>> for batch in loader:
+        ...     pass
+        >>> loader.profiler.report().batches
+        2
+    """
 
     def __init__(self) -> None:
         self._lock = threading.RLock()   # _fold() runs inside report() and the epoch hooks
         self.reset()
 
     def reset(self) -> None:
+        """Forget everything recorded so far."""
         with self._lock:
             self.start_ns: int | None = None
             self.end_ns: int | None = None
             self.stage_ns: dict[str, int] = {s: 0 for s in STAGES}
+            self.worker_stage_ns: dict[str, int] = {s: 0 for s in WORKER_STAGES}
             self.startup_ns = 0
+            self.samples = 0
             # path -> [kernel, calls, ns, bytes, shape, dtype]
             self.fields: dict[str, list[Any]] = {}
             # worker id -> [busy ns, batches, first start ns, last end ns, pid, restarts]
@@ -74,10 +149,17 @@ class Profiler:
             # trace is saved; bounded so a long run keeps its latest records.
             self.events: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=MAX_TRACE_EVENTS)
             self._last_return_ns: int | None = None
-            self._put_ns: dict[int, int] = {}
+            # batch index -> (start, fetched, collated, ready) of a finished, not yet taken batch
+            self._ready: dict[int, tuple[int, int, int, int]] = {}
+            self._unmatched: list[tuple[int, int, int]] = []   # taken before its worker record was folded
             self._epoch_start_ns: int | None = None
             self._done_queue: collections.deque[tuple[Any, ...]] = collections.deque()
             self._taken_queue: collections.deque[tuple[Any, ...]] = collections.deque()
+            # worker pid -> [(cpu ns, runqueue ns) after its first batch, latest reading,
+            #                busy ns of that first batch (not in the CPU figures)]
+            self._cpu: dict[int, list[Any]] = {}
+            self._main_cpu_ns = 0
+            self._main_cpu_start: int | None = None
 
     # ------------------------------------------------------------ recording
 
@@ -85,15 +167,22 @@ class Profiler:
         """An epoch's iterator exists: `sampling_ns` made its indices,
         `startup_ns` started workers and dispatched the first batches."""
         now = _now_ns()
+        begin = now - sampling_ns - startup_ns
         with self._lock:
             self._fold()
             if self.start_ns is None:
-                self.start_ns = now - sampling_ns - startup_ns
+                self.start_ns = begin
+            elif self.end_ns is not None:
+                # Between epochs the training loop did its own work (evaluation, checkpoints).
+                self.stage_ns["consumer_compute"] += max(0, begin - self.end_ns)
             self.stage_ns["sampling"] += sampling_ns
+            self.stage_ns["startup"] += startup_ns
             self.startup_ns += startup_ns
             self._last_return_ns = None
             self._epoch_start_ns = now
-            self.events.append(("epoch", now - sampling_ns - startup_ns, sampling_ns + startup_ns))
+            self.end_ns = now
+            self._main_cpu_start = time.process_time_ns()
+            self.events.append(("epoch", begin, sampling_ns + startup_ns))
 
     # The per-batch hooks only append one raw record to a queue: the fetcher
     # and the consumer are on the critical path of every batch (while one
@@ -110,6 +199,11 @@ class Profiler:
         queue = self._done_queue
         queue.append((worker_id, pid, batch_index, start_ns, fetch_ns, collate_ns,
                       sent_ns if transported else 0, _now_ns(), field_stats, field_ns))
+        if transported and pid is not None and pid not in self._cpu:
+            # The baseline of the worker's CPU time, while it is surely alive.
+            cpu = _process_cpu_ns(pid)
+            if cpu is not None:
+                self._cpu[pid] = [cpu, cpu, fetch_ns + collate_ns]
         if len(queue) >= FOLD_AT:
             self._fold()
 
@@ -121,6 +215,7 @@ class Profiler:
             self._fold()
 
     def worker_restarted(self, worker_id: int) -> None:
+        """Worker `worker_id` died and was replaced."""
         with self._lock:
             w = self.workers.setdefault(worker_id, [0, 0, _now_ns(), _now_ns(), None, 0])
             w[5] += 1
@@ -129,16 +224,19 @@ class Profiler:
         """Aggregate the queued per-batch records into the stage, field and
         worker totals (and the bounded trace records)."""
         with self._lock:
-            stage_ns, workers, fields, events = self.stage_ns, self.workers, self.fields, self.events
+            worker_stage_ns, workers, fields, events = (self.worker_stage_ns, self.workers, self.fields,
+                                                        self.events)
             done, taken = self._done_queue, self._taken_queue
             while done:
                 (worker_id, pid, idx, start, fetch_ns, collate_ns, sent, ready,
                  field_stats, field_ns) = done.popleft()
-                stage_ns["fetch"] += fetch_ns
-                stage_ns["collate"] += collate_ns
+                worker_stage_ns["fetch"] += fetch_ns
+                worker_stage_ns["collate"] += collate_ns
                 if sent:
-                    stage_ns["transport"] += max(0, ready - sent)
-                self._put_ns[idx] = ready
+                    worker_stage_ns["transport"] += max(0, ready - sent)
+                fetched = start + fetch_ns
+                collated = fetched + collate_ns
+                self._ready[idx] = (start, fetched, collated, max(collated, ready))
                 w = workers.get(worker_id)
                 if w is None:
                     w = workers[worker_id] = [0, 0, start, sent, pid, 0]
@@ -155,36 +253,85 @@ class Profiler:
                     f[2] += ns
                     f[3] += nbytes
                     f[4] = shape
+                for _path, _kernel, _nbytes, shape, _dtype in field_stats:
+                    if shape:
+                        self.samples += int(shape[0])
+                        break
                 events.append(("batch", worker_id, idx, start, fetch_ns, collate_ns, sent, ready))
+            if self._unmatched:
+                pending, self._unmatched = self._unmatched, []
+                for record in pending:
+                    self._take(*record)
             while taken:
-                idx, call, now = taken.popleft()
-                previous = self._last_return_ns
-                if previous is not None:
-                    stage_ns["consumer_compute"] += max(0, call - previous)
-                elif self._epoch_start_ns is not None:
-                    stage_ns["consumer_compute"] += max(0, call - self._epoch_start_ns)
-                stage_ns["consumer_wait"] += now - call
-                put = self._put_ns.pop(idx, None)
-                if put is not None:
-                    stage_ns["reorder_wait"] += max(0, now - put)
-                events.append(("next", idx, call, now, previous))
-                self._last_return_ns = now
-                self.end_ns = now
-                self.batches += 1
+                self._take(*taken.popleft())
+
+    def _take(self, idx: int, call: int, now: int, final: bool = False) -> None:
+        """Account one next() call: the training loop's own time before it,
+        and its wait split by where batch `idx` was meanwhile."""
+        bounds = self._ready.pop(idx, None)
+        if bounds is None and not final:
+            # The fetcher thread had not queued this batch's record yet.
+            self._unmatched.append((idx, call, now))
+            return
+        stage_ns = self.stage_ns
+        previous = self._last_return_ns if self._last_return_ns is not None else self._epoch_start_ns
+        if previous is not None:
+            stage_ns["consumer_compute"] += max(0, call - previous)
+        if bounds is None:
+            stage_ns["transport"] += now - call   # no worker record ever came: only the hand-off is known
+        else:
+            start, fetched, collated, ready = bounds
+            # A later batch finished while the loop waited for this one: the
+            # wait from then until this one was ready is head-of-line blocking.
+            later = min((b[3] for b in self._ready.values() if b[3] < ready), default=ready)
+            cut = _clip(later, call, now)
+            q, f, c = _clip(start, call, cut), _clip(fetched, call, cut), _clip(collated, call, cut)
+            r = _clip(ready, cut, now)
+            stage_ns["queued"] += q - call
+            stage_ns["fetch"] += f - q
+            stage_ns["collate"] += c - f
+            stage_ns["reorder_wait"] += r - cut
+            stage_ns["transport"] += (cut - c) + (now - r)
+        self.events.append(("next", idx, call, now, self._last_return_ns))
+        self._last_return_ns = now
+        if self.end_ns is None or now > self.end_ns:
+            self.end_ns = now
+        self.batches += 1
+
+    def _read_cpu(self) -> None:
+        for pid, readings in self._cpu.items():
+            cpu = _process_cpu_ns(pid)
+            if cpu is not None:
+                readings[1] = cpu
 
     def epoch_ended(self) -> None:
+        """The epoch's iterator ended (exhausted, closed or failed)."""
         now = _now_ns()
         with self._lock:
             self._fold()
-            if self._last_return_ns is not None:
-                self.stage_ns["consumer_compute"] += max(0, now - self._last_return_ns)
+            for record in self._unmatched:
+                self._take(*record, final=True)
+            self._unmatched = []
+            self._read_cpu()   # before the workers of this epoch exit
+            if self._main_cpu_start is not None:
+                self._main_cpu_ns += time.process_time_ns() - self._main_cpu_start
+                self._main_cpu_start = None
+            previous = self._last_return_ns if self._last_return_ns is not None else self._epoch_start_ns
+            if previous is not None:
+                self.stage_ns["consumer_compute"] += max(0, now - previous)
             self._last_return_ns = None
-            self._put_ns.clear()
+            self._epoch_start_ns = None
+            self._ready.clear()
             self.end_ns = now
 
     # ------------------------------------------------------------ reporting
 
     def report(self) -> Report:
+        """The numbers recorded so far, as a :class:`Report` (with a verdict).
+
+        Returns:
+            Report: ``str(report)`` is the table, ``report.to_dict()`` the JSON.
+        """
         with self._lock:
             self._fold()
             end = self.end_ns if self.end_ns is not None else _now_ns()
@@ -200,16 +347,44 @@ class Profiler:
                     "bytes_per_batch": nbytes / max(calls, 1), "shape": list(shape), "dtype": dtype,
                 })
             fields.sort(key=lambda f: f["seconds"], reverse=True)
+            if self._epoch_start_ns is not None:
+                self._read_cpu()
+            main_cpu = self._main_cpu_ns
+            if self._main_cpu_start is not None:
+                main_cpu += time.process_time_ns() - self._main_cpu_start
+            cpu_of_pid = {pid: r[1][0] - r[0][0] for pid, r in self._cpu.items()}
+            waited_of_pid = {pid: r[1][1] - r[0][1] for pid, r in self._cpu.items()}
+            unmeasured_of_pid = {pid: r[2] for pid, r in self._cpu.items()}
             workers = []
             for wid, (busy, n, _first, _last, pid, restarts) in sorted(self.workers.items()):
-                span = max(1, end - start)
+                cpu = cpu_of_pid.get(pid) if pid is not None else None
+                waited = waited_of_pid.get(pid) if pid is not None else None
+                measured_busy = busy - unmeasured_of_pid.get(pid, 0) if pid is not None else busy
+                if measured_busy < 0.1 * busy:
+                    cpu_per_busy = None   # nearly all the busy time was the unmeasured first batch
+                else:
+                    cpu_per_busy = None if cpu is None else cpu / max(measured_busy, 1)
                 workers.append({
                     "worker": wid, "pid": pid, "batches": n, "busy_s": busy / 1e9,
-                    "idle_s": max(0.0, (span - busy) / 1e9), "busy_share": min(1.0, busy / span),
+                    "idle_s": max(0.0, (wall_ns - busy) / 1e9), "busy_share": min(1.0, busy / wall_ns),
+                    "cpu_s": None if cpu is None else cpu / 1e9,
+                    "cpu_share": None if cpu is None else cpu / wall_ns,
+                    "waited_for_cpu_s": None if waited is None else waited / 1e9,
+                    # CPU time per second of fetching and collating: ~1 computing, ~0 sleeping or I/O
+                    "cpu_of_busy": cpu_per_busy,
                     "restarts": restarts,
                 })
+            known = sys.platform.startswith("linux") or not any(w["worker"] >= 0 for w in workers)
+            cpu_info: dict[str, Any] = {
+                "usable_cores": usable_cores(),
+                "main_process_s": main_cpu / 1e9,
+                "workers_s": sum(cpu_of_pid.values()) / 1e9 if known else None,
+                "workers_waited_for_cpu_s": sum(waited_of_pid.values()) / 1e9 if known else None,
+            }
             return Report(wall_s=wall_ns / 1e9, startup_s=self.startup_ns / 1e9, stages=stages,
-                          fields=fields, workers=workers, batches=self.batches)
+                          fields=fields, workers=workers, batches=self.batches,
+                          worker_stages={k: v / 1e9 for k, v in self.worker_stage_ns.items()},
+                          samples=self.samples, cpu=cpu_info)
 
     def _spans(self) -> list[tuple[str, str, int | None, int, int]]:
         """The raw records as (track, label, batch index or None, start ns, dur ns)."""
@@ -238,7 +413,15 @@ class Profiler:
 
     def save_chrome_trace(self, path: str) -> None:
         """Write the recorded spans in the Trace Event Format (one track per
-        worker, the fetcher and the consumer)."""
+        worker, the fetcher and the consumer).
+
+        Args:
+            path (str): the JSON file to write (open it in https://ui.perfetto.dev
+                or chrome://tracing).
+
+        Raises:
+            OSError: the file cannot be written.
+        """
         spans = self._spans()
         origin = self.start_ns or (min(sp[3] for sp in spans) if spans else 0)
         pid = os.getpid()
@@ -266,77 +449,222 @@ def _track_order(name: str) -> tuple[Any, ...]:
 
 
 class Report:
-    """A profile's numbers, a plain-text table (``str()``) and a verdict."""
+    """A profile's numbers, a plain-text table (``str(report)``) and a verdict.
+
+    Attributes:
+        wall_s (float): seconds from the first epoch's start to the latest
+            batch (or epoch end).
+        stages (dict[str, float]): the wall time partitioned into ``startup``,
+            ``sampling``, ``queued``, ``fetch``, ``collate``, ``transport``,
+            ``reorder_wait`` and ``consumer_compute`` seconds (they add up to
+            ``wall_s``; see the module docstring).
+        worker_stages (dict[str, float]): ``fetch``, ``collate`` and
+            ``transport`` seconds summed over every batch and worker.
+        fields (list[dict]): per collated field: path, kernel, seconds,
+            share of worker time, bytes per batch, shape, dtype; costliest first.
+        workers (list[dict]): per worker: id (-1: the main process), pid,
+            batches, busy and idle seconds, CPU seconds, restarts.
+        cpu (dict): ``usable_cores`` (affinity and cgroup quota),
+            ``main_process_s`` and ``workers_s`` CPU seconds.
+        batches (int): batches the training loop received.
+        verdict (str): one line: consumer- or loader-bound, and what to do.
+
+    Example:
+        >>> import numpy as np, mxload
+        >>> loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(8)), batch_size=4)
+        >>> with mxload.profile(loader) as prof:
+        ...     batches = list(loader)
+        >>> report = prof.report()
+        >>> abs(sum(report.stages.values()) - report.wall_s) < 1e-6
+        True
+    """
 
     def __init__(self, wall_s: float, startup_s: float, stages: dict[str, float],
-                 fields: list[dict[str, Any]], workers: list[dict[str, Any]], batches: int):
+                 fields: list[dict[str, Any]], workers: list[dict[str, Any]], batches: int,
+                 worker_stages: dict[str, float] | None = None, samples: int = 0,
+                 cpu: dict[str, Any] | None = None):
         self.wall_s = wall_s
         self.startup_s = startup_s
         self.stages = stages
+        self.worker_stages = worker_stages if worker_stages is not None else {s: 0.0 for s in WORKER_STAGES}
         self.fields = fields
         self.workers = workers
         self.batches = batches
+        self.samples = samples
+        self.cpu: dict[str, Any] = cpu if cpu is not None else {
+            "usable_cores": usable_cores(), "main_process_s": 0.0, "workers_s": None,
+            "workers_waited_for_cpu_s": None}
         self.verdict = self._verdict()
 
     @property
+    def consumer_wait_s(self) -> float:
+        """Seconds the training loop spent blocked in ``next()``."""
+        return sum(self.stages.get(s, 0.0) for s in WAIT_STAGES)
+
+    @property
     def loader_bound(self) -> bool:
-        return self.stages["consumer_wait"] > LOADER_BOUND_SHARE * self.wall_s
+        """True when the training loop waited for data more than 20% of the wall time."""
+        return self.consumer_wait_s > LOADER_BOUND_SHARE * self.wall_s
+
+    @property
+    def cores_busy(self) -> float | None:
+        """Cores the loader's processes (main process and workers) kept busy
+        on average over the wall time; None where worker CPU time is unknown."""
+        workers = self.cpu.get("workers_s")
+        if workers is None:
+            return None
+        return float(self.cpu["main_process_s"] + workers) / max(self.wall_s, 1e-9)
+
+    @property
+    def cpu_contention(self) -> float | None:
+        """Share of the workers' busy time (fetching and collating) they spent
+        runnable but waiting for a free core (the cores are taken by other
+        processes, or there are more busy workers than cores); None if unknown."""
+        waited = self.cpu.get("workers_waited_for_cpu_s")
+        busy = sum(w["busy_s"] for w in self.workers if w["worker"] >= 0)
+        if waited is None or busy <= 0:
+            return None
+        return min(1.0, float(waited) / float(busy))
 
     def _verdict(self) -> str:
         wall = max(self.wall_s, 1e-9)
-        wait_share = self.stages["consumer_wait"] / wall
+        wait = self.consumer_wait_s
         if not self.loader_bound:
-            return (f"consumer-bound: the training loop waited for data {wait_share:.0%} of the time "
+            return (f"consumer-bound: the training loop waited for data {wait / wall:.0%} of the time "
                     f"and computed {self.stages['consumer_compute'] / wall:.0%}; the loader is not the "
                     f"bottleneck")
-        head = f"loader-bound: the training loop waited for data {wait_share:.0%} of the time"
-        fetch, collate = self.stages["fetch"], self.stages["collate"]
+        waited = f"the training loop waited for data {wait / wall:.0%} of the time"
+        head = f"loader-bound: {waited}"
+        s = self.stages
+        # While a batch held back later ones (reorder_wait) it was itself still in a worker.
+        in_workers = s["queued"] + s["fetch"] + s["collate"] + s["reorder_wait"]
+        processes = [w for w in self.workers if w["worker"] >= 0]
+        n_workers = len(processes)
+        worker_busy = sum(w["busy_share"] for w in processes) / n_workers if n_workers else 1.0
+        cores = int(self.cpu["usable_cores"])
+        busy = self.cores_busy
+        contention = self.cpu_contention
+        hotspot = self._hotspot()
+        computing = [w["cpu_of_busy"] for w in processes if w["cpu_of_busy"] is not None]
+        # Every core has a worker that computes (not sleeps) whenever it is busy.
+        cores_taken = (n_workers >= cores and len(computing) == n_workers
+                       and sum(computing) / n_workers >= COMPUTING_SHARE)
+        if busy is not None and (busy >= CPU_FULL_SHARE * cores or (in_workers >= 0.5 * wait and (
+                cores_taken or (contention or 0.0) >= CONTENDED_SHARE))):
+            return (f"CPU-bound: the machine's {cores} usable cores are busy ({busy:.1f} used by this "
+                    f"process and its workers, which waited for a free core {contention or 0.0:.0%} of "
+                    f"their busy time) and {waited}; {hotspot}, or run workers on more machines")
+        if s["reorder_wait"] >= 0.4 * wait and worker_busy < 0.7:
+            # Head-of-line blocking stalls the pipeline only when workers sit idle behind it.
+            return (f"{head}, {s['reorder_wait'] / wait:.0%} of it for a slow batch while later ones "
+                    f"were ready and the workers {1 - worker_busy:.0%} idle: in_order=False yields "
+                    f"batches as they finish (or make the slow samples cheaper)")
+        if s["transport"] >= 0.5 * wait and n_workers:
+            made = (self.worker_stages["fetch"] + self.worker_stages["collate"]) / max(self.batches, 1)
+            moved = s["transport"] / max(self.batches, 1)
+            if moved > made:
+                return (f"{head}, {s['transport'] / wait:.0%} of it for batches to reach the training "
+                        f"loop ({moved * 1e3:.2f} ms per batch, while a worker makes one in "
+                        f"{made * 1e3:.2f} ms): batches are cheap to make, so use larger batches, "
+                        f"or num_workers=0 (no hand-off at all)")
+            return (f"{head}, {s['transport'] / wait:.0%} of it for batches to reach the training loop: "
+                    f"the main process is busy (its CPU: {self.cpu['main_process_s'] / wall:.0%} of "
+                    f"a core); keep the training loop's Python work off the main thread, or use fewer, "
+                    f"larger batches")
+        if n_workers == 0:
+            spare = f"set num_workers (up to {cores - 1}; " if cores > 1 else "("
+            return f"{head}; {hotspot}; {spare}loading runs in the training loop's process now)"
+        if in_workers >= 0.5 * wait:
+            measured = all(w["cpu_share"] is not None for w in processes)
+            cpu = sum(w["cpu_share"] or 0.0 for w in processes) / n_workers
+            if measured and cpu < 0.5 * min(1.0, worker_busy):
+                return (f"{head}; the workers are busy but use {cpu:.0%} of a core each (waiting on "
+                        f"I/O or sleeping): add workers (more than {cores} is fine for I/O), or {hotspot}")
+            if n_workers < cores:
+                return f"{head}; {n_workers} workers on {cores} usable cores: add workers, or {hotspot}"
+            return f"{head}; {hotspot}"
+        return f"{head}; workers idle {1 - worker_busy:.0%}: raise prefetch"
+
+    def _hotspot(self) -> str:
+        """What to make cheaper in the workers, from where their time goes."""
+        fetch, collate = self.worker_stages["fetch"], self.worker_stages["collate"]
         worker_time = max(fetch + collate, 1e-9)
-        busy = [w["busy_share"] for w in self.workers if w["worker"] >= 0]
-        if busy and sum(busy) / len(busy) < 0.5:
-            return (f"{head}; workers idle {1 - sum(busy) / len(busy):.0%}: raise prefetch (or the "
-                    f"main process is saturated: transport took {self.stages['transport']:.3f} s)")
+        copying = sum(f["seconds"] for f in self.fields)   # the C kernels' own time
         if collate > fetch and self.fields:
             top = self.fields[0]
-            top_share = top["seconds"] / worker_time
-            in_kernels = sum(f["seconds"] for f in self.fields) / max(collate, 1e-9)
-            if top_share < 0.25 and len(self.fields) > 3:
-                return (f"{head}; collation is {collate / worker_time:.0%} of worker time, spread over "
-                        f"{len(self.fields)} fields ({min(in_kernels, 1):.0%} of it copying, the rest "
-                        f"per-field work): return fewer, larger arrays (stack related fields into one)")
-            mb = top["bytes_per_batch"] / 1e6
-            if top["kernel"] == "pickled":
-                how, hint = "via pickled fallback", "return a numpy array instead of a list / Python objects"
-            elif top["kernel"] == "pad":
-                how, hint = "via pad", "bucket samples by length or cap the padded length"
-            else:
-                how = f"via {top['kernel']}"
-                try:
-                    wide = np.dtype(top["dtype"]).itemsize > 1
-                except TypeError:
-                    wide = False
-                hint = ("use a smaller dtype (e.g. uint8 or float16 instead of float32) or add workers"
-                        if mb > 1 and wide else "add workers")
-            return (f"{head}; collation of {top['path']} is {top_share:.0%} of worker time: "
-                    f"{mb:.1f} MB/batch {how}; {hint}")
-        return (f"{head}; sample fetch (__getitem__ / transforms) is {fetch / worker_time:.0%} of worker "
-                f"time: add workers, or implement __getitems__ to fetch a batch at once")
+            if top["seconds"] / worker_time < 0.25 and len(self.fields) > 3:
+                return (f"collation is {collate / worker_time:.0%} of worker time, spread over "
+                        f"{len(self.fields)} fields ({min(copying / max(collate, 1e-9), 1):.0%} of it "
+                        f"copying, the rest per-field work): return fewer, larger arrays (stack related "
+                        f"fields into one)")
+            if copying >= 0.5 * collate:
+                return self._field_hint(top, worker_time)
+        if self.samples:
+            # Time per sample outside the copy kernels: the Python call of
+            # __getitem__ and the per-sample collation bookkeeping.
+            per_sample_us = (worker_time - copying) / self.samples * 1e6
+            if per_sample_us < PER_SAMPLE_OVERHEAD_US:
+                return (f"{per_sample_us:.1f} µs per sample in __getitem__ and collation, mostly "
+                        f"Python overhead per sample: implement __getitems__ to fetch a whole batch "
+                        f"at once (as ArrayDataset does)")
+        share = f"sample fetch (__getitem__ / transforms) is {fetch / worker_time:.0%} of worker time"
+        if fetch >= collate:
+            if self.samples:
+                return (f"{share}, {fetch / self.samples * 1e3:.2f} ms per sample: make __getitem__ "
+                        f"cheaper (e.g. a faster decoder, smaller stored images)")
+            return f"{share}: make __getitem__ cheaper"
+        if self.fields:
+            return self._field_hint(self.fields[0], worker_time)
+        return f"collation is {collate / worker_time:.0%} of worker time: simplify the batchify function"
+
+    @staticmethod
+    def _field_hint(top: dict[str, Any], worker_time: float) -> str:
+        mb = top["bytes_per_batch"] / 1e6
+        if top["kernel"] == "pickled":
+            how, hint = "via pickled fallback", "return a numpy array instead of a list / Python objects"
+        elif top["kernel"] == "pad":
+            how, hint = "via pad", "bucket samples by length or cap the padded length"
+        else:
+            how = f"via {top['kernel']}"
+            try:
+                wide = np.dtype(top["dtype"]).itemsize > 1
+            except TypeError:
+                wide = False
+            hint = ("use a smaller dtype (e.g. uint8 or float16 instead of float32)" if mb > 1 and wide
+                    else "copy fewer bytes per batch")
+        return (f"collation of {top['path']} is {top['seconds'] / worker_time:.0%} of worker time "
+                f"({mb:.1f} MB/batch {how}): {hint}")
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-serialisable data (every number of the table)."""
         return {"wall_s": self.wall_s, "startup_s": self.startup_s, "batches": self.batches,
-                "stages": dict(self.stages), "fields": [dict(f) for f in self.fields],
-                "workers": [dict(w) for w in self.workers], "verdict": self.verdict,
-                "loader_bound": self.loader_bound}
+                "samples": self.samples, "stages": dict(self.stages),
+                "consumer_wait_s": self.consumer_wait_s, "worker_stages": dict(self.worker_stages),
+                "fields": [dict(f) for f in self.fields], "workers": [dict(w) for w in self.workers],
+                "cpu": dict(self.cpu), "verdict": self.verdict, "loader_bound": self.loader_bound}
 
     def __str__(self) -> str:
         wall = max(self.wall_s, 1e-9)
         lines = [f"mxload profile: {self.batches} batches in {self.wall_s:.3f} s "
                  f"({self.batches / wall:.1f} batches/s, start-up {self.startup_s * 1e3:.1f} ms)", "",
-                 f"{'stage':<18} {'seconds':>9} {'% of wall':>10}"]
+                 "where the training loop's time went (the rows add up to the wall time):",
+                 f"{'stage':<36} {'seconds':>9} {'% of wall':>10}"]
         for name in STAGES:
             v = self.stages[name]
-            lines.append(f"{name:<18} {v:>9.3f} {v / wall:>9.0%}")
-        lines.append("(fetch, collate and transport run in the workers, in parallel with the consumer)")
+            lines.append(f"{_STAGE_LABELS[name]:<36} {v:>9.3f} {v / wall:>10.0%}")
+        lines.append(f"{'total':<36} {sum(self.stages.values()):>9.3f} "
+                     f"{sum(self.stages.values()) / wall:>10.0%}")
+        ws = self.worker_stages
+        processes = sum(1 for w in self.workers if w["worker"] >= 0)
+        where = f"{processes} workers, in parallel" if processes else "in the main process"
+        lines.append(f"worker time ({where}): fetch {ws['fetch']:.3f} s, collate {ws['collate']:.3f} s, "
+                     f"transport {ws['transport']:.3f} s")
+        busy = self.cores_busy
+        contention = self.cpu_contention
+        lines.append(f"CPU: {self.cpu['usable_cores']} usable cores"
+                     + ("" if busy is None else f", {busy:.1f} used by this process and its workers")
+                     + ("" if contention is None else
+                        f"; workers waited for a free core {contention:.0%} of their busy time"))
         if self.fields:
             lines += ["", f"{'field':<28} {'kernel':<8} {'seconds':>8} {'% worker':>9} {'MB/batch':>9} "
                           f"{'shape':<18} dtype"]
@@ -348,11 +676,12 @@ class Report:
                 lines.append(f"... and {len(self.fields) - 12} more fields (all of them in to_dict())")
         if self.workers:
             lines += ["", f"{'worker':<8} {'pid':>8} {'batches':>8} {'busy s':>8} {'idle s':>8} "
-                          f"{'busy':>6} {'restarts':>8}"]
+                          f"{'busy':>6} {'cpu':>6} {'restarts':>8}"]
             for w in self.workers:
                 name = "main" if w["worker"] < 0 else str(w["worker"])
+                cpu = "-" if w["cpu_share"] is None else f"{w['cpu_share']:.0%}"
                 lines.append(f"{name:<8} {str(w['pid']):>8} {w['batches']:>8} {w['busy_s']:>8.3f} "
-                             f"{w['idle_s']:>8.3f} {w['busy_share']:>6.0%} {w['restarts']:>8}")
+                             f"{w['idle_s']:>8.3f} {w['busy_share']:>6.0%} {cpu:>6} {w['restarts']:>8}")
         lines += ["", f"verdict: {self.verdict}"]
         return "\n".join(lines)
 
@@ -362,7 +691,23 @@ class Report:
 
 @contextmanager
 def profile(loader: Any) -> Iterator[Profiler]:
-    """Profile `loader` within the block: ``with mxload.profile(loader) as prof:``."""
+    """Profile `loader` within the block (its ``profiler`` is swapped in and back).
+
+    Args:
+        loader (DataLoader): the loader to profile; iterate it inside the block.
+
+    Yields:
+        Profiler: the loader's own profiler if it was made with
+        ``profile=True``, else a fresh one.
+
+    Example:
+        >>> import numpy as np, mxload
+        >>> loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(8)), batch_size=4)
+        >>> with mxload.profile(loader) as prof:
+        ...     for batch in loader:
+        ...         pass
+        >>> print(prof.report().verdict)  # doctest: +SKIP
+    """
     previous = loader.profiler
     prof = previous if previous is not None else Profiler()
     loader.profiler = prof
