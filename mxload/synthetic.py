@@ -131,10 +131,14 @@ class Dict16Dataset:
 
 @dataclass(frozen=True)
 class Workload:
+    """A named synthetic dataset, its batch size, its full number of samples
+    and one line saying what a sample is (for the bench's header)."""
+
     name: str
     batch_size: int
     full_samples: int
     build: Callable[[int], Any]    # number of samples -> dataset
+    description: str = ""
 
     def make(self, scale: float = 1.0) -> Any:
         n = max(self.batch_size * 4, int(self.full_samples * scale))
@@ -146,11 +150,16 @@ def _tabular_getitems(n: int) -> ArrayDataset:
 
 
 WORKLOADS: dict[str, Workload] = {w.name: w for w in [
-    Workload("images", 64, 10_000, ImageDataset),
-    Workload("tabular", 1024, 200_000, TabularDataset),
-    Workload("tabular-getitems", 1024, 200_000, _tabular_getitems),
-    Workload("dict16", 256, 20_000, Dict16Dataset),
-    Workload("augment", 32, 10_000, AugmentDataset),
+    Workload("images", 64, 10_000, ImageDataset,
+             "(224, 224, 3) uint8 image + int label; 64 distinct images, reused"),
+    Workload("tabular", 1024, 200_000, TabularDataset,
+             "(256,) float32 row of one matrix + int label, one __getitem__ per row"),
+    Workload("tabular-getitems", 1024, 200_000, _tabular_getitems,
+             "the same matrix as an ArrayDataset: one vectorised __getitems__ per batch"),
+    Workload("dict16", 256, 20_000, Dict16Dataset,
+             "dict of 16 fields, each a (64,) float32 row of its own matrix"),
+    Workload("augment", 32, 10_000, AugmentDataset,
+             "an image flipped (half of them) and normalised to float32 in numpy"),
 ]}
 
 

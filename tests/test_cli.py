@@ -1,0 +1,281 @@
+"""The command line (``python -m mxload`` and the ``mxload`` script), run as a
+user runs it: in a subprocess, output captured (not a terminal) unless a test
+gives it a pseudo-terminal.  Mistakes in the command line are one line on
+stderr with exit status 2; failures in the user's code show their traceback,
+then one line, with exit status 1; nothing ever hangs (every run has a timeout)."""
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import mxload
+
+pytestmark = pytest.mark.timeout(180)
+
+QUICK = ["--batches", "3", "--workloads", "tabular", "dict16"]
+
+
+def cli(*args, timeout=60, cwd=None, script=None):
+    command = [script] if script else [sys.executable, "-m", "mxload"]
+    return subprocess.run(command + list(args), capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+def one_line_error(out, *needles):
+    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+    assert out.stdout == ""
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1, out.stderr
+    assert "Traceback" not in out.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+# ------------------------------------------------------------------ program
+
+
+def test_version():
+    out = cli("--version")
+    assert out.returncode == 0 and out.stdout == f"mxload {mxload.__version__}\n" and out.stderr == ""
+
+
+def test_help_command_is_the_help_option():
+    top = cli("--help")
+    assert top.returncode == 0 and "bench" in top.stdout and "profile" in top.stdout
+    assert cli("help").stdout == top.stdout
+    for command in ("bench", "profile", "info"):
+        assert cli("help", command).stdout == cli(command, "--help").stdout
+    one_line_error(cli("help", "frobnicate"), "unknown command 'frobnicate'")
+
+
+def test_no_command_prints_the_usage_and_fails():
+    out = cli()
+    assert out.returncode == 2 and out.stdout == "" and "usage: mxload" in out.stderr
+
+
+def test_unknown_command_and_option_are_one_line():
+    one_line_error(cli("frobnicate"), "invalid choice: 'frobnicate'")
+    one_line_error(cli("--frob"), "unrecognized arguments: --frob")
+    one_line_error(cli("info", "--frob"), "mxload info: error: unrecognized arguments: --frob")
+
+
+def _console_script():
+    here = os.path.join(os.path.dirname(sys.executable), "mxload")
+    return here if os.access(here, os.X_OK) else None
+
+
+@pytest.mark.skipif(_console_script() is None, reason="the mxload script is not installed beside python")
+def test_console_script_is_the_same_program():
+    script = _console_script()
+    for args in (["--version"], ["help"], ["help", "profile"], ["bench", "--batches", "0"],
+                 ["profile", "nocolon"], []):
+        a, b = cli(*args), cli(*args, script=script)
+        assert (a.returncode, a.stdout, a.stderr) == (b.returncode, b.stdout, b.stderr), args
+
+
+def test_importing_mxload_and_its_command_line_never_imports_torch():
+    out = subprocess.run([sys.executable, "-c",
+                          "import sys, mxload, mxload.__main__, mxload._bench, mxload.synthetic\n"
+                          "print('torch' in sys.modules)"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout == "False\n", out.stderr
+
+
+# ------------------------------------------------------------------ bench
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--batches", "0"], "--batches: must be a positive integer, got '0'"),
+    (["--batches", "-5"], "--batches: must be a positive integer, got '-5'"),
+    (["--batches", "many"], "--batches: must be a positive integer, got 'many'"),
+    (["--workers", "-1"], "--workers: must be an integer >= 0, got '-1'"),
+    (["--workers"], "--workers: expected at least one argument"),
+    (["--workers", "2", "2"], "--workers lists a count twice"),
+    (["--workers", "1000"], "more than 256"),
+    (["--workloads", "imagez"], "unknown workload 'imagez'; choose from images, tabular"),
+    (["--frob"], "mxload bench: error: unrecognized arguments: --frob"),
+])
+def test_bench_option_errors_are_one_line(args, needle):
+    one_line_error(cli("bench", *args, timeout=30), needle, "mxload bench")
+
+
+def test_bench_redirected_has_no_progress_fits_100_columns_and_shows_baselines():
+    out = cli("bench", *QUICK, "--workers", "0", "2", timeout=150)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == "" and "\r" not in out.stdout
+    lines = out.stdout.splitlines()
+    assert max(map(len, lines)) <= 100, max(lines, key=len)
+    text = out.stdout
+    assert f"{mxload._cpus.usable_cores()} usable CPU cores" in text
+    assert "in-process" in text and "torch" in text
+    assert "tabular" in text and "1024 per batch" in text and "(256,) float32" in text
+    rows = [line.split() for line in lines if re.match(r"(tabular|dict16)\s+\d", line)]
+    assert [(r[0], r[1]) for r in rows] == [("tabular", "0"), ("tabular", "2"), ("dict16", "0"),
+                                            ("dict16", "2")]
+    try:
+        import torch  # noqa: F401
+        torch_there = True
+    except ImportError:
+        torch_there = False
+    for row in rows:
+        float(row[2]), float(row[5])          # mxload b/s, in-process b/s
+        if torch_there:
+            float(row[-2]), float(row[-1].rstrip("x"))
+    assert "profiler verdicts" in text and text.count("bound") >= 4
+
+
+def test_bench_without_torch_says_so():
+    out = cli("bench", "--batches", "2", "--workloads", "dict16", "--no-torch", timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "torch baseline is skipped (--no-torch)" in out.stdout
+    row = next(line for line in out.stdout.splitlines() if line.startswith("dict16 "))
+    assert row.split()[-2:] == ["-", "-"]
+
+
+def _run_on_a_terminal(args, timeout=90):
+    """Run the CLI with stderr on a pseudo-terminal; (exit status, what the terminal got)."""
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "mxload", *args], stdout=subprocess.DEVNULL,
+                                stderr=slave)
+    finally:
+        os.close(slave)
+    chunks = []
+    try:
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:   # EIO: the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        rc = proc.wait(timeout=timeout)
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return rc, b"".join(chunks).decode(errors="replace")
+
+
+def test_bench_progress_only_on_a_terminal_and_not_with_no_progress():
+    rc, shown = _run_on_a_terminal(["bench", "--batches", "3", "--workloads", "dict16", "--no-torch"])
+    assert rc == 0 and "\r" in shown and "batches" in shown
+    rc, shown = _run_on_a_terminal(["bench", "--batches", "3", "--workloads", "dict16", "--no-torch",
+                                    "--no-progress"])
+    assert rc == 0 and shown == ""
+
+
+# ------------------------------------------------------------------ profile
+
+
+USER_MODULE = '''
+import numpy as np
+import mxload
+
+class Good(mxload.Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        return np.full(4, i, np.float32)
+
+class Broken(Good):
+    def __getitem__(self, i):
+        if i == 9:
+            raise KeyError("sample 9 is missing from the index")
+        return super().__getitem__(i)
+
+def make_good():
+    return Good()
+
+def make_raising():
+    config = {}
+    return Good(config["path"])
+
+def make_number():
+    return 42
+
+def make_broken():
+    return Broken()
+
+NOT_A_FUNCTION = 3
+'''
+
+
+@pytest.fixture
+def user_module(tmp_path):
+    (tmp_path / "userdata.py").write_text(textwrap.dedent(USER_MODULE))
+    (tmp_path / "badimport.py").write_text("import numpy\nraise RuntimeError('no config file')\n")
+    return tmp_path
+
+
+def test_profile_of_a_factory_by_module_name_and_by_path(user_module):
+    out = cli("profile", "userdata:make_good", "--batches", "3", "--batch-size", "4", "--workers", "1",
+              cwd=user_module)
+    assert out.returncode == 0, out.stderr
+    assert "mxload profile: 3 batches" in out.stdout and "verdict:" in out.stdout
+    assert out.stderr == ""
+    out = cli("profile", f"{user_module / 'userdata.py'}:make_good", "--batches", "2", "--json",
+              "--workers", "0")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["batches"] == 2
+
+
+@pytest.mark.parametrize("spec,needle", [
+    ("userdata", "expected MODULE:FACTORY"),
+    ("userdata:", "expected MODULE:FACTORY"),
+    ("nosuchmodule:make", "no module named 'nosuchmodule'"),
+    ("nosuchdir/nosuch.py:make", "no such file: nosuchdir/nosuch.py"),
+    ("userdata:make_goood", "has no attribute 'make_goood'; did you mean 'make_good'?"),
+    ("userdata:NOT_A_FUNCTION", "is a int, not a function"),
+    ("userdata:make_number", "make_number() returned a int, not a dataset"),
+])
+def test_profile_bad_factory_is_one_line(user_module, spec, needle):
+    one_line_error(cli("profile", spec, "--batches", "2", cwd=user_module), needle)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--batch-size", "0"], "--batch-size: must be a positive integer, got '0'"),
+    (["--workers", "two"], "--workers: must be an integer >= 0, got 'two'"),
+    (["--batches", "0"], "--batches: must be a positive integer, got '0'"),
+    (["--trace", "no/such/folder/t.json"], "folder"),
+])
+def test_profile_option_errors_are_one_line(user_module, args, needle):
+    one_line_error(cli("profile", "userdata:make_good", *args, cwd=user_module), needle)
+
+
+def _user_error(out, *needles):
+    """The user's traceback, then exactly one line of ours, exit status 1."""
+    assert out.returncode == 1, (out.returncode, out.stdout, out.stderr)
+    lines = out.stderr.rstrip("\n").splitlines()
+    assert lines[0] == "Traceback (most recent call last):", out.stderr
+    assert lines[-1].startswith("mxload: error: ") and lines[-1].endswith("(traceback above)")
+    assert "__main__.py" not in out.stderr and "importlib" not in out.stderr, out.stderr
+    for needle in needles:
+        assert needle in out.stderr, (needle, out.stderr)
+    return lines
+
+
+def test_a_factory_that_raises_shows_the_users_traceback_then_one_line(user_module):
+    lines = _user_error(cli("profile", "userdata:make_raising", cwd=user_module),
+                        "userdata.py", 'return Good(config["path"])', "KeyError: 'path'")
+    assert lines[-1] == "mxload: error: userdata:make_raising() raised KeyError (traceback above)"
+
+
+def test_a_module_that_fails_to_import_shows_its_traceback(user_module):
+    lines = _user_error(cli("profile", "badimport:make", cwd=user_module),
+                        "badimport.py", "RuntimeError: no config file")
+    assert lines[-1] == "mxload: error: importing 'badimport' failed with RuntimeError (traceback above)"
+
+
+def test_a_dataset_failing_while_profiled_shows_the_traceback(user_module):
+    lines = _user_error(cli("profile", "userdata:make_broken", "--batch-size", "4", "--workers", "1",
+                            cwd=user_module), "sample 9 is missing from the index")
+    assert "loading batches from userdata:make_broken() failed with" in lines[-1]
