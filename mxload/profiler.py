@@ -551,9 +551,11 @@ class Report:
                        and sum(computing) / n_workers >= COMPUTING_SHARE)
         if busy is not None and (busy >= CPU_FULL_SHARE * cores or (in_workers >= 0.5 * wait and (
                 cores_taken or (contention or 0.0) >= CONTENDED_SHARE))):
+            others = ", the rest by other programs" if busy < CPU_FULL_SHARE * cores else ""
             return (f"CPU-bound: the machine's {cores} usable cores are busy ({busy:.1f} used by this "
-                    f"process and its workers, which waited for a free core {contention or 0.0:.0%} of "
-                    f"their busy time) and {waited}; {hotspot}, or run workers on more machines")
+                    f"process and its workers{others}; the workers waited for a free core "
+                    f"{contention or 0.0:.0%} of their busy time) and {waited}; {hotspot}, or run "
+                    f"workers on more machines")
         if s["reorder_wait"] >= 0.4 * wait and worker_busy < 0.7:
             # Head-of-line blocking stalls the pipeline only when workers sit idle behind it.
             return (f"{head}, {s['reorder_wait'] / wait:.0%} of it for a slow batch while later ones "
