@@ -34,7 +34,16 @@ def config() -> dict[str, Any]:
 def show_config() -> None:
     """Print the version, the compiled core's build flags, numpy version,
     the clock waits are timed on, start method, and whether memfd_create and
-    PR_SET_PDEATHSIG are available."""
+    PR_SET_PDEATHSIG are available (what ``python -m mxload info`` prints;
+    attach it to bug reports).
+
+    Example:
+        >>> import mxload
+        >>> mxload.show_config()   # doctest: +ELLIPSIS
+        mxload ...
+        core ...
+        ...
+    """
     info = config()
     width = max(map(len, info))
     for key, value in info.items():

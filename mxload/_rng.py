@@ -53,7 +53,33 @@ def sample_rng(index: int | None = None) -> np.random.Generator:
 
     Call it inside ``__getitem__`` or a transform: repeated calls while the
     same sample loads continue one stream.  Inside ``__getitems__`` (a whole
-    batch) pass the sample's index explicitly.  Outside a loader it raises."""
+    batch) pass the sample's index explicitly.  Random augmentation drawn from
+    it is the same for any ``num_workers``, processes or threads, any start
+    method, and after resuming from a checkpoint.
+
+    Args:
+        index (int | None): the sample's index; required inside
+            ``__getitems__``, optional (the sample being loaded) elsewhere.
+
+    Returns:
+        numpy.random.Generator: the sample's random stream.
+
+    Raises:
+        RuntimeError: called outside a loader's ``__getitem__``,
+            ``__getitems__`` or transform.
+
+    Example:
+        >>> import numpy as np, mxload
+        >>> class Noisy(mxload.Dataset):
+        ...     def __len__(self):
+        ...         return 4
+        ...     def __getitem__(self, i):
+        ...         return mxload.sample_rng().random()
+        >>> a = list(mxload.DataLoader(Noisy(), batch_size=2, seed=3))
+        >>> b = list(mxload.DataLoader(Noisy(), batch_size=2, seed=3, num_workers=2))
+        >>> all(np.array_equal(x, y) for x, y in zip(a, b))
+        True
+    """
     key = getattr(_context, "key", None)
     if key is None:
         raise RuntimeError("mxload.sample_rng() is only valid while a DataLoader loads a sample "

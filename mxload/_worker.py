@@ -42,7 +42,22 @@ PARENT_CHECK_INTERVAL_S = 0.25
 
 @dataclass(frozen=True)
 class WorkerInfo:
-    """What `get_worker_info()` returns inside a worker."""
+    """What :func:`get_worker_info` returns inside a worker.
+
+    Args:
+        id (int): this worker's id, 0 .. num_workers - 1.
+        num_workers (int): how many workers the loader has.
+        seed (int): this worker's seed for this epoch (from the loader's seed,
+            the epoch and the id; ``random`` and numpy's global RNG are
+            already seeded with it).
+        dataset: this worker's copy of the dataset.
+
+    Example:
+        >>> import mxload
+        >>> info = mxload.WorkerInfo(id=0, num_workers=2, seed=7, dataset=None)
+        >>> info.id, info.num_workers
+        (0, 2)
+    """
     id: int
     num_workers: int
     seed: int
@@ -55,7 +70,24 @@ _thread_info = threading.local()
 
 def get_worker_info() -> WorkerInfo | None:
     """Inside a worker: its id, the number of workers, its seed and its copy of
-    the dataset (use them to shard an IterableDataset).  None elsewhere."""
+    the dataset (use them to shard an IterableDataset).  None elsewhere.
+
+    Returns:
+        WorkerInfo | None: the calling worker's info (process or thread
+        worker); ``None`` in the main process and with ``num_workers=0``.
+
+    Example:
+        >>> import mxload
+        >>> mxload.get_worker_info() is None   # the main process
+        True
+        >>> class WhoLoads(mxload.Dataset):
+        ...     def __len__(self):
+        ...         return 4
+        ...     def __getitem__(self, i):
+        ...         return mxload.get_worker_info().id
+        >>> sorted(int(w) for b in mxload.DataLoader(WhoLoads(), batch_size=2, num_workers=2) for w in b)
+        [0, 0, 1, 1]
+    """
     info = getattr(_thread_info, "info", None)
     return info if info is not None else _process_info
 

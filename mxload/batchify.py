@@ -80,7 +80,23 @@ class _Planner:
 
 
 class BatchPlan:
-    """A planned batch: its structure, its fields and their place in one buffer."""
+    """A planned batch: its structure, its fields and their place in one buffer.
+
+    Made by :func:`plan_batch`; the loader's workers fill it into a
+    shared-memory slab.  ``nbytes`` is the buffer size it needs.
+
+    Args:
+        root (tuple): the batch's structure node.
+        fields (list): the planned fields.
+        objects (list): (path, value) of Python objects passed through.
+
+    Example:
+        >>> import numpy as np
+        >>> from mxload.batchify import Stack, plan_batch
+        >>> plan = plan_batch(Stack(), [np.zeros(3, np.float32)] * 4)
+        >>> plan.nbytes >= 4 * 3 * 4
+        True
+    """
 
     __slots__ = ("root", "fields", "objects", "offsets", "nbytes")
 
@@ -178,7 +194,19 @@ def allocate(nbytes: int) -> np.ndarray:
 
 
 class Batchify:
-    """Base class of planned batchify functions; calling one collates a batch."""
+    """Base class of planned batchify functions; calling one collates a batch.
+
+    Subclasses implement ``plan(samples, path, planner)``; compose the built-in
+    ones (:class:`Stack`, :class:`Pad`, :class:`Tuple`, :class:`Dict`,
+    :class:`List`) rather than subclassing.  Any plain callable taking the
+    list of samples also works as a loader's ``batchify_fn``.
+
+    Example:
+        >>> import numpy as np
+        >>> from mxload.batchify import Stack
+        >>> Stack()([np.ones(2), np.zeros(2)]).tolist()
+        [[1.0, 1.0], [0.0, 0.0]]
+    """
 
     def plan(self, samples: Sequence[Any], path: str, planner: _Planner) -> tuple[Any, ...]:
         raise NotImplementedError
@@ -191,7 +219,19 @@ class Batchify:
 
 
 class Stack(Batchify):
-    """Stack samples (arrays or scalars of one shape and dtype) on a new axis 0."""
+    """Stack samples (arrays or scalars of one shape and dtype) on a new axis 0.
+
+    Raises:
+        ValueError: the samples' shapes differ (the message names the batch,
+            the field and the first sample that differs; use :class:`Pad`).
+        TypeError: the samples' dtypes differ or cannot be stacked.
+
+    Example:
+        >>> import numpy as np
+        >>> from mxload.batchify import Stack
+        >>> Stack()([np.arange(3), np.arange(3)]).shape
+        (2, 3)
+    """
 
     def plan(self, samples: Sequence[Any], path: str, planner: _Planner) -> tuple[Any, ...]:
         return planner.add(_stack_field(samples, path, planner))
@@ -200,7 +240,24 @@ class Stack(Batchify):
 class Pad(Batchify):
     """Pad samples ragged along `axis` to the longest and stack them.
 
-    ret_length=True yields (batch, lengths); `dtype` casts the samples first."""
+    Args:
+        axis (int): the ragged axis of each sample. Default ``0``.
+        val (int | float): the padding value. Default ``0``.
+        ret_length (bool): also return each sample's length (an int64 array):
+            the batch becomes ``(padded, lengths)``. Default ``False``.
+        dtype (numpy dtype | None): cast the samples to it first.
+
+    Raises:
+        ValueError: the samples differ on another axis, or `val` does not fit
+            the dtype (the message names the batch and field).
+
+    Example:
+        >>> import numpy as np
+        >>> from mxload.batchify import Pad
+        >>> padded, lengths = Pad(val=-1, ret_length=True)([np.array([1, 2, 3]), np.array([4])])
+        >>> padded.tolist(), lengths.tolist()
+        ([[1, 2, 3], [4, -1, -1]], [3, 1])
+    """
 
     def __init__(self, axis: int = 0, val: Any = 0, ret_length: bool = False, dtype: Any = None):
         self.axis = axis
@@ -229,7 +286,22 @@ class Pad(Batchify):
 
 
 class Tuple(Batchify):
-    """Apply the i-th function to the i-th element of every (tuple) sample."""
+    """Apply the i-th function to the i-th element of every (tuple) sample.
+
+    Args:
+        *fns: one batchify function per element (or one list of them).
+
+    Raises:
+        ValueError: no function given.
+        TypeError: an argument is not callable.
+
+    Example:
+        >>> import numpy as np
+        >>> from mxload.batchify import Pad, Stack, Tuple
+        >>> tokens, label = Tuple(Pad(), Stack())([(np.array([5, 6]), 0), (np.array([7]), 1)])
+        >>> tokens.tolist(), label.tolist()
+        ([[5, 6], [7, 0]], [0, 1])
+    """
 
     def __init__(self, *fns: Any):
         if len(fns) == 1 and isinstance(fns[0], (list, tuple)):
@@ -251,7 +323,22 @@ class Tuple(Batchify):
 
 
 class Dict(Batchify):
-    """Apply per-key functions to dict samples; keys without one use default_batchify."""
+    """Apply per-key functions to dict samples; keys without one use default_batchify.
+
+    Args:
+        fns (Mapping | None): key -> batchify function.
+        **kwargs: more key=function pairs.
+
+    Raises:
+        TypeError: a function is not callable.
+
+    Example:
+        >>> import numpy as np
+        >>> from mxload.batchify import Dict, Pad
+        >>> batch = Dict(text=Pad())([{"text": np.array([1, 2]), "y": 0}, {"text": np.array([3]), "y": 1}])
+        >>> batch["text"].tolist(), batch["y"].tolist()
+        ([[1, 2], [3, 0]], [0, 1])
+    """
 
     def __init__(self, fns: Mapping[Any, Any] | None = None, **kwargs: Any):
         merged = dict(fns or {}, **kwargs)
@@ -275,16 +362,34 @@ class Dict(Batchify):
 
 
 class List(Batchify):
-    """Keep the samples as a plain Python list (no collation)."""
+    """Keep the samples as a plain Python list (no collation).
+
+    With workers the list travels pickled (the profiler shows it as
+    ``pickled``): prefer numpy arrays for anything large.
+
+    Example:
+        >>> from mxload.batchify import List
+        >>> List()(["a cat", "a dog"])
+        ['a cat', 'a dog']
+    """
 
     def plan(self, samples: Sequence[Any], path: str, planner: _Planner) -> tuple[Any, ...]:
         return planner.add_object(path, list(samples))
 
 
 class _DefaultBatchify(Batchify):
-    """Stack arrays and scalars, recursing into tuples, lists, namedtuples and
+    """The default batchify function (``mxload.batchify.default_batchify``):
+    stack arrays and scalars, recursing into tuples, lists, namedtuples and
     dicts; strings are kept as lists.  Anything else is an error naming the
-    field."""
+    field.  Like torch's ``default_collate``, but it returns numpy arrays.
+
+    Example:
+        >>> import numpy as np
+        >>> from mxload.batchify import default_batchify
+        >>> x, y = default_batchify([(np.zeros(2), 1), (np.ones(2), 2)])
+        >>> x.shape, y.tolist()
+        ((2, 2), [1, 2])
+    """
 
     def plan(self, samples: Sequence[Any], path: str, planner: _Planner) -> tuple[Any, ...]:
         if isinstance(samples, GatheredSamples):
@@ -445,7 +550,21 @@ class GatheredSamples(Sequence[Any]):
     Behaves as the list of samples, but default collation sees the source
     arrays and the indices instead: each column is gathered once, straight
     into the batch buffer (``np.take(..., out=)``), with no per-sample
-    Python and no intermediate copy."""
+    Python and no intermediate copy.  Return one from your own
+    ``__getitems__`` over in-memory numpy columns.
+
+    Args:
+        sources (Sequence[numpy.ndarray]): the columns, indexed along axis 0.
+        indices (numpy.ndarray): the batch's validated 1-D int64 indices.
+        single (bool): samples are bare elements of ``sources[0]``, not tuples.
+
+    Example:
+        >>> import numpy as np
+        >>> from mxload.batchify import GatheredSamples, default_batchify
+        >>> samples = GatheredSamples([np.arange(10) * 2], np.array([3, 1]), single=True)
+        >>> [int(s) for s in samples], default_batchify(samples).tolist()
+        ([6, 2], [6, 2])
+    """
 
     __slots__ = ("sources", "indices", "single", "_columns", "_samples")
 
@@ -509,7 +628,26 @@ class GatheredSamples(Sequence[Any]):
 def plan_batch(batchify_fn: Callable[..., Any], samples: Sequence[Any],
                batch_index: int | None = None) -> BatchPlan:
     """Plan one batch: planned batchify functions are walked; any other
-    callable runs now and its result's arrays become copied fields."""
+    callable runs now and its result's arrays become copied fields.
+
+    Args:
+        batchify_fn (callable): a :class:`Batchify` or any function of the samples.
+        samples (Sequence): the batch's samples.
+        batch_index (int | None): named in error messages.
+
+    Returns:
+        BatchPlan: the plan (structure, fields, buffer size).
+
+    Raises:
+        ValueError: no samples, or fields that cannot be collated (naming
+            the batch and the field).
+
+    Example:
+        >>> import numpy as np
+        >>> from mxload.batchify import default_batchify, plan_batch
+        >>> plan_batch(default_batchify, [(np.zeros(2), 1)] * 3).nbytes >= 3 * 2 * 8 + 3 * 8
+        True
+    """
     if len(samples) == 0:
         raise ValueError(f"cannot collate batch {batch_index}: it has no samples")
     planner = _Planner(batch_index)
@@ -521,7 +659,27 @@ def plan_batch(batchify_fn: Callable[..., Any], samples: Sequence[Any],
 
 
 def collate(batchify_fn: Callable[..., Any], samples: Sequence[Any], batch_index: int | None = None) -> Any:
-    """Collate `samples` into one batch held in a single private buffer."""
+    """Collate `samples` into one batch held in a single private buffer
+    (what the loader does in-process; workers fill a shared-memory slab).
+
+    Args:
+        batchify_fn (callable): a :class:`Batchify` or any function of the samples.
+        samples (Sequence): the batch's samples.
+        batch_index (int | None): named in error messages.
+
+    Returns:
+        the batch: numpy arrays in the samples' structure.
+
+    Raises:
+        ValueError, TypeError: a field cannot be collated (the message names
+            the batch, the field and the sample that differs).
+
+    Example:
+        >>> import numpy as np
+        >>> from mxload.batchify import collate, default_batchify
+        >>> collate(default_batchify, [{"x": np.ones(2)}, {"x": np.zeros(2)}])["x"].tolist()
+        [[1.0, 1.0], [0.0, 0.0]]
+    """
     if not isinstance(batchify_fn, Batchify):
         return batchify_fn(samples)
     plan = plan_batch(batchify_fn, samples, batch_index)

@@ -43,7 +43,76 @@ class DataLoader:
 
     Gluon's signature plus the keywords PyTorch users expect:
     ``collate_fn`` is an alias of ``batchify_fn`` and ``drop_last=True`` of
-    ``last_batch="discard"``.  See the README for every argument.
+    ``last_batch="discard"``.  Iterating the loader runs one epoch; each batch
+    is a structure of numpy arrays (views of one shared-memory slab when
+    workers made it; ``torch.from_numpy`` makes zero-copy tensors of them).
+
+    Args:
+        dataset: a map-style dataset (``__getitem__`` and ``__len__``, and
+            optionally ``__getitems__(indices)``, called once per batch) or an
+            iterable one (:class:`IterableDataset`, or any object with
+            ``__iter__`` and no ``__getitem__``).
+        batch_size (int | None): samples per batch; required unless
+            `batch_sampler` is given.
+        shuffle (bool): draw a new random order every epoch (seeded by
+            `seed`). Default ``False``.
+        sampler: an iterable of indices with ``__len__`` (a
+            :mod:`mxload.sampler` sampler or a torch one); exclusive with
+            `shuffle`.
+        last_batch (str | None): ``"keep"`` (default), ``"discard"`` or
+            ``"rollover"`` (carry the incomplete batch into the next epoch).
+        batch_sampler: an iterable of index lists; exclusive with
+            `batch_size`, `shuffle`, `sampler` and `last_batch`.
+        batchify_fn (callable | None): turns a list of samples into a batch;
+            default :func:`mxload.batchify.default_batchify`.
+        num_workers (int): worker processes (threads with `thread_pool`);
+            ``0`` (default) loads in the calling thread.
+        prefetch (int | None): batches in flight across all workers; default
+            ``2 * num_workers``.
+        thread_pool (bool): workers are threads, not processes. Default ``False``.
+        timeout (float | None): seconds to wait for a batch before raising
+            :class:`LoaderTimeoutError`; default ``120``, ``None`` waits
+            forever.
+        worker_init_fn (callable | None): called with the worker id in each
+            worker, after seeding.
+        seed (int | None): fixes the shuffle order, the workers' RNG seeds and
+            :func:`mxload.sample_rng`; default a fresh random seed.
+        persistent_workers (bool): keep the workers between epochs (end them
+            with :meth:`close` or ``with``). Default ``False``.
+        in_order (bool): yield batches in sampler order (default ``True``);
+            ``False`` yields them as they complete.
+        start_method (str | None): ``"fork"``, ``"spawn"`` or ``"forkserver"``;
+            default ``fork`` on Linux.
+        max_worker_restarts (int): restart a dead worker and retry its batches
+            up to this many times per loader. Default ``0``.
+        profile (bool): record per-stage timings in ``loader.profiler``
+            (a :class:`Profiler`). Default ``False``.
+        collate_fn (callable | None): keyword-only alias of `batchify_fn`.
+        drop_last (bool | None): keyword-only; ``True`` is
+            ``last_batch="discard"``.
+        distributed (bool): shard the data by rank with a
+            :class:`mxload.sampler.DistributedSampler`. Default ``False``.
+
+    Raises:
+        ValueError: conflicting or out-of-range arguments (the message names them).
+        TypeError: `batchify_fn`, `collate_fn` or `worker_init_fn` is not callable.
+
+    While iterating, a worker that dies raises :class:`WorkerError`, a missing
+    batch :class:`LoaderTimeoutError`, exhausted shared memory
+    :class:`SharedMemoryError`; an exception in the dataset is re-raised as its
+    own type with the worker's traceback.  More workers than usable CPU cores
+    warns once (``UserWarning``).
+
+    Example:
+        >>> import numpy as np, mxload
+        >>> ds = mxload.ArrayDataset(np.arange(10, dtype=np.float32).reshape(5, 2), np.arange(5))
+        >>> loader = mxload.DataLoader(ds, batch_size=2, last_batch="discard")
+        >>> len(loader)
+        2
+        >>> for x, y in loader:
+        ...     print(x.shape, x.dtype, y.tolist())
+        (2, 2) float32 [0, 1]
+        (2, 2) float32 [2, 3]
     """
 
     def __init__(self, dataset: Any, batch_size: int | None = None, shuffle: bool = False,
@@ -208,10 +277,27 @@ class DataLoader:
                              resume["done"] if resume is not None else None)
 
     def state_dict(self) -> dict[str, Any]:
-        """The loader's position, at any point of an epoch: small and
-        JSON-serialisable (no sample data).  A fresh loader over the same
-        dataset given it with load_state_dict() yields exactly the batches not
-        yet yielded, in the same order, with the same sample_rng() draws."""
+        """The loader's position, at any point of an epoch.
+
+        Returns:
+            dict: small and JSON-serialisable (seed, epoch, the sampler's state
+            at the epoch's start, which batches were taken; no sample data).
+            A fresh loader over the same dataset given it with
+            :meth:`load_state_dict` yields exactly the batches not yet
+            yielded, in the same order, with the same ``sample_rng()`` draws.
+
+        Example:
+            >>> import numpy as np, mxload
+            >>> loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(6)), batch_size=2,
+            ...                            shuffle=True, seed=1)
+            >>> it = iter(loader); first = next(it)
+            >>> state = loader.state_dict()
+            >>> resumed = mxload.DataLoader(mxload.ArrayDataset(np.arange(6)), batch_size=2,
+            ...                             shuffle=True, seed=1)
+            >>> resumed.load_state_dict(state)
+            >>> [b.tolist() for b in resumed] == [b.tolist() for b in it]
+            True
+        """
         progress = self._progress
         if self._resume is not None:
             return dict(self._resume)
@@ -221,7 +307,23 @@ class DataLoader:
         return progress.state(self.seed)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a state_dict(): the next iter() resumes that epoch."""
+        """Continue from a :meth:`state_dict`: the next ``iter()`` resumes that epoch.
+
+        Args:
+            state (dict): what :meth:`state_dict` returned (also after a JSON
+                round trip).
+
+        Raises:
+            ValueError: `state` is not a loader state, or carries dataset state
+                the dataset cannot load (no ``load_state_dict``).
+
+        Example:
+            >>> import numpy as np, mxload
+            >>> loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(4)), batch_size=2)
+            >>> loader.load_state_dict({**loader.state_dict()})
+            >>> [b.tolist() for b in loader]
+            [[0, 1], [2, 3]]
+        """
         state = check_state(state)
         self.close()  # a live epoch or persistent workers belong to the old position
         self.seed = int(state["seed"])
@@ -247,11 +349,28 @@ class DataLoader:
     @property
     def stats(self) -> dict[str, int]:
         """Counters of the latest worker engine (batches, slabs created/reused/
-        retired, worker restarts); empty before workers ran."""
+        retired, worker restarts); empty before workers ran.
+
+        Example:
+            >>> import numpy as np, mxload
+            >>> loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(8)), batch_size=4, num_workers=1)
+            >>> _ = list(loader)
+            >>> loader.stats["batches"]
+            2
+        """
         return dict(self._stats)
 
     def close(self) -> None:
-        """End the live iteration and any persistent workers; idempotent."""
+        """End the live iteration and any persistent workers; idempotent.
+        ``with DataLoader(...) as loader:`` calls it on exit.
+
+        Example:
+            >>> import numpy as np, mxload
+            >>> with mxload.DataLoader(mxload.ArrayDataset(np.arange(8)), batch_size=4, num_workers=1,
+            ...                        persistent_workers=True) as loader:
+            ...     for epoch in range(2):
+            ...         _ = list(loader)
+        """
         it = self._live_iter() if self._live_iter is not None else None
         if it is not None:
             it.close()

@@ -55,7 +55,24 @@ def _check_fn(fn: object) -> None:
 
 
 class Dataset:
-    """Base class of map-style datasets: implement ``__getitem__`` and ``__len__``."""
+    """Base class of map-style datasets: implement ``__getitem__`` and ``__len__``.
+
+    Optionally implement ``__getitems__(indices)`` to fetch a whole batch at
+    once (the loader calls it instead of ``__getitem__`` per sample).  Any
+    object with ``__getitem__`` and ``__len__`` works as a dataset; this base
+    class adds :meth:`transform` and :meth:`transform_first`.  Subclasses are
+    defined at module level so that spawn workers can pickle them.
+
+    Example:
+        >>> import numpy as np, mxload
+        >>> class Squares(mxload.Dataset):
+        ...     def __len__(self):
+        ...         return 4
+        ...     def __getitem__(self, i):
+        ...         return np.float32(i * i)
+        >>> [b.tolist() for b in mxload.DataLoader(Squares(), batch_size=2)]
+        [[0.0, 1.0], [4.0, 9.0]]
+    """
 
     def __getitem__(self, idx: int) -> Any:
         raise NotImplementedError
@@ -66,9 +83,24 @@ class Dataset:
     def transform(self, fn: Callable[..., Any], lazy: bool = True) -> Dataset:
         """Return a dataset whose samples are ``fn(sample)``.
 
-        Tuple samples are unpacked: ``fn(*sample)``.  With ``lazy=True`` fn is
-        applied on access; with ``lazy=False`` every sample is transformed now
-        and the result is a :class:`SimpleDataset`.
+        Args:
+            fn (callable): applied to each sample; tuple samples are unpacked
+                (``fn(*sample)``).  Inside it, :func:`mxload.sample_rng` gives
+                the sample's own random stream.
+            lazy (bool): ``True`` (default) applies `fn` on access; ``False``
+                transforms every sample now and returns a :class:`SimpleDataset`.
+
+        Returns:
+            Dataset: the transformed dataset (keeps ``__getitems__`` if this one has it).
+
+        Raises:
+            TypeError: `fn` is not callable.
+
+        Example:
+            >>> import mxload
+            >>> ds = mxload.SimpleDataset([1, 2, 3]).transform(lambda x: x * 10)
+            >>> ds[2]
+            30
         """
         _check_fn(fn)
         trans: _LazyTransformDataset
@@ -81,13 +113,44 @@ class Dataset:
         return SimpleDataset([trans[i] for i in range(len(trans))])
 
     def transform_first(self, fn: Callable[..., Any], lazy: bool = True) -> Dataset:
-        """Like :meth:`transform` but only the first element of each tuple sample is passed to fn."""
+        """Like :meth:`transform`, but `fn` gets only the first element of each
+        tuple sample (the image of an (image, label) pair); the rest pass through.
+
+        Args:
+            fn (callable): applied to the first element.
+            lazy (bool): as in :meth:`transform`. Default ``True``.
+
+        Returns:
+            Dataset: the transformed dataset.
+
+        Raises:
+            TypeError: `fn` is not callable.
+
+        Example:
+            >>> import numpy as np, mxload
+            >>> ds = mxload.ArrayDataset([1, 2], ["cat", "dog"])
+            >>> ds.transform_first(lambda x: x * 10)[1]
+            (20, 'dog')
+        """
         _check_fn(fn)
         return self.transform(_TransformFirstClosure(fn), lazy)
 
 
 class SimpleDataset(Dataset):
-    """Wraps any sequence (list, tuple, numpy array, ...) as a dataset."""
+    """Wraps any sequence (list, tuple, numpy array, ...) as a dataset.
+
+    Args:
+        data: anything with ``__getitem__`` and ``__len__``.
+
+    Raises:
+        TypeError: `data` is not a sequence.
+
+    Example:
+        >>> import mxload
+        >>> ds = mxload.SimpleDataset(["a", "b", "c"])
+        >>> len(ds), ds[1]
+        (3, 'b')
+    """
 
     def __init__(self, data: Any):
         if not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
@@ -144,7 +207,25 @@ class ArrayDataset(Dataset):
 
     With a single argument ``ds[i]`` is just ``a[i]`` (as in Gluon).
     Indices must lie in ``[0, len)``; negative indices are rejected rather
-    than wrapped because they almost always mean a sampler bug.
+    than wrapped because they almost always mean a sampler bug.  Its
+    ``__getitems__`` gathers a whole batch with one ``np.take`` per column,
+    straight into the batch buffer: the fastest way to load in-memory arrays.
+
+    Args:
+        *args: one or more arrays or sequences of the same length.
+
+    Raises:
+        ValueError: no argument, or the lengths differ (the message names them).
+        TypeError: an argument is not an array or sequence.
+
+    Example:
+        >>> import numpy as np, mxload
+        >>> ds = mxload.ArrayDataset(np.zeros((3, 2), np.float32), np.array([5, 6, 7]))
+        >>> x, y = ds[2]
+        >>> x.shape, int(y)
+        ((2,), 7)
+        >>> [y.tolist() for x, y in mxload.DataLoader(ds, batch_size=2)]
+        [[5, 6], [7]]
     """
 
     def __init__(self, *args: Any):
@@ -220,8 +301,20 @@ class ArrayDataset(Dataset):
 class IterableDataset:
     """Base class of stream-style datasets: implement ``__iter__``.
 
-    Not a :class:`Dataset` subclass: it has no random access.  The loader
-    splits the stream among workers.
+    Not a :class:`Dataset` subclass: it has no random access.  Each worker
+    iterates its own copy of the dataset: shard the stream with
+    :func:`mxload.get_worker_info` (as with PyTorch), or every worker yields
+    every sample.  An optional ``__len__`` gives the loader a length.
+
+    Example:
+        >>> import mxload
+        >>> class Stream(mxload.IterableDataset):
+        ...     def __iter__(self):
+        ...         info = mxload.get_worker_info()
+        ...         start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        ...         return iter(range(start, 6, step))
+        >>> [b.tolist() for b in mxload.DataLoader(Stream(), batch_size=3)]
+        [[0, 1, 2], [3, 4, 5]]
     """
 
     def __iter__(self) -> Iterator[Any]:
@@ -230,8 +323,25 @@ class IterableDataset:
     def transform(self, fn: Callable[..., Any], lazy: bool = True) -> IterableDataset:
         """Return an iterable dataset yielding ``fn(sample)`` (``fn(*sample)`` for tuples).
 
-        Only ``lazy=True`` is supported: a stream may be endless or single-pass,
-        so it cannot be materialised up front.
+        Args:
+            fn (callable): applied to each sample as it streams.
+            lazy (bool): must be ``True`` (default): a stream may be endless or
+                single-pass, so it cannot be materialised up front.
+
+        Returns:
+            IterableDataset: the transformed stream.
+
+        Raises:
+            TypeError: `fn` is not callable.
+            ValueError: ``lazy=False``.
+
+        Example:
+            >>> import mxload
+            >>> class Three(mxload.IterableDataset):
+            ...     def __iter__(self):
+            ...         return iter([1, 2, 3])
+            >>> list(Three().transform(lambda x: -x))
+            [-1, -2, -3]
         """
         _check_fn(fn)
         if not lazy:
@@ -241,7 +351,27 @@ class IterableDataset:
         return _LazyTransformIterableDataset(self, fn)
 
     def transform_first(self, fn: Callable[..., Any], lazy: bool = True) -> IterableDataset:
-        """Like :meth:`transform` but only the first element of each tuple sample is passed to fn."""
+        """Like :meth:`transform`, but `fn` gets only the first element of each tuple sample.
+
+        Args:
+            fn (callable): applied to the first element.
+            lazy (bool): must be ``True`` (default).
+
+        Returns:
+            IterableDataset: the transformed stream.
+
+        Raises:
+            TypeError: `fn` is not callable.
+            ValueError: ``lazy=False``.
+
+        Example:
+            >>> import mxload
+            >>> class Pairs(mxload.IterableDataset):
+            ...     def __iter__(self):
+            ...         return iter([(1, "a"), (2, "b")])
+            >>> list(Pairs().transform_first(lambda x: x + 100))
+            [(101, 'a'), (102, 'b')]
+        """
         _check_fn(fn)
         return self.transform(_TransformFirstClosure(fn), lazy)
 

@@ -11,7 +11,26 @@ __all__ = ["WorkerError", "LoaderTimeoutError", "SharedMemoryError", "BufferClos
 class WorkerError(RuntimeError):
     """A worker died, or raised an exception that cannot be rebuilt as its own type.
 
-    Attributes: worker_id, pid, exitcode (negative: killed by that signal), batch_index."""
+    Raised by the loader's iterator within about a second of a worker's death
+    (whatever the `timeout`), unless ``max_worker_restarts`` allows a restart.
+    The message names the worker, its pid, how it ended and the batch.
+
+    Args:
+        message (str): what happened, where, and what to do.
+        worker_id (int | None): the worker's id (0 .. num_workers - 1).
+        pid (int | None): its process id.
+        exitcode (int | None): its exit status; negative: killed by that signal.
+        batch_index (int | None): the batch it was loading.
+
+    Example:
+        >>> import mxload
+        >>> try:
+        ...     raise mxload.WorkerError("worker 1 (pid 4242) was killed by SIGKILL while loading "
+        ...                              "batch 7", worker_id=1, pid=4242, exitcode=-9, batch_index=7)
+        ... except mxload.WorkerError as e:
+        ...     print(e.worker_id, e.exitcode, e.batch_index)
+        1 -9 7
+    """
 
     def __init__(self, message: str, worker_id: int | None = None, pid: int | None = None,
                  exitcode: int | None = None, batch_index: int | None = None):
@@ -26,8 +45,35 @@ class WorkerError(RuntimeError):
 
 
 class SharedMemoryError(WorkerError):
-    """Shared memory ran out (a worker got SIGBUS, or a slab could not be allocated)."""
+    """Shared memory ran out (a worker got SIGBUS, or a slab could not be allocated).
+
+    A :class:`WorkerError` subclass with the same attributes.  Lower `prefetch`
+    or the batch size, or enlarge ``/dev/shm`` (in Docker: ``--shm-size``).
+
+    Example:
+        >>> import mxload
+        >>> issubclass(mxload.SharedMemoryError, mxload.WorkerError)
+        True
+    """
 
 
 class LoaderTimeoutError(TimeoutError):
-    """No batch arrived within the loader's `timeout`."""
+    """No batch arrived within the loader's `timeout` (a :class:`TimeoutError`).
+
+    The message names the batch and the workers still alive.  Raise `timeout`
+    (or pass ``timeout=None``) for datasets that are slow on purpose; a dead
+    worker is reported as :class:`WorkerError` instead, whatever the timeout.
+
+    Example:
+        >>> import time, mxload
+        >>> class Stuck(mxload.Dataset):
+        ...     def __len__(self):
+        ...         return 2
+        ...     def __getitem__(self, i):
+        ...         time.sleep(5)
+        >>> try:
+        ...     next(iter(mxload.DataLoader(Stuck(), batch_size=1, num_workers=1, timeout=0.5)))
+        ... except mxload.LoaderTimeoutError as e:
+        ...     print("timed out:", isinstance(e, TimeoutError))
+        timed out: True
+    """

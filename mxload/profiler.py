@@ -469,6 +469,12 @@ class Report:
         batches (int): batches the training loop received.
         verdict (str): one line: consumer- or loader-bound, and what to do.
 
+    Args:
+        wall_s (float): see the attributes; a Report is made by
+            :meth:`Profiler.report`, not by hand, and so are the other arguments
+            (``startup_s``, ``stages``, ``fields``, ``workers``, ``batches``,
+            ``worker_stages``, ``samples``, ``cpu``).
+
     Example:
         >>> import numpy as np, mxload
         >>> loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(8)), batch_size=4)

@@ -127,7 +127,24 @@ def _sampler_indices(sampler: Any) -> IndexArray:
 
 
 class Sampler:
-    """Base class: subclasses implement ``epoch_indices()`` and ``__len__``."""
+    """Base class: subclasses implement ``epoch_indices()`` and ``__len__``.
+
+    Iterating a sampler draws one epoch's indices (and advances its epoch).
+    Any iterable of ints with ``__len__`` also works as a loader's sampler;
+    subclassing adds checkpointing (:meth:`state_dict`) and fast int64 arrays.
+
+    Example:
+        >>> import numpy as np, mxload
+        >>> class Reversed(mxload.sampler.Sampler):
+        ...     def __init__(self, n):
+        ...         self.n = n
+        ...     def epoch_indices(self):
+        ...         return np.arange(self.n - 1, -1, -1, dtype=np.int64)
+        ...     def __len__(self):
+        ...         return self.n
+        >>> list(Reversed(3))
+        [2, 1, 0]
+    """
 
     def epoch_indices(self) -> IndexArray:
         """Return the next epoch's indices as a 1-D int64 array and advance the epoch."""
@@ -172,7 +189,19 @@ def load_sampler_state(sampler: Any, state: Any) -> None:
 
 
 class SequentialSampler(Sampler):
-    """Yields ``0, 1, ..., n-1`` in order, every epoch."""
+    """Yields ``0, 1, ..., n-1`` in order, every epoch.
+
+    Args:
+        n (int): the number of samples.
+
+    Raises:
+        ValueError: `n` is negative or not an integer.
+
+    Example:
+        >>> from mxload.sampler import SequentialSampler
+        >>> list(SequentialSampler(4))
+        [0, 1, 2, 3]
+    """
 
     def __init__(self, n: int):
         self._n = _as_length(n)
@@ -191,8 +220,24 @@ class RandomSampler(Sampler):
     """Yields a fresh permutation of ``range(n)`` every epoch.
 
     Epoch ``e`` uses ``np.random.default_rng([seed, e]).permutation(n)``, so a
-    given (seed, epoch) pair always reproduces the same order.  With
-    ``seed=None`` a random seed is drawn once and kept in ``.seed``.
+    given (seed, epoch) pair always reproduces the same order.
+
+    Args:
+        n (int): the number of samples.
+        seed (int | None): the permutations' seed; ``None`` (default) draws
+            one at random, kept in ``.seed``.
+
+    Raises:
+        ValueError: `n` or `seed` is negative or not an integer.
+
+    Example:
+        >>> from mxload.sampler import RandomSampler
+        >>> s = RandomSampler(5, seed=0)
+        >>> first, second = list(s), list(s)
+        >>> sorted(first), first == second
+        ([0, 1, 2, 3, 4], False)
+        >>> s.set_epoch(0); list(s) == first
+        True
     """
 
     def __init__(self, n: int, seed: int | None = None):
@@ -226,8 +271,23 @@ class BatchSampler(Sampler):
     ``"keep"`` yields it, ``"discard"`` drops it, ``"rollover"`` carries
     the leftover indices over and puts them first in the next epoch.
 
-    ``sampler`` may be a :class:`Sampler` or any iterable of ints with
-    ``__len__`` (e.g. a list).
+    Args:
+        sampler: a :class:`Sampler` or any iterable of ints with ``__len__``
+            (e.g. a list).
+        batch_size (int): indices per batch.
+        last_batch (str): ``"keep"`` (default), ``"discard"`` or ``"rollover"``.
+
+    Raises:
+        ValueError: `sampler` is None, `batch_size` is not a positive integer,
+            or `last_batch` is not one of the three.
+
+    Example:
+        >>> from mxload.sampler import BatchSampler, SequentialSampler
+        >>> [b.tolist() for b in BatchSampler(SequentialSampler(5), 2, "keep")]
+        [[0, 1], [2, 3], [4]]
+        >>> roll = BatchSampler(SequentialSampler(5), 2, "rollover")
+        >>> [b.tolist() for b in roll], [b.tolist() for b in roll]
+        ([[0, 1], [2, 3]], [[4, 0], [1, 2], [3, 4]])
     """
 
     def __init__(self, sampler: SizedIndices, batch_size: int, last_batch: str = "keep"):
@@ -335,6 +395,26 @@ class DistributedSampler(Sampler):
     ``loader.sampler.set_epoch(e)`` -- gives exactly PyTorch's behaviour; the
     loader draws an epoch's indices when it is iterated (``iter(loader)``),
     so ``set_epoch`` must come before the ``for`` loop.
+
+    Args:
+        n (int): the data set's size.
+        num_replicas (int | None): the number of ranks (world size).
+        rank (int | None): this rank, 0 .. num_replicas - 1.
+        shuffle (bool): a seeded permutation per epoch (default ``True``).
+        seed (int): the permutations' seed, the same on every rank. Default ``0``.
+        drop_last (bool): drop the tail instead of padding. Default ``False``.
+
+    Raises:
+        ValueError: a negative or non-integer argument, or `rank` outside
+            ``[0, num_replicas)`` (naming ``RANK``/``WORLD_SIZE`` when they
+            came from there).
+
+    Example:
+        >>> from mxload.sampler import DistributedSampler
+        >>> [list(DistributedSampler(5, num_replicas=2, rank=r, shuffle=False)) for r in (0, 1)]
+        [[0, 2, 4], [1, 3, 0]]
+        >>> [list(DistributedSampler(5, 2, r, shuffle=False, drop_last=True)) for r in (0, 1)]
+        [[0, 2], [1, 3]]
     """
 
     def __init__(self, n: int, num_replicas: int | None = None, rank: int | None = None,
