@@ -44,15 +44,28 @@ cdef inline tuple _shape_of(cnp.ndarray a):
     return tuple([a.shape[d] for d in range(a.ndim)])
 
 
-cdef _check_out(cnp.ndarray out, tuple shape, object dtype):
-    if not cnp.PyArray_IS_C_CONTIGUOUS(out):
-        raise ValueError("out must be C-contiguous")
+# The largest ndim of a batch (out) or a sample the kernels handle.
+MAX_DIMS = MXL_MAX_DIMS
+
+
+cdef inline int _check_ndim(int ndim, str what) except -1:
+    if ndim > MXL_MAX_DIMS:
+        raise ValueError(f"{what} has {ndim} dimensions; mxload collates at most {MXL_MAX_DIMS} "
+                         f"(the batch dimension included)")
+    return 0
+
+
+cdef _check_out(cnp.ndarray out, tuple shape, object dtype, list arrays):
+    # Any strides: the kernels write exactly out's elements.
     if not cnp.PyArray_ISWRITEABLE(out):
         raise ValueError("out must be writeable")
     if _shape_of(out) != shape:
         raise ValueError(f"out has shape {_shape_str(_shape_of(out))}, expected {_shape_str(shape)}")
     if out.dtype != dtype:
         raise ValueError(f"out has dtype {out.dtype}, expected {dtype}")
+    for i in range(len(arrays)):
+        if np.may_share_memory(arrays[i], out):
+            raise ValueError(f"out overlaps sample {i}; pass a separate out array")
 
 
 def stack_check(arrays):
@@ -67,6 +80,7 @@ def stack_check(arrays):
     cdef cnp.npy_intp *dims0 = cnp.PyArray_DIMS(first)
     cdef cnp.PyArray_Descr *descr0 = cnp.PyArray_DESCR(first)
     cdef Py_ssize_t i, n = len(arrs)
+    _check_ndim(nd + 1, f"the batch of {n} samples")
     for i in range(1, n):
         a = arrs[i]
         if cnp.PyArray_DESCR(a) != descr0 and not mxl_equiv_descr(cnp.PyArray_DESCR(a), descr0):
@@ -98,12 +112,26 @@ cdef inline bint _fits(cnp.ndarray a, cnp.ndarray out, int axis) noexcept:
 
 
 cdef _check_rows(list arrays, cnp.ndarray out):
-    # The fills trust stack_check/pad_check for the samples, but never write
-    # outside `out`: rows and every sample's shape are checked (in C).
+    # The fills trust stack_check/pad_check for the samples' dtypes, but
+    # never write outside `out`: its rows and dimensions and every sample's
+    # shape are checked (in C), and out's strides are followed.
+    _check_ndim(out.ndim, "out")
     if out.ndim < 1 or cnp.PyArray_DIMS(out)[0] != len(arrays):
         raise ValueError(f"out has {out.shape[0] if out.ndim else 0} rows for {len(arrays)} samples")
     if not cnp.PyArray_ISWRITEABLE(out):
         raise ValueError("out must be writeable")
+
+
+cdef inline bint _is_contiguous(const mxl_ssize_t *shape, const mxl_ssize_t *strides, int nd,
+                                mxl_ssize_t itemsize) noexcept:
+    """(shape, strides) is one C-ordered block with no gaps."""
+    cdef mxl_ssize_t step = itemsize
+    cdef int d
+    for d in range(nd - 1, -1, -1):
+        if shape[d] != 1 and strides[d] != step:
+            return False
+        step *= shape[d]
+    return True
 
 
 _MISMATCH = "sample {} does not fit out; validate samples with stack_check/pad_check first"
@@ -117,13 +145,13 @@ def stack_fill(list arrays, cnp.ndarray out):
     cdef Py_ssize_t n = len(arrays), i
     cdef cnp.ndarray a
     cdef int nd = out.ndim - 1
-    cdef Py_ssize_t itemsize = out.itemsize
+    cdef mxl_ssize_t itemsize = out.itemsize
     cdef char *dst = <char *>cnp.PyArray_DATA(out)
-    cdef Py_ssize_t dst_step = cnp.PyArray_STRIDES(out)[0]
-    cdef const Py_ssize_t *dst_strides = <const Py_ssize_t *>cnp.PyArray_STRIDES(out) + 1
-    cdef const Py_ssize_t *shape = <const Py_ssize_t *>cnp.PyArray_DIMS(out) + 1
+    cdef mxl_ssize_t dst_step = cnp.PyArray_STRIDES(out)[0]
+    cdef const mxl_ssize_t *dst_strides = <const mxl_ssize_t *>cnp.PyArray_STRIDES(out) + 1
+    cdef const mxl_ssize_t *shape = <const mxl_ssize_t *>cnp.PyArray_DIMS(out) + 1
     cdef char **srcs = <char **>PyMem_Malloc(n * sizeof(char *))
-    cdef const Py_ssize_t **src_strides = <const Py_ssize_t **>PyMem_Malloc(n * sizeof(Py_ssize_t *))
+    cdef const mxl_ssize_t **src_strides = <const mxl_ssize_t **>PyMem_Malloc(n * sizeof(mxl_ssize_t *))
     cdef int64_t t0
     if srcs is NULL or src_strides is NULL:
         PyMem_Free(srcs)
@@ -135,7 +163,7 @@ def stack_fill(list arrays, cnp.ndarray out):
             if not _fits(a, out, -1):
                 raise ValueError(_MISMATCH.format(i))
             srcs[i] = <char *>cnp.PyArray_DATA(a)
-            src_strides[i] = <const Py_ssize_t *>cnp.PyArray_STRIDES(a)
+            src_strides[i] = <const mxl_ssize_t *>cnp.PyArray_STRIDES(a)
         with nogil:
             t0 = mxl_monotonic_ns()
             for i in range(n):
@@ -151,12 +179,13 @@ def stack_fill(list arrays, cnp.ndarray out):
 def stack(arrays, out=None):
     """Stack equally shaped arrays along a new first axis.
 
-    With `out`, write into it (C-contiguous, writeable, right shape/dtype)."""
+    With `out`, write into it (writeable, right shape and dtype, any strides,
+    not overlapping a sample)."""
     arrs, shape, dtype = stack_check(arrays)
     if out is None:
         out = np.empty(shape, dtype)
     else:
-        _check_out(out, shape, dtype)
+        _check_out(out, shape, dtype, arrs)
     stack_fill(arrs, out)
     return out
 
@@ -172,6 +201,7 @@ def pad_check(arrays, int axis=0):
     cdef Py_ssize_t i, n = len(arrs)
     if nd == 0:
         raise ValueError("cannot pad 0-d samples (scalars); use Stack() for scalars")
+    _check_ndim(nd + 1, f"the batch of {n} samples")
     if axis < -nd or axis >= nd:
         raise ValueError(f"pad axis {axis} is out of range for samples with {nd} dimensions")
     if axis < 0:
@@ -213,22 +243,30 @@ def pad_fill(list arrays, cnp.ndarray out, int axis, bytes pattern):
     cdef Py_ssize_t n = len(arrays), i
     cdef cnp.ndarray a
     cdef int nd = out.ndim - 1
-    cdef Py_ssize_t itemsize = out.itemsize
+    cdef mxl_ssize_t itemsize = out.itemsize
     if len(pattern) != itemsize:
         raise ValueError(f"pad pattern has {len(pattern)} bytes, expected {itemsize}")
     cdef const char *pat = pattern
     cdef char *dst = <char *>cnp.PyArray_DATA(out)
-    cdef Py_ssize_t dst_step = cnp.PyArray_STRIDES(out)[0]
-    cdef const Py_ssize_t *dst_strides = <const Py_ssize_t *>cnp.PyArray_STRIDES(out) + 1
-    cdef Py_ssize_t full_len = cnp.PyArray_DIMS(out)[axis + 1]
-    # Along axis 0 the padding is one contiguous tail; elsewhere fill the row.
-    cdef bint tail_only = axis == 0
-    cdef Py_ssize_t axis_stride = dst_strides[axis]
+    cdef char *row
+    cdef mxl_ssize_t dst_step = cnp.PyArray_STRIDES(out)[0]
+    cdef const mxl_ssize_t *dst_strides = <const mxl_ssize_t *>cnp.PyArray_STRIDES(out) + 1
+    cdef mxl_ssize_t full_len = cnp.PyArray_DIMS(out)[axis + 1]
+    cdef mxl_ssize_t axis_stride = dst_strides[axis]
+    cdef const mxl_ssize_t *row_shape = <const mxl_ssize_t *>cnp.PyArray_DIMS(out) + 1
+    # The padding of a row: the row's shape with `full_len - length` along axis.
+    cdef mxl_ssize_t pad_shape[MXL_MAX_DIMS]
+    cdef int d
+    for d in range(nd):
+        pad_shape[d] = row_shape[d]
+    # Padding along a later axis is many short runs: when the row is one
+    # contiguous block, filling all of it (one memset) before the copy is faster.
+    cdef bint whole_row = axis > 0 and _is_contiguous(row_shape, dst_strides, nd, itemsize)
     cdef char **srcs = <char **>PyMem_Malloc(n * sizeof(char *))
-    cdef const Py_ssize_t **src_strides = <const Py_ssize_t **>PyMem_Malloc(n * sizeof(Py_ssize_t *))
-    cdef const Py_ssize_t **shapes = <const Py_ssize_t **>PyMem_Malloc(n * sizeof(Py_ssize_t *))
+    cdef const mxl_ssize_t **src_strides = <const mxl_ssize_t **>PyMem_Malloc(n * sizeof(mxl_ssize_t *))
+    cdef const mxl_ssize_t **shapes = <const mxl_ssize_t **>PyMem_Malloc(n * sizeof(mxl_ssize_t *))
     cdef int64_t t0
-    cdef Py_ssize_t length
+    cdef mxl_ssize_t length
     if srcs is NULL or src_strides is NULL or shapes is NULL:
         PyMem_Free(srcs)
         PyMem_Free(src_strides)
@@ -240,20 +278,21 @@ def pad_fill(list arrays, cnp.ndarray out, int axis, bytes pattern):
             if not _fits(a, out, axis):
                 raise ValueError(_MISMATCH.format(i))
             srcs[i] = <char *>cnp.PyArray_DATA(a)
-            src_strides[i] = <const Py_ssize_t *>cnp.PyArray_STRIDES(a)
-            shapes[i] = <const Py_ssize_t *>cnp.PyArray_DIMS(a)
+            src_strides[i] = <const mxl_ssize_t *>cnp.PyArray_STRIDES(a)
+            shapes[i] = <const mxl_ssize_t *>cnp.PyArray_DIMS(a)
         with nogil:
             t0 = mxl_monotonic_ns()
             for i in range(n):
+                row = dst + i * dst_step
                 length = shapes[i][axis]
                 if length < full_len:
-                    if tail_only:
-                        mxl_fill(dst + i * dst_step + length * axis_stride,
-                                 (full_len - length) * axis_stride, pat, itemsize)
+                    if whole_row:
+                        mxl_fill_nd(row, dst_strides, row_shape, nd, pat, itemsize)
                     else:
-                        mxl_fill(dst + i * dst_step, dst_step, pat, itemsize)
-                mxl_copy_nd(dst + i * dst_step, dst_strides, srcs[i], src_strides[i],
-                            shapes[i], nd, itemsize)
+                        pad_shape[axis] = full_len - length
+                        mxl_fill_nd(row + length * axis_stride, dst_strides, pad_shape, nd,
+                                    pat, itemsize)
+                mxl_copy_nd(row, dst_strides, srcs[i], src_strides[i], shapes[i], nd, itemsize)
             t0 = mxl_monotonic_ns() - t0
     finally:
         PyMem_Free(srcs)
@@ -295,7 +334,7 @@ def pad(arrays, int axis=0, val=0, out=None, bint ret_length=False):
     if out is None:
         out = np.empty(shape, dtype)
     else:
-        _check_out(out, shape, dtype)
+        _check_out(out, shape, dtype, arrs)
     pad_fill(arrs, out, axis, pad_value_bytes(val, dtype))
     return (out, lengths) if ret_length else out
 
@@ -304,6 +343,7 @@ def copy_into(cnp.ndarray src, cnp.ndarray out):
     """Copy one array of the same shape into `out` (any strides); GIL released.
 
     Returns the copy time in nanoseconds."""
+    _check_ndim(out.ndim, "out")
     if src.ndim != out.ndim or _shape_of(src) != _shape_of(out):
         raise ValueError(f"shape mismatch: {_shape_str(_shape_of(src))} vs {_shape_str(_shape_of(out))}")
     if out.dtype != src.dtype:
@@ -316,11 +356,11 @@ def copy_into(cnp.ndarray src, cnp.ndarray out):
         raise ValueError("source and destination overlap")
     cdef char *dst = <char *>cnp.PyArray_DATA(out)
     cdef const char *s = <const char *>cnp.PyArray_DATA(src)
-    cdef const Py_ssize_t *ds = <const Py_ssize_t *>cnp.PyArray_STRIDES(out)
-    cdef const Py_ssize_t *ss = <const Py_ssize_t *>cnp.PyArray_STRIDES(src)
-    cdef const Py_ssize_t *shape = <const Py_ssize_t *>cnp.PyArray_DIMS(src)
+    cdef const mxl_ssize_t *ds = <const mxl_ssize_t *>cnp.PyArray_STRIDES(out)
+    cdef const mxl_ssize_t *ss = <const mxl_ssize_t *>cnp.PyArray_STRIDES(src)
+    cdef const mxl_ssize_t *shape = <const mxl_ssize_t *>cnp.PyArray_DIMS(src)
     cdef int nd = src.ndim
-    cdef Py_ssize_t itemsize = src.itemsize
+    cdef mxl_ssize_t itemsize = src.itemsize
     cdef int64_t t0
     with nogil:
         t0 = mxl_monotonic_ns()

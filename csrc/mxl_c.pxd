@@ -1,14 +1,16 @@
 # C declarations used by mxload._core: kept apart from the code that uses them.
+from libc.stddef cimport ptrdiff_t
 from libc.stdint cimport int64_t, uint64_t
 
 cdef extern from "mxl_copy.h" nogil:
-    ctypedef Py_ssize_t mxl_ssize_t
-    int MXL_MAX_DIMS
+    ctypedef ptrdiff_t mxl_ssize_t
+    enum: MXL_MAX_DIMS
     int64_t mxl_monotonic_ns()
     void mxl_copy_nd(char *dst, const mxl_ssize_t *dst_strides,
                      const char *src, const mxl_ssize_t *src_strides,
                      const mxl_ssize_t *shape, int ndim, mxl_ssize_t itemsize)
-    void mxl_fill(char *dst, mxl_ssize_t nbytes, const char *pattern, mxl_ssize_t itemsize)
+    void mxl_fill_nd(char *dst, const mxl_ssize_t *strides, const mxl_ssize_t *shape,
+                     int ndim, const char *pattern, mxl_ssize_t itemsize)
 
 cdef extern from "<time.h>" nogil:
     ctypedef long time_t
@@ -57,6 +59,14 @@ cdef extern from *:
     int MXL_MAP_POPULATE
 
 cimport numpy as cnp
+cdef extern from *:
+    """
+    #include <numpy/arrayobject.h>
+    #include "mxl_copy.h"
+    /* The kernels read numpy's shape and stride arrays (npy_intp) as mxl_ssize_t. */
+    typedef char mxl_ssize_t_is_npy_intp[sizeof(mxl_ssize_t) == sizeof(npy_intp) ? 1 : -1];
+    """
+
 cdef extern from "numpy/arrayobject.h":
     # numpy's own .pxd declares this over Python dtype objects; the kernels
     # compare raw descriptor pointers without touching refcounts.

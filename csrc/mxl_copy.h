@@ -1,7 +1,8 @@
 /* Strided copy and pattern fill used by the collation kernels.
  *
  * Plain C so the hot loops run without the GIL and without any Python object.
- * Both functions are header-only (static) and are compiled into mxload._core.
+ * Header-only (static), compiled into mxload._core.  Callers check that ndim
+ * is at most MXL_MAX_DIMS (the odometers' size).
  */
 #ifndef MXL_COPY_H
 #define MXL_COPY_H
@@ -11,8 +12,10 @@
 #include <time.h>
 #include <stdint.h>
 
-#define MXL_MAX_DIMS 64
+/* numpy 1.x's NPY_MAXDIMS: the same arrays collate whatever numpy runs. */
+#define MXL_MAX_DIMS 32
 
+/* Sizes and strides, as numpy's npy_intp (checked at compile time in mxl_c.pxd). */
 typedef ptrdiff_t mxl_ssize_t;
 
 /* Monotonic clock in nanoseconds: kernels time themselves with it, so a
@@ -130,6 +133,31 @@ static void mxl_fill(char *dst, mxl_ssize_t nbytes, const char *pattern, mxl_ssi
         memcpy(dst + done, dst, (size_t)n);
         done += n;
     }
+}
+
+/* Fill the n-d region (dst, strides, shape) with the element `pattern`,
+ * touching nothing between its elements.  Trailing dimensions contiguous in
+ * dst are merged into one block, so a contiguous region is a single fill. */
+static void mxl_fill_nd(char *dst, const mxl_ssize_t *strides, const mxl_ssize_t *shape,
+                        int ndim, const char *pattern, mxl_ssize_t itemsize)
+{
+    mxl_ssize_t block = itemsize;
+    mxl_ssize_t index[MXL_MAX_DIMS];
+    const char *unused = dst;  /* mxl_advance moves a second pointer too */
+    int nd = ndim, d;
+
+    for (d = 0; d < ndim; d++)
+        if (shape[d] == 0)
+            return;
+    while (nd > 0 && strides[nd - 1] == block) {
+        block *= shape[nd - 1];
+        nd--;
+    }
+    for (d = 0; d < nd; d++)
+        index[d] = 0;
+    do {
+        mxl_fill(dst, block, pattern, itemsize);
+    } while (nd > 0 && mxl_advance(index, shape, nd, &dst, strides, &unused, strides));
 }
 
 #endif

@@ -41,6 +41,7 @@ class ReorderBuffer:
 # ---------------------------------------------------------------- collate.pxi
 
 ALIGNMENT: int
+MAX_DIMS: int
 
 def stack_check(
     arrays: Iterable[ArrayLike],

@@ -238,10 +238,9 @@ def test_stack_out_validation():
         stack(arrays, out=np.empty((3, 6)))
     with pytest.raises(ValueError, match="out has dtype float32, expected float64"):
         stack(arrays, out=np.empty((3, 2, 3), np.float32))
-    with pytest.raises(ValueError, match="out must be C-contiguous"):
-        stack(arrays, out=np.empty((3, 2, 6))[:, :, ::2])
-    with pytest.raises(ValueError, match="out must be C-contiguous"):
-        stack(arrays, out=np.empty((3, 2, 3), order="F"))
+    # any strides are fine (see test_stack_writes_only_out)
+    for out in (np.empty((3, 2, 6))[:, :, ::2], np.empty((3, 2, 3), order="F")):
+        np.testing.assert_array_equal(stack(arrays, out=out), np_stack(arrays))
     ro = np.empty((3, 2, 3))
     ro.flags.writeable = False
     with pytest.raises(ValueError, match="out must be writeable"):
@@ -471,8 +470,9 @@ def test_pad_out_validation():
         pad(arrays, out=np.empty((2, 3), np.float32))
     with pytest.raises(ValueError, match="out has dtype float64, expected float32"):
         pad(arrays, out=np.empty((2, 5), np.float64))
-    with pytest.raises(ValueError, match="out must be C-contiguous"):
-        pad(arrays, out=np.empty((2, 10), np.float32)[:, ::2])
+    # any strides are fine (see test_pad_writes_only_out)
+    out = np.empty((2, 10), np.float32)[:, ::2]
+    np.testing.assert_array_equal(pad(arrays, out=out), pad_reference(arrays, 0, 0, np.float32))
     ro = np.empty((2, 5), np.float32)
     ro.flags.writeable = False
     with pytest.raises(ValueError, match="out must be writeable"):
@@ -1053,3 +1053,161 @@ def test_pad_value_that_would_change_is_rejected(dtype, val):
     with pytest.raises(ValueError, match="cannot be represented"):
         _core.pad([np.ones(2, dtype), np.ones(3, dtype)], val=val)
     assert _core.pad([np.ones(1, np.float32), np.ones(2, np.float32)], val=float("nan"))[0, 1] != 0
+
+
+# ---------------------------------------------------------------------------
+# out is any view: every kernel writes exactly out's elements, nothing else
+# ---------------------------------------------------------------------------
+
+SENTINEL = 0xA5
+GUARD_DTYPES = [np.uint8, np.int32, np.float64, np.complex128, "U3", STRUCT]
+GUARD_IDS = ["u1", "i4", "f8", "c16", "U3", "struct"]
+
+
+def _guarded_views(shape, dtype):
+    """(name, parent, out): `out` is a view of `shape` inside a parent filled
+    with SENTINEL bytes, in layouts whose gaps are parent memory that is not
+    part of out."""
+    dtype = np.dtype(dtype)
+    nd = len(shape)
+
+    def parent_of(pshape):
+        p = np.empty(pshape, dtype)
+        np.ndarray(p.shape + (dtype.itemsize,), np.uint8, buffer=p)[...] = SENTINEL
+        return p
+
+    p = parent_of((2 * shape[0] + 1,) + shape[1:])
+    yield "every other row", p, p[1::2]
+    p = parent_of((shape[0] + 2,) + shape[1:])
+    yield "rows reversed", p, p[shape[0]:0:-1]
+    p = parent_of(tuple(2 * s + 2 for s in shape))
+    yield "step 2 in every dimension", p, p[tuple(slice(1, 1 + 2 * s, 2) for s in shape)]
+    p = parent_of(tuple(s + 2 for s in shape))
+    yield "inner block", p, p[tuple(slice(1, 1 + s) for s in shape)]
+    p = parent_of(shape[::-1])
+    yield "transposed", p, p.transpose(list(range(nd))[::-1])
+    if shape[0] == 1:
+        # numpy flags this view C-contiguous: a size-1 dimension's stride is ignored
+        p = parent_of((9,) + shape[1:])
+        out = p[4:9:5]
+        assert out.flags.c_contiguous and out.strides[0] == 5 * p.strides[0]
+        yield "one row, C-contiguous flag, long row stride", p, out
+
+
+def _assert_only_out_written(parent, out, expected, name):
+    mask = np.zeros(parent.shape, bool)
+    np.ndarray(out.shape, bool, buffer=mask, offset=_offset(out, parent),
+               strides=tuple(s // parent.itemsize for s in out.strides))[...] = True
+    raw = np.ndarray(parent.shape + (parent.itemsize,), np.uint8, buffer=parent)
+    changed = np.argwhere((raw[~mask] != SENTINEL).any(axis=-1))
+    assert changed.size == 0, f"{name}: {changed.size} elements outside out were written"
+    assert np.ascontiguousarray(out).tobytes() == np.ascontiguousarray(expected).tobytes(), name
+
+
+def _offset(view, parent):
+    """Element offset of view's first element in parent (for the bool mask)."""
+    return (view.__array_interface__["data"][0] - parent.__array_interface__["data"][0]) \
+        // parent.itemsize
+
+
+@pytest.mark.parametrize("sample_shape", [(), (5,), (3, 4)], ids=["0d", "1d", "2d"])
+@pytest.mark.parametrize("dtype", GUARD_DTYPES, ids=GUARD_IDS)
+def test_stack_writes_only_out(dtype, sample_shape):
+    rng = np.random.default_rng(31)
+    for n in (1, 4):
+        arrays = [random_array(sample_shape, dtype, rng) for _ in range(n)]
+        ref = np_stack(arrays)
+        for name, parent, out in _guarded_views(ref.shape, dtype):
+            arrs, _, _ = _core.stack_check(arrays)
+            _core.stack_fill(arrs, out)
+            _assert_only_out_written(parent, out, ref, f"stack_fill, {name}")
+        for name, parent, out in _guarded_views(ref.shape, dtype):
+            assert stack(arrays, out=out) is out
+            _assert_only_out_written(parent, out, ref, f"stack, {name}")
+
+
+@pytest.mark.parametrize("sample_shape,axis", [
+    ((6,), 0), ((6, 3), 0), ((3, 6), 1), ((2, 6, 3), 1), ((2, 3, 6), 2), ((2, 3, 6), 0),
+], ids=["1d-axis0", "2d-axis0", "2d-axis1", "3d-axis1", "3d-axis2", "3d-axis0"])
+@pytest.mark.parametrize("dtype", GUARD_DTYPES, ids=GUARD_IDS)
+def test_pad_writes_only_out(dtype, sample_shape, axis):
+    rng = np.random.default_rng(37)
+    val = pad_value_for(dtype)
+    for lengths in ([6, 0, 3, 6], [4]):
+        arrays = []
+        for n in lengths:
+            shape = list(sample_shape)
+            shape[axis] = n
+            arrays.append(random_array(tuple(shape), dtype, rng))
+        ref = pad_reference(arrays, axis, val, dtype)
+        for name, parent, out in _guarded_views(ref.shape, dtype):
+            arrs, _, _, _ = _core.pad_check(arrays, axis)
+            _core.pad_fill(arrs, out, axis, _core.pad_value_bytes(val, dtype))
+            _assert_only_out_written(parent, out, ref, f"pad_fill, {name}")
+        for name, parent, out in _guarded_views(ref.shape, dtype):
+            assert pad(arrays, axis=axis, val=val, out=out) is out
+            _assert_only_out_written(parent, out, ref, f"pad, {name}")
+        # pad_fill also pads into an out longer than every sample (one row too)
+        shape = list(arrays[0].shape)
+        shape[axis] = max(lengths) + 2
+        ref = pad_reference(arrays + [random_array(tuple(shape), dtype, rng)], axis, val, dtype)
+        for name, parent, out in _guarded_views(ref[:-1].shape, dtype):
+            arrs, _, _, _ = _core.pad_check(arrays, axis)
+            _core.pad_fill(arrs, out, axis, _core.pad_value_bytes(val, dtype))
+            _assert_only_out_written(parent, out, ref[:-1], f"pad_fill (longer out), {name}")
+
+
+@pytest.mark.parametrize("shape", [(1,), (4,), (1, 5), (3, 4), (2, 3, 4)], ids=str)
+@pytest.mark.parametrize("dtype", GUARD_DTYPES, ids=GUARD_IDS)
+def test_copy_into_writes_only_out(dtype, shape):
+    src = random_array(shape, dtype, np.random.default_rng(41))
+    for name, parent, out in _guarded_views(shape, dtype):
+        copy_into(src, out)
+        _assert_only_out_written(parent, out, src, f"copy_into, {name}")
+
+
+def test_stack_and_pad_reject_out_overlapping_a_sample():
+    base = np.arange(12.0).reshape(3, 4)
+    with pytest.raises(ValueError, match="out overlaps sample 1"):
+        stack([np.zeros(4), base[0], np.zeros(4)], out=base)
+    with pytest.raises(ValueError, match="out overlaps sample 0"):
+        pad([base[1, :2], np.zeros(4), np.zeros(3)], out=base)
+
+
+# ---------------------------------------------------------------------------
+# dimension limit
+# ---------------------------------------------------------------------------
+
+
+def _too_many_dims(ndim):
+    try:
+        return np.zeros((1,) * ndim, np.float32)
+    except ValueError:
+        pytest.skip(f"this numpy cannot make {ndim}-d arrays")
+
+
+def test_max_dims_is_numpys_oldest_limit():
+    # numpy 1.x's limit: the same arrays collate whatever numpy runs.
+    assert _core.MAX_DIMS == 32
+
+
+def test_too_many_dims_is_a_clear_error():
+    limit = _core.MAX_DIMS
+    fits = [np.zeros((1,) * (limit - 1), np.float32)] * 2
+    assert stack(fits).ndim == limit
+    assert pad(fits).ndim == limit
+    deep = [_too_many_dims(limit)] * 2
+    msg = rf"has {limit + 1} dimensions; mxload collates at most {limit}"
+    with pytest.raises(ValueError, match="the batch of 2 samples " + msg):
+        stack(deep)
+    with pytest.raises(ValueError, match="the batch of 2 samples " + msg):
+        _core.stack_check(deep)
+    with pytest.raises(ValueError, match="the batch of 2 samples " + msg):
+        pad(deep)
+    out = _too_many_dims(limit + 1)
+    with pytest.raises(ValueError, match="out " + msg):
+        _core.stack_fill(deep, out)
+    with pytest.raises(ValueError, match="out " + msg):
+        _core.pad_fill(deep, out, 0, b"\0" * 4)
+    with pytest.raises(ValueError, match="out " + msg):
+        copy_into(out.copy(), out)
