@@ -11,10 +11,13 @@ place that ends workers; every way an iteration can end goes through it.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import multiprocessing as mp
 import os
 import pickle
 import queue
+import select
 import selectors
 import signal
 import socket
@@ -29,12 +32,15 @@ from typing import Any
 
 import numpy as np
 
+from . import _fds
 from ._core import BatchOwner, BufferClosedError, ReorderBuffer
+from ._procs import Zygote, block_sigint_in_this_thread, sigint_deferred
 from ._slabs import SlabPool
 from ._worker import (
     WorkerConfig,
-    recv_message,
-    send_message,
+    in_worker_process,
+    recv_frame,
+    send_frame,
     thread_worker_main,
     worker_process_main,
     worker_seed,
@@ -55,9 +61,38 @@ SHUTDOWN_DEADLINE_S = 1.0
 _END = object()
 _EXHAUSTED = object()
 
-# Threads of every live engine (fetchers, thread-pool workers): mxload never
-# forks while one of its own threads runs.
-_live_threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+# Slab descriptors the main process keeps for recycling (beyond this, kept
+# batches cost a mapping each, never a descriptor; see SlabPool).
+MAX_POOLED_SLABS = 64
+
+# Every engine of this process: forking a zygote pauses the others' fetcher
+# threads, so that mxload never forks while a thread of its own runs.
+_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+_fork_lock = threading.Lock()
+
+
+class _Closing(Exception):
+    """A worker start was refused or undone: the engine is shutting down."""
+
+
+def _forget_inherited_workers() -> None:
+    """In a forked child: the engines' worker processes are the parent's.
+    Take them out of multiprocessing's children, whose exit handler would
+    otherwise terminate them when this child exits."""
+    children = getattr(mp.process, "_children", None)
+    if children is None:
+        return
+    for engine in list(_engines):
+        for proc in list(engine._processes):
+            children.discard(proc)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_inherited_workers)
+
+
+def _zygote_worker_entry(template: WorkerConfig, worker_id: int, epoch: int, sock: socket.socket) -> None:
+    worker_process_main(dataclasses.replace(template, worker_id=worker_id, epoch=epoch), sock)
 
 
 def _describe_exit(exitcode: int | None) -> str:
@@ -112,9 +147,8 @@ class _WorkerHandle:
 
     def __init__(self, worker_id: int):
         self.worker_id = worker_id
-        self.process: Any = None        # mp.Process or threading.Thread
-        self.conn: Any = None           # process mode: duplex socket Connection
-        self.fd_channel: socket.socket | None = None
+        self.process: Any = None        # mp.Process, _procs.ZygoteWorker or threading.Thread
+        self.sock: socket.socket | None = None   # process mode: the task socket (see _worker)
         self.tasks: queue.Queue[Any] | None = None   # thread mode
         self.known_slabs: set[Any] = set()
         self.pending_drops: list[int] = []
@@ -122,12 +156,9 @@ class _WorkerHandle:
         # stay here until their result arrives: the worker may still be
         # writing into their slab, so it must not be handed out again.
         self.outstanding: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        self.pid: int | None = None     # kept: the process object is closed once it is reaped
         self.alive = True
         self.exhausted = False
-
-    @property
-    def pid(self) -> int | None:
-        return getattr(self.process, "pid", None)
 
 
 class Engine:
@@ -152,14 +183,23 @@ class Engine:
         }
         self.state = RUNNING
         self.epoch = loader.epoch
+        self._pid = os.getpid()                 # only this process may end the workers
         self._lock = threading.RLock()          # dispatch + worker table
         self._shutdown_lock = threading.Lock()
         self._rb = ReorderBuffer()
-        self._pool = SlabPool(self.stats)
+        self._pool = SlabPool(self.stats, MAX_POOLED_SLABS)
         self._workers: list[_WorkerHandle] = []
-        self._replaced_processes: list[Any] = []
+        self._zygote: Zygote | None = None
+        # Every worker process started and not yet closed, registered under
+        # _start_lock the moment it exists; once _closing is set, no start
+        # begins and one that was under way ends its process itself.
+        self._processes: list[Any] = []
+        self._start_lock = threading.Lock()
+        self._closing = False
         self._fetcher: threading.Thread | None = None
+        self._fetcher_lock = threading.Lock()   # swapping the fetcher thread (pause/resume)
         self._stop_fetcher = False
+        self._pause_fetcher = False
         self._wake_r, self._wake_w = (-1, -1)
         self._failure: BaseException | None = None
         self._restarts = 0
@@ -175,19 +215,17 @@ class Engine:
         self._start_method = self._choose_start_method(loader.start_method)
         self._spawn_payload: bytes | None = None
         self._finalizer: Any = None
+        _engines.add(self)
         try:
             if self.use_threads:
                 for wid in range(self.num_workers):
                     self._workers.append(self._start_thread_worker(wid))
             else:
-                if self._start_method != "fork":
-                    self._spawn_payload = self._pickled_payload()
-                # Workers first, then the fetcher thread: never fork with a thread of ours alive.
-                self._workers = self._start_processes(range(self.num_workers), self._start_method)
+                self._start_processes()
                 self._wake_r, self._wake_w = os.pipe()
-                self._fetcher = threading.Thread(target=self._fetch_loop, name="mxload-fetcher", daemon=True)
-                self._fetcher.start()
-                _live_threads.add(self._fetcher)
+                _fds.own(self._wake_r)
+                _fds.own(self._wake_w)
+                self._start_fetcher()
         except BaseException:
             self.shutdown()
             raise
@@ -200,12 +238,22 @@ class Engine:
     def _choose_start_method(requested: str | None) -> str:
         if requested is not None:
             return requested
-        default = "fork" if sys.platform.startswith("linux") else mp.get_start_method()
-        if default == "fork" and any(t.is_alive() for t in list(_live_threads)):
-            # Another loader's thread is running: forking now could copy a
-            # held lock into the child.
-            return "forkserver"
-        return default
+        return "fork" if sys.platform.startswith("linux") else mp.get_start_method()
+
+    @property
+    def start_method(self) -> str:
+        """How this engine's workers, and their replacements, are started."""
+        return self._start_method
+
+    @property
+    def zygote_pid(self) -> int | None:
+        """The pid of the process that forks the workers (start method fork)."""
+        return self._zygote.pid if self._zygote is not None else None
+
+    @property
+    def usable(self) -> bool:
+        """Running, and in the process that created it (a forked child's copy is inert)."""
+        return self.state == RUNNING and os.getpid() == self._pid
 
     def _pickled_payload(self) -> bytes:
         try:
@@ -216,50 +264,64 @@ class Engine:
                 f"for {self._start_method!r} workers: {e}. Make them picklable (module-level "
                 f"functions and classes) or use start_method='fork'") from e
 
-    def _start_processes(self, worker_ids: Any, method: str) -> list[_WorkerHandle]:
-        if mp.current_process().daemon:
+    def _start_processes(self) -> None:
+        """The first workers (and, for fork, the zygote that forks them)."""
+        if in_worker_process():
             raise RuntimeError(
-                "cannot start worker processes inside a mxload worker process (workers are "
-                "daemonic and may not have children); inside a dataset use num_workers=0 or "
-                "thread_pool=True")
-        ctx: Any = mp.get_context(method)  # typeshed's BaseContext lacks Process
-        payload: Any = self.payload if method == "fork" else (self._spawn_payload or self._pickled_payload())
-        use_death_signal = threading.current_thread() is threading.main_thread() or method != "fork"
-        handles = []
-        # Ctrl-C must not reach a child before it has installed SIG_IGN (it
-        # would print a KeyboardInterrupt traceback from the child's start-up).
-        # Block SIGINT while starting (fork children inherit the mask) and, in
-        # the main thread, ignore it too: an ignored signal stays ignored
-        # across exec, and a spawned Python then installs no SIGINT handler.
-        # A Ctrl-C in this window stays pending and reaches us on unblock.
-        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        old_handler = None
-        if threading.current_thread() is threading.main_thread():
-            old_handler = signal.getsignal(signal.SIGINT)  # None: set from C, leave it
-            if old_handler is not None:
-                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                "cannot start worker processes inside a mxload worker process; inside a dataset "
+                "use num_workers=0 or thread_pool=True")
+        if self._start_method != "fork":
+            self._spawn_payload = self._pickled_payload()
+        with sigint_deferred():
+            if self._start_method == "fork":
+                template = WorkerConfig(0, self.num_workers, self.seed, self.epoch, self.payload,
+                                        self.iterable, self.batch_size, self.drop_last, zygote_child=True)
+                with _fork_lock:
+                    paused = [e for e in list(_engines) if e is not self and e._pause()]
+                    try:
+                        self._zygote = Zygote(functools.partial(_zygote_worker_entry, template))
+                    finally:
+                        for e in paused:
+                            e._resume()
+            for wid in range(self.num_workers):
+                self._workers.append(self._start_worker(wid))
+
+    def _start_worker(self, wid: int) -> _WorkerHandle:
+        """Start worker `wid` (at start-up, or replacing a dead one from the
+        fetcher thread); raises _Closing once shutdown has begun."""
+        handle = _WorkerHandle(wid)
+        parent_end, child_end = socket.socketpair()
+        _fds.own(parent_end)
         try:
-            for wid in worker_ids:
-                handle = _WorkerHandle(wid)
-                parent_end, child_end = ctx.Pipe(duplex=True)
-                config = WorkerConfig(wid, self.num_workers, self.seed, self.epoch, payload, self.iterable,
-                                      self.batch_size, self.drop_last,
-                                      None if method == "forkserver" else os.getpid(), use_death_signal)
-                proc = ctx.Process(target=worker_process_main, args=(config, child_end),
-                                   name=f"mxload-worker-{wid}", daemon=True)
-                try:
+            with sigint_deferred(), self._start_lock:
+                if self._closing:
+                    raise _Closing()
+                if self._zygote is not None:
+                    proc: Any = self._zygote.start(wid, self.epoch, child_end)
+                else:
+                    ctx: Any = mp.get_context(self._start_method)  # typeshed's BaseContext lacks Process
+                    config = WorkerConfig(wid, self.num_workers, self.seed, self.epoch,
+                                          self._spawn_payload or self._pickled_payload(), self.iterable,
+                                          self.batch_size, self.drop_last, zygote_child=False)
+                    proc = ctx.Process(target=worker_process_main, args=(config, child_end),
+                                       name=f"mxload-worker-{wid}", daemon=True)
                     proc.start()
-                finally:
-                    child_end.close()
-                handle.process = proc
-                handle.conn = parent_end
-                handle.fd_channel = socket.socket(fileno=os.dup(parent_end.fileno()))
-                handles.append(handle)
+                if self._closing:
+                    # Shutdown began while this one started and did not wait
+                    # for it: it is not in the list shutdown ends, so end it here.
+                    now = time.monotonic()
+                    self._end_processes([proc], now, now + SHUTDOWN_DEADLINE_S)
+                    raise _Closing()
+                self._processes.append(proc)
+        except BaseException:
+            _fds.close_socket(parent_end)
+            raise
         finally:
-            if old_handler is not None:
-                signal.signal(signal.SIGINT, old_handler)
-            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        return handles
+            child_end.close()
+        handle.process = proc
+        handle.pid = proc.pid
+        handle.sock = parent_end
+        return handle
 
     def _start_thread_worker(self, wid: int) -> _WorkerHandle:
         handle = _WorkerHandle(wid)
@@ -269,7 +331,6 @@ class Engine:
             args=(self, wid, self.num_workers, worker_seed(self.seed, self.epoch, wid), handle.tasks),
             name=f"mxload-worker-thread-{wid}", daemon=True)
         handle.process.start()
-        _live_threads.add(handle.process)
         return handle
 
     # ------------------------------------------------------------------ epochs
@@ -339,11 +400,11 @@ class Engine:
         drops, worker.pending_drops = worker.pending_drops, []
         try:
             raw = None if indices is None else np.ascontiguousarray(indices, np.int64).tobytes()
-            send_message(worker.conn, (self.epoch, idx, raw, slab_id, slab.size if slab is not None else 0,
-                                       fd_follows, drops, self.profiler is not None))
+            assert worker.sock is not None
+            send_frame(worker.sock, (self.epoch, idx, raw, slab_id, slab.size if slab is not None else 0,
+                                     fd_follows, drops, self.profiler is not None),
+                       [self._pool.fd(slab_id)] if fd_follows else [])  # type: ignore[arg-type]
             if fd_follows:
-                assert worker.fd_channel is not None
-                socket.send_fds(worker.fd_channel, [b"F"], [self._pool.fd(slab_id)])  # type: ignore[arg-type]
                 worker.known_slabs.add(slab_id)
         except OSError:
             pass  # the worker is dead; the fetcher reports it and re-dispatches or fails
@@ -352,6 +413,10 @@ class Engine:
 
     def next_batch(self) -> Any:
         """The next batch for the consumer, or _END.  Raises what the epoch hit."""
+        if os.getpid() != self._pid:
+            raise RuntimeError(
+                f"this iterator's workers belong to process {self._pid}, not to this forked child "
+                f"(pid {os.getpid()}); call iter(loader) again in the child to start its own")
         while True:
             if self._finished():
                 return _END
@@ -404,9 +469,11 @@ class Engine:
             if profiled is not None:
                 self._profile(worker, *profiled)
 
-    def _handle_message(self, worker: _WorkerHandle, msg: tuple[Any, ...]) -> tuple[int, Any] | None:
-        """Act on one worker message; returns (batch idx, timings) of a
-        delivered batch, for the profiler (called outside the engine lock)."""
+    def _handle_message(self, worker: _WorkerHandle, msg: tuple[Any, ...],
+                        fds: list[int] | None = None) -> tuple[int, Any] | None:
+        """Act on one worker message (and the descriptors that came with it);
+        returns (batch idx, timings) of a delivered batch, for the profiler
+        (called outside the engine lock)."""
         kind, epoch, idx = msg[0], msg[1], msg[2]
         if idx < 0 and kind == "error":   # worker_init_fn failed: the worker is unusable
             self._fail(_rebuild_exception(msg[3], worker.worker_id, worker.pid, -1))
@@ -416,9 +483,8 @@ class Engine:
         if epoch != self.epoch:
             task = None  # a result of an abandoned epoch: only its slab matters
         if kind == "new_slab":
-            fd = self._receive_fd(worker)
-            size = msg[3]
-            slab = self._pool.adopt(fd, size)
+            assert fds, "recv_frame checks that a frame carries the descriptors it announces"
+            slab = self._pool.adopt(fds.pop(), msg[3])
             if assigned is not None:
                 # Too small for this batch: retire it everywhere.
                 self._pool.retire(assigned)
@@ -470,33 +536,66 @@ class Engine:
         except BufferClosedError:
             pass  # the epoch already failed or is shutting down: drop it
 
-    def _receive_fd(self, worker: _WorkerHandle) -> int:
-        assert worker.fd_channel is not None
-        _, fds, _, _ = socket.recv_fds(worker.fd_channel, 1, 1)
-        if not fds:
-            raise SharedMemoryError(f"worker {worker.worker_id} announced a slab but sent no descriptor")
-        return fds[0]
+    def _start_fetcher(self) -> None:
+        with self._fetcher_lock:
+            if self._stop_fetcher:
+                return
+            self._pause_fetcher = False
+            thread = threading.Thread(target=self._fetch_loop, name="mxload-fetcher", daemon=True)
+            thread.start()
+            self._fetcher = thread
+
+    def _pause(self) -> bool:
+        """Stop the fetcher thread for a moment (another engine forks its
+        zygote); False if it is not running or did not stop in time."""
+        with self._fetcher_lock:
+            thread = self._fetcher
+            if thread is None or not thread.is_alive() or self._stop_fetcher:
+                return False
+            self._pause_fetcher = True
+            self._wake()
+            thread.join(timeout=SHUTDOWN_DEADLINE_S)
+            if thread.is_alive():
+                self._pause_fetcher = False   # busy (e.g. starting a worker): let it be
+                return False
+            return True
+
+    def _resume(self) -> None:
+        if self.state == RUNNING:
+            self._start_fetcher()
+
+    def _wake(self) -> None:
+        if self._wake_w >= 0:
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:
+                pass
 
     def _fetch_loop(self) -> None:
         """Fetcher thread: move worker results into the ReorderBuffer and
         notice dead workers at once (their sentinels become ready)."""
+        block_sigint_in_this_thread()
         selector = selectors.DefaultSelector()
         registered: dict[int, tuple[Any, ...]] = {}
         try:
             selector.register(self._wake_r, selectors.EVENT_READ, None)
-            while not self._stop_fetcher:
+            while not (self._stop_fetcher or self._pause_fetcher):
                 self._sync_selector(selector, registered)
                 events = selector.select(timeout=1.0)
-                if self._stop_fetcher:
+                if self._stop_fetcher or self._pause_fetcher:
                     return
                 dead = []
                 for key, _ in events:
                     if key.data is None:
-                        continue  # the shutdown wake-up
+                        try:
+                            os.read(self._wake_r, 64)   # a pause request's wake-up
+                        except OSError:
+                            pass
+                        continue
                     what, worker = key.data
                     if worker in dead:
                         continue
-                    if what == "conn":
+                    if what == "sock":
                         # One message per readiness event: the selector is
                         # level-triggered, so more data wakes us again.
                         if not self._receive(worker):
@@ -517,39 +616,52 @@ class Engine:
     def _sync_selector(self, selector: selectors.BaseSelector,
                        registered: dict[int, tuple[Any, ...]]) -> None:
         """Watch exactly the live workers (a restart replaces a handle).
-        `registered` maps worker id -> (handle, conn fd, sentinel fd): fds are
-        unregistered by number, since a dead worker's socket is already closed
-        and its number may be reused by its replacement."""
+        `registered` maps worker id -> (handle, socket fd, sentinel fd).  A
+        dead worker's descriptors are closed by the time we get here, and a
+        replacement may have reused their numbers (several workers can die
+        in one round): so first unregister every stale entry, by number,
+        then register the new ones."""
         with self._lock:
             workers = list(self._workers)
-        for w in workers:
-            current = registered.get(w.worker_id)
-            if current is not None and current[0] is w and w.alive:
-                continue
-            if current is not None:
-                for fd in current[1:]:
+        wanted = {w.worker_id: w for w in workers if w.alive and w.sock is not None}
+        for wid, (handle, *fds) in list(registered.items()):
+            if wanted.get(wid) is not handle:
+                for fd in fds:
                     try:
                         selector.unregister(fd)
                     except (KeyError, ValueError):
                         pass
-                del registered[w.worker_id]
-            if w.alive and w.conn is not None:
-                conn_fd, sentinel = w.conn.fileno(), w.process.sentinel
-                selector.register(conn_fd, selectors.EVENT_READ, ("conn", w))
+                del registered[wid]
+        for wid, w in wanted.items():
+            if wid not in registered:
+                assert w.sock is not None
+                sock_fd, sentinel = w.sock.fileno(), w.process.sentinel
+                selector.register(sock_fd, selectors.EVENT_READ, ("sock", w))
                 selector.register(sentinel, selectors.EVENT_READ, ("sentinel", w))
-                registered[w.worker_id] = (w, conn_fd, sentinel)
+                registered[wid] = (w, sock_fd, sentinel)
 
     def _receive(self, worker: _WorkerHandle, only_if_ready: bool = False) -> bool:
-        """Handle one message from `worker`; False if its socket is closed
-        (or, with only_if_ready, if nothing is waiting)."""
-        try:
-            if only_if_ready and not worker.conn.poll():
-                return False
-            msg = recv_message(worker.conn)
-        except (EOFError, OSError):
+        """Handle one message from `worker`; False if its channel is closed or
+        broken, i.e. the worker died, even in the middle of a message (or,
+        with only_if_ready, if nothing is waiting)."""
+        sock = worker.sock
+        if sock is None:
             return False
-        with self._lock:
-            profiled = self._handle_message(worker, msg)
+        try:
+            if only_if_ready and not select.select([sock], [], [], 0)[0]:
+                return False
+            msg, fds = recv_frame(sock)
+        except (EOFError, OSError, pickle.UnpicklingError):
+            return False
+        except SharedMemoryError as e:   # out of descriptors here, in the main process
+            self._fail(e)
+            return False
+        try:
+            with self._lock:
+                profiled = self._handle_message(worker, msg, fds)
+        finally:
+            for fd in fds:   # any the message did not take
+                os.close(fd)
         if profiled is not None:
             self._profile(worker, *profiled)
         return True
@@ -560,6 +672,8 @@ class Engine:
         exitcode = proc.exitcode
         with self._lock:
             worker.alive = False
+            if exitcode is not None:
+                self._forget_process(proc)
             if self.state != RUNNING:
                 return
             how = _describe_exit(exitcode)
@@ -586,20 +700,27 @@ class Engine:
                 (f"; max_worker_restarts={self.max_restarts} exhausted" if self.max_restarts else ""),
                 worker.worker_id, worker.pid, exitcode, held[0] if held else None))
 
+    def _forget_process(self, proc: Any) -> None:
+        """A reaped worker: release its sentinel now (restarts may be many)."""
+        with self._start_lock:
+            if proc in self._processes:
+                self._processes.remove(proc)
+                proc.close()
+
     def _restartable(self) -> bool:
         return not self.iterable  # a stream's position died with its worker
 
     def _restart(self, dead: _WorkerHandle) -> None:
-        """Replace a dead worker and dispatch its batches again (fetcher thread,
-        so the new process comes from forkserver/spawn, never fork)."""
-        method = "forkserver" if self._start_method == "fork" else self._start_method
+        """Replace a dead worker, started exactly as the original was, and
+        dispatch its batches again (fetcher thread, engine lock held)."""
         try:
-            (new,) = self._start_processes([dead.worker_id], method)
+            new = self._start_worker(dead.worker_id)
+        except _Closing:
+            return
         except Exception as e:
             self._fail(WorkerError(f"could not restart worker {dead.worker_id}: {e}", dead.worker_id))
             return
         self._close_worker_channels(dead)
-        self._replaced_processes.append(dead.process)  # closed (its sentinel fd) at shutdown
         self._workers[dead.worker_id] = new
         for (epoch, idx), (indices, slab) in sorted(dead.outstanding.items()):
             if slab is not None:
@@ -618,11 +739,16 @@ class Engine:
 
     def shutdown(self) -> None:
         """End the workers and release everything; idempotent, thread-safe,
-        bounded by SHUTDOWN_DEADLINE_S however stuck the workers are."""
+        bounded by SHUTDOWN_DEADLINE_S however stuck the workers are.  In a
+        forked child (a user's os.fork()) the inherited copy is inert: the
+        workers belong to the process that created them."""
         if self.state == CLOSED:
             return
+        if os.getpid() != self._pid:
+            self.state = CLOSED   # _fds closed the inherited descriptors at fork
+            return
         if sys.is_finalizing():
-            return  # multiprocessing's own exit handling kills daemonic workers
+            return  # the zygote (or each worker's watchdog) sees the sockets hang up
         with self._shutdown_lock:
             if self.state == CLOSED:
                 return
@@ -640,47 +766,52 @@ class Engine:
         deadline = start + SHUTDOWN_DEADLINE_S
         # 1. Stop the fetcher thread and join it: wake its select() through
         #    the self-pipe, so it is never left blocked on a worker socket.
-        self._stop_fetcher = True
-        if self._wake_w >= 0:
-            try:
-                os.write(self._wake_w, b"x")
-            except OSError:
-                pass
-        fetcher = self._fetcher
+        with self._fetcher_lock:
+            self._stop_fetcher = True
+            fetcher = self._fetcher
+        self._wake()
         if fetcher is not None and fetcher is not threading.current_thread():
             fetcher.join(timeout=max(0.0, deadline - time.monotonic()))
-        # 2. Wake a consumer blocked in the ReorderBuffer.
+        # 2. No worker starts from now on; wait for one under way (a restart),
+        #    which then ends its process itself if we stop waiting first.
+        self._closing = True
+        locked = self._start_lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
+        procs = list(self._processes)
+        if locked:
+            self._start_lock.release()
+        # 3. Wake a consumer blocked in the ReorderBuffer.
         self._rb.close("the loader is shutting down")
-        # 3. Ask every worker to stop.  The stop message never blocks (a
+        # 4. Ask every worker to stop.  The stop message never blocks (a
         #    stuck worker's socket may be full); workers read ahead, so one
         #    that is between tasks skips its queued work and exits at once.
         for w in self._workers:
             try:
                 if w.tasks is not None:
                     w.tasks.put(None)
-                elif w.conn is not None:
-                    os.set_blocking(w.conn.fileno(), False)
-                    send_message(w.conn, None)
+                elif w.sock is not None:
+                    w.sock.setblocking(False)
+                    send_frame(w.sock, None)
             except (OSError, ValueError):
                 pass
-        # 4. Grace period, then SIGTERM, then SIGKILL, all within the one
+        # 5. Grace period, then SIGTERM, then SIGKILL, all within the one
         #    deadline; reap every process (threads: join until the deadline).
+        #    Then the zygote, which kills and reaps whatever is left of its children.
         if self.use_threads:
             for w in self._workers:
                 if w.process is not threading.current_thread():
                     w.process.join(timeout=max(0.0, deadline - time.monotonic()))
         else:
-            procs = [w.process for w in self._workers if w.process is not None]
-            self._end_processes(procs + self._replaced_processes, start, deadline)
-        # 5. Close sockets and pipes, drop buffered batches, release slabs
+            self._end_processes(procs, start, deadline)
+            if self._zygote is not None:
+                self._zygote.close(deadline)
+        # 6. Close sockets and pipes, drop buffered batches, release slabs
         #    (batches the consumer still holds stay valid until it drops them).
         for w in self._workers:
             self._close_worker_channels(w)
             w.outstanding.clear()
             w.alive = False
         for fd in (self._wake_r, self._wake_w):
-            if fd >= 0:
-                os.close(fd)
+            _fds.close_fd(fd)
         self._wake_r = self._wake_w = -1
         self._rb.clear()
         self._pool.close()
@@ -719,14 +850,8 @@ class Engine:
 
     @staticmethod
     def _close_worker_channels(w: _WorkerHandle) -> None:
-        for channel in (w.fd_channel, w.conn):
-            if channel is not None:
-                try:
-                    channel.close()
-                except OSError:
-                    pass
-        w.fd_channel = None
-        w.conn = None
+        _fds.close_socket(w.sock)
+        w.sock = None
 
     def __repr__(self) -> str:
         return f"<mxload Engine {self.state}, {self.num_workers} workers>"
@@ -815,18 +940,28 @@ def start_epoch(loader: Any) -> EpochIterator:
     t0 = time.monotonic_ns()
     batches = None if loader.iterable else loader._epoch_batches()
     t1 = time.monotonic_ns()
-    engine = loader._engine
-    if engine is None or engine.state != RUNNING:
-        engine = Engine(loader)
-        if loader.persistent_workers:
-            loader._engine = engine
-    loader._stats = engine.stats
-    progress = loader._progress
-    if loader.iterable:
-        engine.begin_epoch(loader.epoch, None, None, loader.profiler, discard=progress.count)
-    else:
-        assert batches is not None
-        engine.begin_epoch(loader.epoch, batches, progress.remaining(len(batches)), loader.profiler)
-    if loader.profiler is not None:
-        loader.profiler.epoch_started(t1 - t0, time.monotonic_ns() - t1)
-    return EpochIterator(engine, loader.persistent_workers, progress)
+    # All or nothing: a Ctrl-C meanwhile is raised once the iterator exists
+    # (whose finalizer then ends a non-persistent engine).
+    with sigint_deferred():
+        engine = loader._engine
+        created = engine is None or not engine.usable
+        if created:
+            engine = Engine(loader)
+            if loader.persistent_workers:
+                loader._engine = engine
+        try:
+            loader._stats = engine.stats
+            progress = loader._progress
+            if loader.iterable:
+                engine.begin_epoch(loader.epoch, None, None, loader.profiler, discard=progress.count)
+            else:
+                assert batches is not None
+                engine.begin_epoch(loader.epoch, batches, progress.remaining(len(batches)), loader.profiler)
+            if loader.profiler is not None:
+                loader.profiler.epoch_started(t1 - t0, time.monotonic_ns() - t1)
+            it = EpochIterator(engine, loader.persistent_workers, progress)
+        except BaseException:
+            if created and not loader.persistent_workers:
+                engine.shutdown()
+            raise
+    return it

@@ -8,9 +8,11 @@ gone, even if the whole process tree is SIGKILLed.
 from __future__ import annotations
 
 import collections
+import errno
 import os
 import secrets
 
+from . import _fds
 from ._core import Slab
 from .errors import SharedMemoryError
 
@@ -36,8 +38,9 @@ def create_shared_fd(size: int) -> int:
             fd = _posixshmem.shm_open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             _posixshmem.shm_unlink(name)
     except OSError as e:
-        raise SharedMemoryError(f"could not create shared memory: {e}; too many open files or "
-                                f"shared memory exhausted") from e
+        if e.errno in (errno.EMFILE, errno.ENFILE):
+            raise fd_limit_error("creating a shared-memory slab") from e
+        raise SharedMemoryError(f"could not create shared memory: {e}; shared memory exhausted") from e
     try:
         os.ftruncate(fd, size)
     except OSError as e:
@@ -56,22 +59,65 @@ def map_slab(fd: int, size: int, slab_id: object = None, populate: bool = False)
     try:
         return Slab(fd, size, slab_id, populate)
     except OSError as e:
+        if e.errno == errno.ENOMEM:
+            raise SharedMemoryError(_mmap_enomem_message(size)) from e
         raise SharedMemoryError(str(e)) from e
 
 
+def fd_limit_error(doing: str) -> SharedMemoryError:
+    """The error for running out of descriptors: which limit, and what to do."""
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        limit = f"RLIMIT_NOFILE allows {soft} (hard limit {hard})"
+    except (ImportError, OSError, ValueError):  # pragma: no cover - non-POSIX
+        limit = "the process's descriptor limit (RLIMIT_NOFILE) is reached"
+    try:
+        n_open = f"{len(os.listdir('/proc/self/fd'))} are open"
+    except OSError:  # pragma: no cover - no /proc
+        n_open = "the table is full"
+    return SharedMemoryError(
+        f"out of file descriptors while {doing} (pid {os.getpid()}): {n_open} and {limit}. "
+        f"Raise the limit (`ulimit -n`, resource.setrlimit) or close descriptors the program keeps")
+
+
+def _mmap_enomem_message(size: int) -> str:
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            max_maps = int(f.read())
+        with open("/proc/self/maps") as f:
+            n_maps = sum(1 for _ in f)
+    except (OSError, ValueError):  # pragma: no cover - no /proc
+        max_maps = n_maps = 0
+    if max_maps and n_maps >= max_maps - 16:
+        return (f"mapping a {size}-byte slab failed: the process has {n_maps} memory mappings and "
+                f"vm.max_map_count is {max_maps}. Keep fewer batches alive (each kept batch maps "
+                f"its slab), or raise it: sysctl -w vm.max_map_count={2 * max_maps}")
+    return (f"mapping a {size}-byte slab failed: out of memory ({n_maps} mappings, "
+            f"vm.max_map_count {max_maps}). Keep fewer batches alive, or lower prefetch or the batch size")
+
+
 class SlabPool:
-    """The main process's slabs: who owns which descriptor, which are free.
+    """The main process's slabs: which are pooled (recycled, and sent again
+    to workers that have not mapped them yet, so their descriptor is kept),
+    which are free.
+
+    At most `max_fds` slabs are pooled.  A slab beyond that (the consumer
+    keeps many batches alive) is one-shot: its descriptor is closed as soon
+    as it is mapped, and its memory goes when its batch's views die, so kept
+    batches cost a mapping each, never a descriptor.
 
     `release` is called from BatchOwner finalizers on any thread (when the
     consumer drops a batch); it only appends to a deque, which is atomic, so
     it needs no lock and cannot deadlock against the dispatcher."""
 
-    def __init__(self, stats: dict[str, int]):
+    def __init__(self, stats: dict[str, int], max_fds: int):
         self._free: collections.deque[Slab] = collections.deque()
         self._slabs: dict[int, Slab] = {}
         self._fds: dict[int, int] = {}
         self._next_id = 0
         self._closed = False
+        self.max_fds = max_fds
         self.stats = stats
 
     def adopt(self, fd: int, size: int) -> Slab:
@@ -83,9 +129,13 @@ class SlabPool:
         except BaseException:
             os.close(fd)
             raise
+        self.stats["slabs_created"] += 1
+        if self._closed or len(self._fds) >= self.max_fds:
+            os.close(fd)   # one-shot: the mapping alone keeps the memory
+            return slab
+        _fds.own(fd)
         self._slabs[slab_id] = slab
         self._fds[slab_id] = fd
-        self.stats["slabs_created"] += 1
         return slab
 
     def acquire(self) -> Slab | None:
@@ -104,7 +154,7 @@ class SlabPool:
     def retire(self, slab: Slab) -> None:
         """Forget a slab (too small): its memory goes when its last view does."""
         if self._slabs.pop(slab.slab_id, None) is not None:
-            os.close(self._fds.pop(slab.slab_id))
+            _fds.close_fd(self._fds.pop(slab.slab_id))
             self.stats["slabs_retired"] += 1
 
     def fd(self, slab_id: int) -> int:
@@ -124,7 +174,4 @@ class SlabPool:
         fds, self._fds = self._fds, {}
         self._slabs = {}
         for fd in fds.values():
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+            _fds.close_fd(fd)

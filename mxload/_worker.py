@@ -1,12 +1,15 @@
 """The worker loop (processes and threads), worker info, seeding, signals and
 the parent watchdog.
 
-Protocol (one duplex socket per worker process, see _engine):
+Protocol (one duplex AF_UNIX stream socket per worker process, see _engine).
+Every message is one frame: a header (payload length, descriptor count), the
+pickled payload, and the frame's descriptors (SCM_RIGHTS) attached to the same
+sendmsg, so a message and its descriptor arrive together or not at all; a
+frame cut short (the sender died mid-send) reads as the end of the channel.
   main -> worker  (epoch, batch_idx, indices, slab_id, slab_size, fd_follows, drop_ids, profiling)
-                  or None to stop.  When fd_follows, the slab's descriptor is
-                  sent right after with SCM_RIGHTS.
+                  or None to stop.  When fd_follows, the frame carries the slab's descriptor.
   worker -> main  ("ok", epoch, idx, slab_id, nbytes, layout, timings)
-                  ("new_slab", epoch, idx, size, nbytes, layout, timings) + descriptor
+                  ("new_slab", epoch, idx, size, nbytes, layout, timings), carrying the new slab's descriptor
                   timings: None, or when profiling (start ns, fetch ns, collate ns,
                   sent ns, field stats, field ns) on the system-wide monotonic clock
                   ("error", epoch, idx, exception_info)
@@ -14,6 +17,7 @@ Protocol (one duplex socket per worker process, see _engine):
 """
 from __future__ import annotations
 
+import array
 import collections
 import os
 import pickle
@@ -21,6 +25,7 @@ import random
 import select
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -32,12 +37,13 @@ import numpy as np
 
 from . import _rng
 from . import batchify as _batchify
-from ._slabs import create_shared_fd, map_slab, slab_size_for
+from ._slabs import create_shared_fd, fd_limit_error, map_slab, slab_size_for
 
 __all__ = ["WorkerInfo", "get_worker_info"]
 
-# How often an idle worker checks that its parent is still alive.
-PARENT_CHECK_INTERVAL_S = 0.25
+# Frame header: payload bytes, number of descriptors carried (at most _MAX_FDS).
+_FRAME = struct.Struct("<IB")
+_MAX_FDS = 1
 
 
 @dataclass(frozen=True)
@@ -104,8 +110,14 @@ def _seed_global_rngs(seed: int) -> None:
     np.random.seed(seed % (2 ** 32))
 
 
+def in_worker_process() -> bool:
+    """True inside a mxload worker process (which must not start workers itself)."""
+    return _process_info is not None
+
+
 def _set_parent_death_signal() -> None:
-    """Linux: get SIGKILL when the thread that started us dies."""
+    """Linux: get SIGKILL when the thread that forked us dies (only used where
+    that thread is a single-threaded process's only one: the zygote)."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -208,23 +220,25 @@ class WorkerConfig:
     iterable: bool
     batch_size: int
     drop_last: bool
-    parent_pid: int | None   # None: whoever started us (forkserver)
-    use_death_signal: bool
+    # Forked by the zygote: its only thread forked us, so the kernel's parent
+    # death signal is sound.  Otherwise (spawn, forkserver) the parent is the
+    # main process or the fork server, and a watchdog thread notices the main
+    # process's end of our socket closing instead.
+    zygote_child: bool
 
 
-def worker_process_main(config: WorkerConfig, conn: Any) -> None:
+def worker_process_main(config: WorkerConfig, sock: socket.socket) -> None:
     """Entry point of a worker process."""
     # Ctrl-C goes to the whole process group; the main process owns it and
     # ends us through the shutdown path, so ignore it (no worker tracebacks).
+    # It arrives blocked (the starting thread blocked it): a Ctrl-C pending
+    # since then is discarded here, never delivered.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    if config.use_death_signal:
+    if config.zygote_child:
         _set_parent_death_signal()
-    # Under forkserver our parent is the fork server (which exits with the
-    # main process), so watch whichever process started us.
-    parent_pid = config.parent_pid if config.parent_pid is not None else os.getppid()
-    if os.getppid() != parent_pid:
-        return  # the parent died before the death signal was armed
+    else:
+        _watch_main_process(sock)
     global _process_info
     payload = config.payload
     if isinstance(payload, bytes):
@@ -233,64 +247,117 @@ def worker_process_main(config: WorkerConfig, conn: Any) -> None:
     seed = worker_seed(config.seed, config.epoch, config.worker_id)
     _seed_global_rngs(seed)
     _process_info = WorkerInfo(config.worker_id, config.num_workers, seed, dataset)
-    fd_channel = socket.socket(fileno=os.dup(conn.fileno()))
     try:
         if worker_init_fn is not None:
             try:
                 worker_init_fn(config.worker_id)
             except Exception as e:
-                send_message(conn, ("error", config.epoch, -1, pack_exception(e)))
+                send_frame(sock, ("error", config.epoch, -1, pack_exception(e)))
                 return
-        _serve(config, parent_pid, conn, fd_channel, dataset, batchify_fn)
+        _serve(config, sock, dataset, batchify_fn)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the main process went away: nothing left to serve
-    finally:
-        fd_channel.close()
 
 
-def send_message(conn: Any, message: Any) -> None:
-    """Send one message: plain pickle (no ForkingPickler dispatch-table copy)."""
-    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+def _watch_main_process(sock: socket.socket) -> None:
+    """Die at once when the main process does, busy or not: only the main
+    process holds the other end of `sock`, so its death (or its closing the
+    socket at shutdown) hangs the socket up."""
+    def watch() -> None:
+        poller = select.poll()
+        poller.register(sock.fileno(), 0)   # POLLHUP is always reported; no data is consumed
+        while True:
+            for _, event in poller.poll():
+                if event & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="mxload-parent-watchdog", daemon=True).start()
 
 
-def recv_message(conn: Any) -> Any:
-    return pickle.loads(conn.recv_bytes())
+def send_frame(sock: socket.socket, message: Any, fds: Any = ()) -> None:
+    """Send one message (plain pickle) with its descriptors, in one sendmsg."""
+    send_pickled(sock, pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL), fds)
+
+
+def send_pickled(sock: socket.socket, data: bytes, fds: Any = ()) -> None:
+    """send_frame of a message already pickled."""
+    frame = _FRAME.pack(len(data), len(fds)) + data
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    sent = sock.sendmsg([frame], ancillary)
+    if sent < len(frame):   # a signal interrupted a large send: the descriptors went with the first part
+        sock.sendall(memoryview(frame)[sent:])
+
+
+def recv_frame(sock: socket.socket) -> tuple[Any, list[int]]:
+    """One message and the descriptors that came with it.  EOFError if the
+    channel is closed or the frame is cut short; SharedMemoryError if this
+    process had no room for the descriptors (RLIMIT_NOFILE)."""
+    fds: list[int] = []
+    try:
+        header = _recv_exact(sock, _FRAME.size, fds, frame_started=False)
+        length, nfds = _FRAME.unpack(header)
+        data = _recv_exact(sock, length, fds, frame_started=True)
+        if len(fds) != nfds:
+            raise EOFError(f"a frame announced {nfds} descriptors and carried {len(fds)}")
+        return pickle.loads(data), fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def _recv_exact(sock: socket.socket, n: int, fds: list[int], frame_started: bool) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        nbytes, ancillary, flags, _ = sock.recvmsg_into([view[got:]], socket.CMSG_SPACE(4 * _MAX_FDS),
+                                                        socket.MSG_CMSG_CLOEXEC)
+        for level, kind, cdata in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.extend(array.array("i", cdata[:len(cdata) - len(cdata) % 4]))
+        if flags & socket.MSG_CTRUNC:
+            raise fd_limit_error("receiving a shared-memory descriptor")
+        if nbytes == 0:
+            if got or frame_started:
+                raise EOFError("the channel closed in the middle of a message")
+            raise EOFError("the channel is closed")
+        got += nbytes
+    return bytes(buf)
 
 
 class _Inbox:
     """The worker's side of its socket: reads ahead so a stop request queued
     behind already-dispatched tasks is seen before the next task starts
     (after `break`, queued work is skipped, not done), and maps the slab
-    descriptors that follow their task messages."""
+    descriptors that come with their task messages."""
 
-    def __init__(self, conn: Any, fd_channel: socket.socket):
-        self._conn = conn
-        self._fd_channel = fd_channel
+    def __init__(self, sock: socket.socket):
+        self._sock = sock
         self._poller = select.poll()
-        self._poller.register(conn.fileno(), select.POLLIN)
+        self._poller.register(sock.fileno(), select.POLLIN)
         self.pending: collections.deque[tuple[Any, ...]] = collections.deque()
         self.slabs: dict[Any, Any] = {}
         self.stopped = False
 
     def _read_one(self) -> None:
-        task = recv_message(self._conn)
+        task, fds = recv_frame(self._sock)
         if task is None:
             self.stopped = True
             return
-        _, _, _, slab_id, slab_size, fd_follows, drop_ids, _ = task
+        _, _, _, slab_id, slab_size, _, drop_ids, _ = task
         for dropped in drop_ids:
             self.slabs.pop(dropped, None)
-        if fd_follows:  # the descriptor follows its message on the same socket
-            _, fds, _, _ = socket.recv_fds(self._fd_channel, 1, 1)
+        if fds:
             try:
                 self.slabs[slab_id] = map_slab(fds[0], slab_size, slab_id)
             finally:
                 os.close(fds[0])
         self.pending.append(task)
 
-    def next_task(self, parent_pid: int) -> tuple[Any, ...] | None:
-        """The next task, or None when asked to stop or orphaned."""
-        timeout_ms = 0 if self.pending else int(PARENT_CHECK_INTERVAL_S * 1000)
+    def next_task(self) -> tuple[Any, ...] | None:
+        """The next task, or None when asked to stop."""
+        timeout_ms = 0 if self.pending else -1
         while not self.stopped:
             if self._poller.poll(timeout_ms):
                 self._read_one()
@@ -298,18 +365,15 @@ class _Inbox:
                 continue
             if self.pending:
                 return self.pending.popleft()
-            if os.getppid() != parent_pid:
-                return None             # orphaned: the parent was killed
-            timeout_ms = int(PARENT_CHECK_INTERVAL_S * 1000)
+            timeout_ms = -1
         return None
 
 
-def _serve(config: WorkerConfig, parent_pid: int, conn: Any, fd_channel: socket.socket, dataset: Any,
-           batchify_fn: Any) -> None:
-    inbox = _Inbox(conn, fd_channel)
+def _serve(config: WorkerConfig, sock: socket.socket, dataset: Any, batchify_fn: Any) -> None:
+    inbox = _Inbox(sock)
     source = _SampleSource(dataset, config.iterable, config.batch_size, config.drop_last, config.seed)
     while True:
-        task = inbox.next_task(parent_pid)
+        task = inbox.next_task()
         if task is None:
             return
         epoch, idx, indices, slab_id, _, _, _, profiling = task
@@ -318,7 +382,7 @@ def _serve(config: WorkerConfig, parent_pid: int, conn: Any, fd_channel: socket.
         try:
             samples = source.samples(epoch, None if indices is None else np.frombuffer(indices, np.int64))
             if samples is None:
-                send_message(conn, ("exhausted", epoch, idx))
+                send_frame(sock, ("exhausted", epoch, idx))
                 continue
             t1 = time.monotonic_ns()
             plan = _batchify.plan_batch(batchify_fn, samples, idx)
@@ -343,17 +407,16 @@ def _serve(config: WorkerConfig, parent_pid: int, conn: Any, fd_channel: socket.
                 timings = (t0, t1 - t0, t2 - t1, time.monotonic_ns(), stats, field_ns)
             # Pickle here, inside the try: an unpicklable object in the batch
             # is reported as this batch's error, not as a dead worker.
-            payload = pickle.dumps(reply + (timings,), protocol=pickle.HIGHEST_PROTOCOL)
+            data = pickle.dumps(reply + (timings,), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as e:
             if new_fd >= 0:
                 os.close(new_fd)
-            send_message(conn, ("error", epoch, idx, pack_exception(e)))
+            send_frame(sock, ("error", epoch, idx, pack_exception(e)))
             continue
-        conn.send_bytes(payload)
-        if new_fd >= 0:
-            try:
-                socket.send_fds(fd_channel, [b"F"], [new_fd])
-            finally:
+        try:
+            send_pickled(sock, data, [new_fd] if new_fd >= 0 else [])
+        finally:
+            if new_fd >= 0:
                 os.close(new_fd)
 
 

@@ -18,10 +18,9 @@ import pytest
 LEAK_WAIT_S = 3.0
 
 
-def child_pids() -> set:
-    """Live (or zombie) direct children of this process."""
-    me = str(os.getpid())
-    pids = set()
+def _parents() -> dict:
+    """pid -> ppid of every process (zombies included)."""
+    parents = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -30,9 +29,25 @@ def child_pids() -> set:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if fields[1] == me:  # fields: state, ppid, ...
-            pids.add(int(entry))
-    return pids
+        parents[int(entry)] = int(fields[1])  # fields: state, ppid, ...
+    return parents
+
+
+def child_pids() -> set:
+    """Live (or zombie) direct children of this process."""
+    me = os.getpid()
+    return {pid for pid, ppid in _parents().items() if ppid == me}
+
+
+def descendant_pids() -> set:
+    """Children, grandchildren (workers forked by a zygote, or by the fork
+    server: its children are ours to end too)... of this process."""
+    parents = _parents()
+    found, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - found
+        found |= frontier
+    return found
 
 
 def open_fds() -> set:
@@ -73,7 +88,7 @@ def _long_lived_helpers():
 
 
 def _snapshot() -> dict:
-    return {"children": child_pids(), "threads": thread_idents(), "fds": open_fds(), "shm": shm_entries(),
+    return {"children": descendant_pids(), "threads": thread_idents(), "fds": open_fds(), "shm": shm_entries(),
             "slab mappings": slab_mappings()}
 
 

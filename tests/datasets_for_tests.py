@@ -198,3 +198,18 @@ def unusual_arrays_batchify(samples):
         "plain": values * 2,
         "structured": np.array([(v, v * 0.5) for v in values], dtype=[("i", np.int64), ("x", np.float64)]),
     }
+
+
+class PayloadDataset(mxload.Dataset):
+    """Sample i is np.array([i]); carries `payload` (e.g. a large array that
+    makes handing the dataset to a spawned worker slow)."""
+
+    def __init__(self, payload, n: int = 8):
+        self.payload = payload
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return np.array([i])

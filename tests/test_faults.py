@@ -18,7 +18,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import child_pids, shm_entries
+from conftest import descendant_pids, shm_entries
 from datasets_for_tests import (
     DictDataset,
     DyingDataset,
@@ -70,7 +70,7 @@ def test_break_ends_workers_at_once_without_gc(start_method):
     loader = mxload.DataLoader(TupleDataset(200), batch_size=4, num_workers=4, start_method=start_method)
     pids = []
     for _ in loader:
-        pids = [p for p in child_pids() if p not in _helpers()]
+        pids = [p for p in descendant_pids() if p not in _helpers()]
         break
     assert len(pids) >= 4
     # The loader is still alive and no gc.collect() ran: the workers are gone anyway.
@@ -112,7 +112,7 @@ def test_exception_in_training_loop_ends_workers():
     pids = []
     with pytest.raises(ZeroDivisionError):
         for _ in loader:
-            pids = [p for p in child_pids() if p not in _helpers()]
+            pids = [p for p in descendant_pids() if p not in _helpers()]
             _ = 1 / 0
     assert_gone(pids, 1.0)
 

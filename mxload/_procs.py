@@ -1,0 +1,348 @@
+"""Worker processes: how they start, how they end, and who may hold what.
+
+Process tree with start_method="fork" (the default on Linux)::
+
+    main process
+      │  Engine start: os.fork() once, before any thread of the engine runs
+      └──> zygote: one thread, SIGINT ignored, only the control socket open
+             ├──fork──> worker 0      (parent-death signal armed: its parent
+             ├──fork──> worker 1       is the zygote's only thread)
+             └──fork──> replacement of a dead worker, any time later
+
+    control socket, main <-> zygote (frames of _worker.send_frame):
+      main -> zygote  ("start", worker_id, epoch) carrying the worker's socket end
+      zygote -> main  ("started", worker_id, pid) carrying a pidfd of the worker
+                      ("failed", worker_id, reason)    fork() itself failed
+                      ("exited", pid, exit code)       after the zygote reaped it
+    worker sockets, main <-> each worker: the task protocol (_worker).
+
+Why a zygote: every worker and every replacement is a fork of the same
+single-threaded image, taken when the engine started.  Replacements behave
+exactly like the originals (no re-run of an unguarded script body, nothing
+pickled, no lock copied from a running thread), the effective start method
+never changes, and the main process forks only once per engine.
+
+Ending: main watches each worker through its pidfd (readable when it ends)
+and signals it through that pidfd (immune to pid reuse); the zygote reaps.
+However the main process dies, the control socket hangs up, and the zygote
+SIGKILLs every worker, reaps them and exits.  If the zygote itself is killed,
+the workers get the parent-death signal.  Only the main process holds its end
+of the control socket: every forked child closes it (see _fds).
+
+spawn and forkserver: workers are multiprocessing processes, replacements
+too, as the user chose.  Each watches its own socket, whose other end only
+the main process holds, and SIGKILLs itself when it hangs up (_worker).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
+
+from . import _fds
+from ._worker import recv_frame, send_frame
+from .errors import WorkerError
+
+# How long the zygote may take to fork a worker and answer.
+ZYGOTE_REPLY_S = 10.0
+
+
+@contextlib.contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """Start children inside this: a Ctrl-C is neither lost nor lands between
+    a fork and its bookkeeping.
+
+    SIGINT is blocked in this thread, so forked children inherit it blocked
+    and discard a pending one when they ignore it.  In the main thread, a
+    Python-level handler records a Ctrl-C meanwhile (whichever thread the
+    kernel hands it to: the process's disposition is never SIG_IGN, which
+    would drop it), and the original handler runs once the section is over:
+    exactly one KeyboardInterrupt, after the children are accounted for.
+    (A spawned child's exec resets handlers and the mask, so a Ctrl-C can
+    reach it before its worker code ignores SIGINT; the main process then
+    gets the same Ctrl-C and ends it.)"""
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    deferred: list[int] = []
+    original: Any = None
+    if threading.current_thread() is threading.main_thread():
+        current = signal.getsignal(signal.SIGINT)
+        if callable(current):   # not SIG_IGN/SIG_DFL, nor None (a handler set from C)
+            original = current
+            signal.signal(signal.SIGINT, lambda signum, frame: deferred.append(signum))
+    try:
+        yield
+    finally:
+        # A Ctrl-C pending on this thread arrives on unblocking, and reaches
+        # the recording handler or, once it is back, the original.
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        if original is not None:
+            signal.signal(signal.SIGINT, original)
+            if deferred:
+                original(signal.SIGINT, sys._getframe())
+
+
+def block_sigint_in_this_thread() -> None:
+    """For mxload's own threads: Ctrl-C is the main thread's business."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
+class ZygoteWorker:
+    """The main process's handle of one worker forked by the zygote (the
+    subset of multiprocessing.Process the engine uses)."""
+
+    def __init__(self, zygote: Zygote, pid: int, pidfd: int):
+        self._zygote = zygote
+        self.pid = pid
+        self.sentinel = pidfd   # readable once the worker has ended
+
+    def _ended(self, timeout: float = 0.0) -> bool:
+        if self.sentinel < 0:
+            return True
+        return bool(select.select([self.sentinel], [], [], max(0.0, timeout))[0])
+
+    @property
+    def exitcode(self) -> int | None:
+        """None while it runs; its exit code (negative: signal) once the
+        zygote has reaped it (reported within moments of its end)."""
+        if not self._ended():
+            return None
+        return self._zygote.exit_code(self.pid, wait_s=0.2)
+
+    def is_alive(self) -> bool:
+        return not self._ended()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for it to end and for its exit code, at most `timeout` s."""
+        deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
+        if self._ended(deadline - time.monotonic()):
+            self._zygote.exit_code(self.pid, wait_s=deadline - time.monotonic())
+
+    def _signal(self, sig: int) -> None:
+        if self.sentinel >= 0:
+            try:
+                signal.pidfd_send_signal(self.sentinel, sig)
+            except OSError:
+                pass   # already ended
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def close(self) -> None:
+        fd, self.sentinel = self.sentinel, -1
+        _fds.close_fd(fd)
+
+
+class Zygote:
+    """The main process's side of the zygote (see the module docstring)."""
+
+    def __init__(self, entry: Callable[[int, int, socket.socket], None]):
+        """Fork the zygote.  `entry(worker_id, epoch, sock)` runs in each
+        worker it forks.  Call with SIGINT deferred (sigint_deferred)."""
+        main_end, zygote_end = socket.socketpair()
+        _fds.own(main_end)
+        with warnings.catch_warnings(record=True) as caught:
+            # Python 3.12+ warns when forking with threads alive (a user's
+            # thread: an honest warning).  Record it and re-issue it once the
+            # zygote is accounted for, so an error filter cannot leak it.
+            warnings.simplefilter("always", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            _zygote_main(zygote_end, entry)
+        zygote_end.close()
+        self.pid = pid
+        try:
+            self._pidfd = os.pidfd_open(pid)
+        except BaseException:
+            _fds.close_socket(main_end)   # the zygote exits on the hang-up
+            os.waitpid(pid, 0)
+            raise
+        _fds.own(self._pidfd)
+        self._sock: socket.socket | None = main_end
+        self._lock = threading.Lock()
+        self._exits: dict[int, int] = {}
+        self._replies: dict[int, tuple[Any, ...]] = {}
+        self._broken: str | None = None
+        for w in caught:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+
+    def start(self, worker_id: int, epoch: int, sock: socket.socket) -> ZygoteWorker:
+        """Fork a worker that serves `sock` (the caller closes its copy)."""
+        with self._lock:
+            if self._sock is None or self._broken is not None:
+                raise WorkerError(f"the worker zygote (pid {self.pid}) is gone: {self._broken or 'closed'}")
+            try:
+                send_frame(self._sock, ("start", worker_id, epoch), [sock.fileno()])
+            except OSError as e:
+                self._broken = f"its control socket failed ({e})"
+                raise WorkerError(f"the worker zygote (pid {self.pid}) is gone: {self._broken}") from e
+            deadline = time.monotonic() + ZYGOTE_REPLY_S
+            while worker_id not in self._replies:
+                if not self._pump(deadline):
+                    raise WorkerError(f"the worker zygote (pid {self.pid}) did not start worker "
+                                      f"{worker_id} within {ZYGOTE_REPLY_S} s"
+                                      + (f": {self._broken}" if self._broken else ""))
+            reply = self._replies.pop(worker_id)
+        if reply[0] == "failed":
+            raise WorkerError(f"the worker zygote could not fork worker {worker_id}: {reply[1]}", worker_id)
+        return ZygoteWorker(self, reply[1], reply[2])
+
+    def exit_code(self, pid: int, wait_s: float) -> int | None:
+        """The reported exit code of `pid`, waiting at most wait_s for it."""
+        deadline = time.monotonic() + max(0.0, wait_s)
+        with self._lock:
+            while pid not in self._exits:
+                if not self._pump(deadline):
+                    return None
+            return self._exits[pid]
+
+    def _pump(self, deadline: float) -> bool:
+        """Read one report (lock held); False on timeout or a dead zygote."""
+        sock = self._sock
+        if sock is None or self._broken is not None:
+            return False
+        if not select.select([sock], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            return False
+        try:
+            msg, fds = recv_frame(sock)
+        except (EOFError, OSError) as e:
+            self._broken = f"it died ({e})" if not isinstance(e, EOFError) else "it died"
+            return False
+        if msg[0] == "exited":
+            self._exits[msg[1]] = msg[2]
+        elif msg[0] == "started":
+            _fds.own(fds[0])
+            self._replies[msg[1]] = ("started", msg[2], fds[0])
+        else:
+            self._replies[msg[1]] = ("failed", msg[2])
+        return True
+
+    def close(self, deadline: float) -> None:
+        """End the zygote: it SIGKILLs and reaps every worker still there,
+        then exits; SIGKILL it at the deadline.  Reaps it."""
+        with self._lock:
+            sock, self._sock = self._sock, None
+        _fds.close_socket(sock)   # the hang-up is the zygote's stop request
+        if self._pidfd < 0:
+            return
+        if not select.select([self._pidfd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            try:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            os.waitpid(self.pid, 0)   # it has ended, or ends within moments of SIGKILL
+        except ChildProcessError:
+            pass
+        _fds.close_fd(self._pidfd)
+        self._pidfd = -1
+
+
+# ---------------------------------------------------------------- inside the zygote
+
+
+def _zygote_main(sock: socket.socket, entry: Callable[[int, int, socket.socket], None]) -> NoReturn:
+    code = 0
+    try:
+        # Ctrl-C belongs to the main process; the mask came blocked from the
+        # forking thread, so a pending one is discarded here.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        _detach_stdin()
+        _serve_zygote(sock, entry)
+    except BaseException:
+        code = 1
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _detach_stdin() -> None:
+    """As multiprocessing does for its children: workers never read the terminal."""
+    try:
+        sys.stdin.close()
+        sys.stdin = open(os.devnull)   # noqa: SIM115 - lives as long as the process
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _serve_zygote(sock: socket.socket, entry: Callable[[int, int, socket.socket], None]) -> None:
+    children: dict[int, int] = {}   # pidfd -> pid
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    try:
+        while True:
+            for fd, _ in poller.poll():
+                if fd != sock.fileno():
+                    pid = children.pop(fd)
+                    poller.unregister(fd)
+                    os.close(fd)
+                    _, status = os.waitpid(pid, 0)
+                    send_frame(sock, ("exited", pid, os.waitstatus_to_exitcode(status)))
+                    continue
+                try:
+                    msg, fds = recv_frame(sock)
+                except (EOFError, OSError):
+                    return   # the main process closed or died
+                if msg is None:
+                    return
+                _, worker_id, epoch = msg
+                worker_sock = socket.socket(fileno=fds[0])
+                try:
+                    pid = os.fork()
+                except OSError as e:
+                    worker_sock.close()
+                    send_frame(sock, ("failed", worker_id, str(e)))
+                    continue
+                if pid == 0:
+                    _worker_child(entry, worker_id, epoch, worker_sock, sock, list(children))
+                worker_sock.close()
+                pidfd = os.pidfd_open(pid)
+                children[pidfd] = pid
+                poller.register(pidfd, select.POLLIN)
+                send_frame(sock, ("started", worker_id, pid), [pidfd])
+    finally:
+        for pid in children.values():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in children.values():
+            with contextlib.suppress(OSError):
+                os.waitpid(pid, 0)
+
+
+def _worker_child(entry: Callable[[int, int, socket.socket], None], worker_id: int, epoch: int,
+                  worker_sock: socket.socket, control: socket.socket, pidfds: list[int]) -> NoReturn:
+    code = 0
+    try:
+        control.close()   # only the zygote may hold it: the main process's death must hang it up
+        for fd in pidfds:
+            os.close(fd)
+        entry(worker_id, epoch, worker_sock)
+    except SystemExit as e:
+        if isinstance(e.code, int):
+            code = e.code
+        elif e.code is not None:
+            code = 1
+            with contextlib.suppress(BaseException):
+                print(e.code, file=sys.stderr)
+    except BaseException:
+        code = 1
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(BaseException):
+                stream.flush()
+        os._exit(code)

@@ -1,0 +1,406 @@
+"""Worker processes under attack: deaths (one or many at once, at any moment),
+restarts, parent death, forked children, Ctrl-C while workers start.
+
+Part of the fault suite (``pytest -m faults``).  The chaos test runs for
+MXLOAD_CHAOS_SECONDS per start method (default 4; the acceptance run uses 30).
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+from datasets_for_tests import PayloadDataset, SlowDataset, TupleDataset
+
+import mxload
+
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
+
+ALL_METHODS = ["fork", "spawn", "forkserver"]
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+CHAOS_SECONDS = float(os.environ.get("MXLOAD_CHAOS_SECONDS", "4"))
+
+
+class ChaosDataset(mxload.Dataset):
+    """Sample i: an array whose length cycles with i // group (so slabs keep
+    being outgrown and new ones announced with their descriptor), and label i."""
+
+    def __init__(self, n: int, delay: float = 0.001, group: int = 4):
+        self.n = n
+        self.delay = delay
+        self.group = group
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        time.sleep(self.delay)
+        return np.full(256 * (1 + (i // self.group) % 97), i, np.int32), i
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def assert_gone(pids, within=2.0):
+    deadline = time.monotonic() + within
+    alive = list(pids)
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if _alive(p)]
+        if not alive:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"processes still alive after {within} s: {alive}")
+
+
+class Killer(threading.Thread):
+    """For `seconds`, SIGKILLs a random live worker of `engine` every
+    min_s..max_s seconds."""
+
+    def __init__(self, engine, seconds: float, min_s: float, max_s: float, seed: int = 0):
+        super().__init__(name="chaos-killer", daemon=True)
+        self.engine = engine
+        self.seconds = seconds
+        self.min_s, self.max_s = min_s, max_s
+        self.rng = random.Random(seed)
+        self.stop = threading.Event()
+        self.kills = 0
+
+    def run(self) -> None:
+        parents = (os.getpid(), self.engine.zygote_pid)
+        if self.engine.start_method == "forkserver":
+            from multiprocessing import forkserver
+            parents += (forkserver._forkserver._forkserver_pid,)
+        end = time.monotonic() + self.seconds
+        while not self.stop.wait(self.rng.uniform(self.min_s, self.max_s)) and time.monotonic() < end:
+            handles = [w for w in list(self.engine._workers) if w.alive and w.pid is not None]
+            if not handles:
+                continue
+            pid = self.rng.choice(handles).pid
+            if _ppid(pid) in parents and _alive(pid):   # still a worker: never a reused pid
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    self.kills += 1
+                except ProcessLookupError:
+                    pass
+
+
+def _expected_labels(idx: int, batch_size: int, n: int) -> list[int]:
+    return list(range(idx * batch_size, min((idx + 1) * batch_size, n)))
+
+
+@pytest.mark.parametrize("start_method", ALL_METHODS)
+def test_chaos_random_kills_every_batch_exactly_once_in_order(start_method):
+    """Workers SIGKILLed every 50-200 ms at random moments (mid-batch, mid-send of
+    a new slab, while starting): every batch arrives exactly once, in order,
+    and the fetcher never fails."""
+    n, bs = 1_000_000, 4
+    loader = mxload.DataLoader(ChaosDataset(n), batch_size=bs, num_workers=4, start_method=start_method,
+                               max_worker_restarts=1_000_000, timeout=60)
+    got = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # one "restarting" warning per kill
+        it = iter(loader)
+        killer = Killer(it.engine, CHAOS_SECONDS, 0.05, 0.2, seed=os.getpid())
+        killer.start()
+        try:
+            # Through the storm, then 20 batches more: the epoch goes on normally.
+            after = None
+            for idx, (data, labels) in enumerate(it):
+                assert labels.tolist() == _expected_labels(idx, bs, n), f"batch {idx}"
+                assert (data == labels[:, None]).all(), f"batch {idx} data"
+                got += 1
+                if after is None and not killer.is_alive():
+                    after = idx + 20
+                if after is not None and idx >= after:
+                    break
+        finally:
+            killer.stop.set()
+            killer.join(5)
+        it.close()
+    assert killer.kills >= CHAOS_SECONDS / 0.5, killer.kills
+    assert loader.stats["worker_restarts"] >= 1
+    print(f"\nchaos {start_method}: {got} batches exactly once in order, {killer.kills} kills, "
+          f"{loader.stats['worker_restarts']} restarts")
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_workers_dying_together_are_all_restarted(start_method):
+    """Several workers killed at the same moment die in one fetcher round; their
+    replacements' sockets reuse the dead ones' descriptor numbers."""
+    loader = mxload.DataLoader(SlowDataset(0.002, n=100_000), batch_size=2, num_workers=4,
+                               start_method=start_method, max_worker_restarts=10_000, timeout=60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        it = iter(loader)
+        idx = 0
+        rounds = 12 if start_method == "fork" else 4
+        for _ in range(rounds):
+            before = loader.stats["worker_restarts"]
+            for w in reversed(list(it.engine._workers)):
+                os.kill(w.pid, signal.SIGKILL)
+            while loader.stats["worker_restarts"] < before + 4:
+                batch = next(it)
+                assert batch.ravel().tolist() == [2 * idx, 2 * idx + 1]
+                idx += 1
+        for _ in range(8):
+            assert next(it).ravel().tolist() == [2 * idx, 2 * idx + 1]
+            idx += 1
+        it.close()
+
+
+# ---------------------------------------------------------------- whole-process scenarios
+
+
+def _script(body: str) -> str:
+    return textwrap.dedent(f"""
+        import os, sys, time, signal, threading, warnings
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # even if the suite ignores it
+        sys.path.insert(0, {TESTS_DIR!r})
+        import numpy as np, mxload
+        from datasets_for_tests import PayloadDataset, SlowDataset, TupleDataset, DyingDataset
+    """) + textwrap.dedent(body)
+
+
+def _run(body: str, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _script(body)], capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def _popen(body: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", _script(body)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 20) -> tuple[str, str]:
+    try:
+        return proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_forked_child_exiting_normally_leaves_the_parents_workers_alone(start_method):
+    result = _run(f"""
+        loader = mxload.DataLoader(TupleDataset(64), batch_size=2, num_workers=2,
+                                   start_method={start_method!r})
+        it = iter(loader)
+        first = next(it)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)   # our own fork, threads alive
+            pid = os.fork()
+        if pid == 0:
+            del it   # as a child would, dropping what it inherited, then a normal exit
+            sys.exit(0)
+        _, status = os.waitpid(pid, 0)
+        rest = list(it)
+        print(os.waitstatus_to_exitcode(status), 1 + len(rest), flush=True)
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["0", "32"], result.stderr
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_ctrl_c_while_workers_start_is_one_keyboard_interrupt(start_method):
+    """SIGINT to the whole group at random moments of a loop that mostly starts
+    workers: the main thread gets exactly one KeyboardInterrupt every time and
+    nothing is left behind."""
+    for trial in range(3):
+        proc = _popen(f"""
+            from conftest import child_pids
+            from datasets_for_tests import PayloadDataset
+            # 4 MB: slow to hand to spawned workers, so most of the time is start-up
+            loader = mxload.DataLoader(PayloadDataset(np.zeros(4 << 20, np.uint8)), batch_size=2, num_workers=4, start_method={start_method!r})
+            print("ready", flush=True)
+            pending = []
+            try:
+                while True:
+                    it = iter(loader)
+                    # Only start-up is under test here: a Ctrl-C during the
+                    # close is held back and re-raised after it.
+                    signal.signal(signal.SIGINT, lambda *a: pending.append(1))
+                    it.close()
+                    signal.signal(signal.SIGINT, signal.default_int_handler)
+                    if pending:
+                        raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                print("caught", flush=True)
+            from multiprocessing import resource_tracker
+            def children():
+                return sorted(child_pids() - {{resource_tracker._resource_tracker._pid}})
+            deadline = time.monotonic() + 3
+            while children() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            print("children", children(), flush=True)
+            print("threads", threading.active_count(), flush=True)
+        """, start_new_session=True)
+        try:
+            assert proc.stdout.readline().strip() == "ready"
+            time.sleep(random.uniform(0.3, 1.2))
+            os.killpg(proc.pid, signal.SIGINT)
+            out, err = _finish(proc, timeout=15)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert out.splitlines() == ["caught", "children []", "threads 1"], (trial, out, err)
+        assert "KeyboardInterrupt" not in err, err
+
+
+def test_kept_batches_do_not_hold_a_descriptor_each():
+    """list(loader) of 1,600 batches under RLIMIT_NOFILE=256: the main process
+    keeps a bounded number of slab descriptors, not one per live batch."""
+    result = _run("""
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+        loader = mxload.DataLoader(TupleDataset(3200), batch_size=2, num_workers=2)
+        batches = list(loader)
+        assert [int(b[1][0]) for b in batches] == list(range(0, 3200, 2))
+        print(len(batches), len(os.listdir("/proc/self/fd")) < 64, flush=True)
+    """, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["1600", "True"]
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_a_restart_still_starting_when_the_epoch_ends_is_stopped(start_method):
+    from multiprocessing import forkserver
+    server = forkserver._forkserver._forkserver_pid
+    served_before = {p for p in _all_pids() if _ppid(p) == server}
+    payload = np.zeros(2 << 20, np.uint8)   # a slow start: the replacement reads 2 MB first
+    for _ in range(3):
+        ds = PayloadDataset(payload, 24)
+        loader = mxload.DataLoader(ds, batch_size=2, num_workers=2, start_method=start_method,
+                                   max_worker_restarts=5, prefetch=2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            it = iter(loader)
+            got = [next(it) for _ in range(11)]
+            victim = it.engine._workers[0].pid
+            os.kill(victim, signal.SIGKILL)
+            time.sleep(0.05)   # the fetcher is now starting its replacement
+            got += list(it)
+        assert [int(b[0, 0]) for b in got] == list(range(0, 24, 2))
+        assert loader.stats["worker_restarts"] == 1
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        left = {p for p in _all_pids() if _ppid(p) == server and _alive(p)} - served_before
+        if not left:
+            break
+        time.sleep(0.05)
+    assert not left, f"forkserver children left: {left}"
+
+
+def _all_pids() -> list[int]:
+    return [int(e) for e in os.listdir("/proc") if e.isdigit()]
+
+
+UNGUARDED = """
+import os, sys, warnings
+sys.path.insert(0, {tests!r})
+print("BODY", flush=True)
+import mxload
+from datasets_for_tests import DyingDataset
+warnings.simplefilter("ignore", RuntimeWarning)
+transform = lambda x: x * 10
+class Mapped(DyingDataset):
+    def __getitem__(self, i):
+        return transform(super().__getitem__(i))
+loader = mxload.DataLoader(Mapped(at=10, how="kill", n=40, only_once_file={marker!r}),
+                           batch_size=2, num_workers=2, max_worker_restarts=3)
+got = [b.ravel().tolist() for b in loader]
+assert got == [[10 * i, 10 * i + 10] for i in range(0, 40, 2)], got
+print("restarts", loader.stats["worker_restarts"], loader._stats and "ok", flush=True)
+"""
+
+
+def test_replacements_are_forked_like_the_originals_even_from_python_c(tmp_path):
+    """Default fork: a replacement neither re-runs an unguarded script body (as
+    forkserver/spawn would, under `python -c` too) nor pickles the dataset."""
+    code = UNGUARDED.format(tests=TESTS_DIR, marker=str(tmp_path / "died"))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split("\n")[:2] == ["BODY", "restarts 1 ok"], result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+
+
+def test_a_second_loader_while_another_runs_keeps_fork():
+    scale = 3
+    first = mxload.DataLoader(TupleDataset(40), batch_size=2, num_workers=2, persistent_workers=True)
+    it1 = iter(first)
+    next(it1)
+    second = mxload.DataLoader(mxload.ArrayDataset(np.arange(8)), batch_size=2, num_workers=2,
+                               batchify_fn=lambda samples: np.stack(samples) * scale)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)   # mxload's own fork never warns
+        it2 = iter(second)
+    assert it2.engine.start_method == "fork"
+    assert [b.tolist() for b in it2] == [[0, 3], [6, 9], [12, 15], [18, 21]]
+    assert len(list(it1)) == 19
+    first.close()
+
+
+@pytest.mark.parametrize("start_method,from_thread", [
+    ("fork", False), ("fork", True), ("spawn", True), ("forkserver", False), ("forkserver", True)])
+def test_parent_killed_busy_workers_die_within_two_seconds(start_method, from_thread):
+    proc = _popen(f"""
+        def run():
+            global it
+            loader = mxload.DataLoader(SlowDataset(0.5, n=10_000), batch_size=2, num_workers=3,
+                                       start_method={start_method!r}, timeout=None)
+            it = iter(loader)
+            print(" ".join(str(w.pid) for w in it.engine._workers), flush=True)
+            next(it)
+            time.sleep(60)
+        if {from_thread!r}:
+            threading.Thread(target=run).start()
+        else:
+            run()
+    """)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 3, proc.stderr.read()
+        time.sleep(0.3)   # busy in __getitem__
+        proc.kill()
+        proc.wait(5)
+        assert_gone(pids, within=2.0)
+    finally:
+        proc.kill()
+        proc.wait(5)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def test_workers_started_from_a_thread_outlive_it():
+    """A persistent loader whose first epoch ran in a ThreadPoolExecutor thread
+    (which exits): the next epoch still has its workers."""
+    from concurrent.futures import ThreadPoolExecutor
+    loader = mxload.DataLoader(TupleDataset(16), batch_size=4, num_workers=2, start_method="spawn",
+                               persistent_workers=True)
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(lambda: len(list(loader))).result(timeout=60) == 4
+    time.sleep(0.3)
+    assert len(list(loader)) == 4
+    loader.close()
