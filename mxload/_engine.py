@@ -272,7 +272,7 @@ class Engine:
                 "use num_workers=0 or thread_pool=True")
         if self._start_method != "fork":
             self._spawn_payload = self._pickled_payload()
-        with sigint_deferred():
+        with sigint_deferred(exec_children=self._start_method == "spawn"):
             if self._start_method == "fork":
                 template = WorkerConfig(0, self.num_workers, self.seed, self.epoch, self.payload,
                                         self.iterable, self.batch_size, self.drop_last, zygote_child=True)
@@ -293,7 +293,7 @@ class Engine:
         parent_end, child_end = socket.socketpair()
         _fds.own(parent_end)
         try:
-            with sigint_deferred(), self._start_lock:
+            with sigint_deferred(exec_children=self._start_method == "spawn"), self._start_lock:
                 if self._closing:
                     raise _Closing()
                 if self._zygote is not None:

@@ -57,19 +57,22 @@ ZYGOTE_REPLY_S = 10.0
 
 
 @contextlib.contextmanager
-def sigint_deferred() -> Iterator[None]:
-    """Start children inside this: a Ctrl-C is neither lost nor lands between
-    a fork and its bookkeeping.
+def sigint_deferred(exec_children: bool = False) -> Iterator[None]:
+    """Start children inside this: a Ctrl-C neither lands between a fork and
+    its bookkeeping nor reaches a child before it ignores SIGINT.
 
     SIGINT is blocked in this thread, so forked children inherit it blocked
     and discard a pending one when they ignore it.  In the main thread, a
     Python-level handler records a Ctrl-C meanwhile (whichever thread the
-    kernel hands it to: the process's disposition is never SIG_IGN, which
-    would drop it), and the original handler runs once the section is over:
-    exactly one KeyboardInterrupt, after the children are accounted for.
-    (A spawned child's exec resets handlers and the mask, so a Ctrl-C can
-    reach it before its worker code ignores SIGINT; the main process then
-    gets the same Ctrl-C and ends it.)"""
+    kernel hands it to), and the original handler runs once the section is
+    over: exactly one KeyboardInterrupt, after the children are accounted for.
+
+    `exec_children` (spawn): an exec resets handlers and the mask but keeps an
+    ignored signal ignored, and a spawned child killed by a Ctrl-C while its
+    interpreter starts would leave multiprocessing blocked for ever writing
+    it the dataset; so SIGINT is ignored instead while they start.  A Ctrl-C
+    the kernel hands to another thread of the process meanwhile (numpy's
+    BLAS threads do not block SIGINT) is then lost."""
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     deferred: list[int] = []
     original: Any = None
@@ -77,14 +80,17 @@ def sigint_deferred() -> Iterator[None]:
         current = signal.getsignal(signal.SIGINT)
         if callable(current):   # not SIG_IGN/SIG_DFL, nor None (a handler set from C)
             original = current
-            signal.signal(signal.SIGINT, lambda signum, frame: deferred.append(signum))
+            signal.signal(signal.SIGINT, signal.SIG_IGN if exec_children
+                          else lambda signum, frame: deferred.append(signum))
     try:
         yield
     finally:
+        if original is not None and exec_children:
+            signal.signal(signal.SIGINT, original)   # before unblocking: a pending one reaches it
         # A Ctrl-C pending on this thread arrives on unblocking, and reaches
         # the recording handler or, once it is back, the original.
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        if original is not None:
+        if original is not None and not exec_children:
             signal.signal(signal.SIGINT, original)
             if deferred:
                 original(signal.SIGINT, sys._getframe())

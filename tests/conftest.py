@@ -88,8 +88,8 @@ def _long_lived_helpers():
 
 
 def _snapshot() -> dict:
-    return {"children": descendant_pids(), "threads": thread_idents(), "fds": open_fds(), "shm": shm_entries(),
-            "slab mappings": slab_mappings()}
+    return {"children": descendant_pids(), "threads": thread_idents(), "fds": open_fds(),
+            "shm": shm_entries(), "slab mappings": slab_mappings()}
 
 
 def leftovers(before: dict) -> dict:
