@@ -13,17 +13,21 @@ out=$(mktemp -d "${TMPDIR:-/tmp}/mxload-docs.XXXXXX")
 trap 'rm -rf "$out"' EXIT
 step() { printf '\n--- %s\n' "$*"; }
 
-"$python" - <<'PY'
-import importlib, sys
+(cd "$out" && "$python" - <<'PY'
+import importlib.util, sys
 missing = [m for m in ("mxload", "sphinx", "torch", "PIL") if importlib.util.find_spec(m) is None]
 if missing:
     sys.exit(f"missing {', '.join(missing)}: pip install '.[docs,examples]' into {sys.executable}")
+import mxload._core  # the installed package, with its compiled core
 PY
+)
 
 step "sphinx -W: the API reference (autodoc + napoleon) and the user guide"
 # -W: any warning (a broken docstring, a missing reference target, a bad directive) fails the build.
 # -n is not used: type names in docstrings (int | None, callable) are prose, not link targets.
-"$python" -m sphinx -W --keep-going -q -b html docs "$out/html"
+# From the scratch folder: run from the checkout, `import mxload` would find the source tree
+# (no compiled core) before the installed package.
+(cd "$out" && "$python" -m sphinx -W --keep-going -q -b html "$OLDPWD/docs" "$out/html")
 test -s "$out/html/api.html" && test -s "$out/html/guide.html"
 
 # Each example on a tiny input, bounded in time; from a scratch folder so nothing is written here.
