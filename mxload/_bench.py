@@ -84,32 +84,35 @@ class Progress:
             self.stream.flush()
 
 
-def _time(iterator: Iterable[Any], batches: int, tick: Callable[[int], None]) -> Run:
+def _time(loader: Iterable[Any], batches: int, tick: Callable[[int], None]) -> Run:
+    """Time `batches` batches after the first, over as many epochs as it takes."""
     t0 = time.perf_counter()
-    it = iter(iterator)
+    it = iter(loader)
     nbytes = _touch(next(it))
     first = time.perf_counter() - t0
     done = 0
     t1 = time.perf_counter()
-    for batch in it:
-        nbytes += _touch(batch)
-        done += 1
-        tick(done)
-        if done == batches:
-            break
+    while done < batches:
+        for batch in it:
+            nbytes += _touch(batch)
+            done += 1
+            tick(done)
+            if done == batches:
+                break
+        else:
+            it = iter(loader)   # the epoch ended: the next one (workers persist)
     elapsed = max(time.perf_counter() - t1, 1e-9)
     close = getattr(it, "close", None)
     if close is not None:
         close()
     del it
-    if done < batches:
-        raise RuntimeError(f"the epoch ended after {done + 1} batches, {batches + 1} were needed")
     return Run(first, done / elapsed, nbytes / (done + 1))
 
 
 def run_mxload(dataset: Any, batch_size: int, workers: int, batches: int,
                tick: Callable[[int], None]) -> Run:
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, seed=0, num_workers=workers)
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, seed=0, num_workers=workers,
+                        persistent_workers=workers > 0)
     with profile(loader) as prof:
         run = _time(loader, batches, tick)
         run.verdict = prof.report().verdict
@@ -119,8 +122,11 @@ def run_mxload(dataset: Any, batch_size: int, workers: int, batches: int,
 
 def run_torch(torch_loader: Any, dataset: Any, batch_size: int, workers: int, batches: int,
               tick: Callable[[int], None]) -> Run:
-    loader = torch_loader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers)
-    return _time(loader, batches, tick)
+    loader = torch_loader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers,
+                          persistent_workers=workers > 0)
+    run = _time(loader, batches, tick)
+    del loader   # ends torch's persistent workers
+    return run
 
 
 def _import_torch() -> tuple[Any, str]:
@@ -173,7 +179,9 @@ def bench(args: Any, out: TextIO, err: TextIO) -> int:
     datasets, sizes = {}, {}
     for name in args.workloads:
         workload = WORKLOADS[name]
-        n = workload.batch_size * (args.batches + 1)   # one epoch holds every timed batch
+        # One epoch holds every timed batch, up to the workload's full size (longer runs
+        # take more epochs rather than more memory).
+        n = min(workload.batch_size * (args.batches + 1), max(workload.full_samples, workload.batch_size))
         progress.show(f"generating {name} ({n:,} samples)")
         datasets[name] = workload.build(n)
         sizes[name] = f"{workload.batch_size} per batch, {n:,} samples"
@@ -186,7 +194,8 @@ def bench(args: Any, out: TextIO, err: TextIO) -> int:
     print(columns, file=out)
     print("-" * len(columns), file=out)
     out.flush()
-    verdicts = []
+    verdicts: list[tuple[str, str]] = []
+    torch_failures: list[str] = []
     with warnings.catch_warnings():
         # More workers than cores is what --workers asked for; the header says the core count.
         warnings.filterwarnings("ignore", message="This DataLoader will create")
@@ -206,8 +215,12 @@ def bench(args: Any, out: TextIO, err: TextIO) -> int:
                                              lambda d: tick(d, "mxload")))
                 runs["torch"] = None
                 if TorchDataLoader is not None:
-                    runs["torch"] = run_torch(TorchDataLoader, dataset, workload.batch_size, workers,
-                                              args.batches, lambda d: tick(d, "torch"))
+                    try:
+                        runs["torch"] = run_torch(TorchDataLoader, dataset, workload.batch_size, workers,
+                                                  args.batches, lambda d: tick(d, "torch"))
+                    except Exception as e:   # the baseline failing is a finding, not the bench's end
+                        torch_failures.append(f"{name}, {workers} workers: torch failed: "
+                                              f"{type(e).__name__}: {e}")
                 progress.clear()
                 mx, th = runs["mxload"], runs["torch"]
                 assert mx is not None and in_process is not None
@@ -225,6 +238,8 @@ def bench(args: Any, out: TextIO, err: TextIO) -> int:
                     verdict = (f"{workers} workers were slower than in-process loading ({ratio:.2f}x): "
                                f"use num_workers=0 for this workload on this machine; profile: {verdict}")
                 verdicts.append((f"{name}, {workers} workers", verdict))
+    for failure in torch_failures:
+        print(textwrap.fill(failure, WIDTH, subsequent_indent="    "), file=out)
     print("", file=out)
     print("profiler verdicts (mxload runs; python -m mxload profile gives the full report):", file=out)
     for who, verdict in verdicts:
