@@ -164,8 +164,9 @@ class Profiler:
     # ------------------------------------------------------------ recording
 
     def epoch_started(self, sampling_ns: int, startup_ns: int) -> None:
-        """An epoch's iterator exists: `sampling_ns` made its indices,
-        `startup_ns` started workers and dispatched the first batches."""
+        """Recording hook, called by the loader: an epoch's iterator exists;
+        `sampling_ns` made its indices, `startup_ns` started workers and
+        dispatched the first batches."""
         now = _now_ns()
         begin = now - sampling_ns - startup_ns
         with self._lock:
@@ -193,9 +194,10 @@ class Profiler:
     def worker_batch(self, worker_id: int, pid: int | None, batch_index: int, start_ns: int,
                      fetch_ns: int, collate_ns: int, sent_ns: int, field_stats: list[Any],
                      field_ns: list[Any], transported: bool = True) -> None:
-        """A batch finished in a worker (times are the worker's own) and is
-        now in the reorder buffer; `transported`: it crossed from another
-        process (sent_ns is then the worker's send time)."""
+        """Recording hook, called by the loader: a batch finished in a worker
+        (times are the worker's own) and is now in the reorder buffer;
+        `transported`: it crossed from another process (sent_ns is then the
+        worker's send time)."""
         queue = self._done_queue
         queue.append((worker_id, pid, batch_index, start_ns, fetch_ns, collate_ns,
                       sent_ns if transported else 0, _now_ns(), field_stats, field_ns))
@@ -208,14 +210,15 @@ class Profiler:
             self._fold()
 
     def batch_taken(self, batch_index: int, call_ns: int) -> None:
-        """The consumer's next() (called at `call_ns`) returned `batch_index`."""
+        """Recording hook, called by the loader: the training loop's next()
+        (called at `call_ns`) returned `batch_index`."""
         queue = self._taken_queue
         queue.append((batch_index, call_ns, _now_ns()))
         if len(queue) >= FOLD_AT:
             self._fold()
 
     def worker_restarted(self, worker_id: int) -> None:
-        """Worker `worker_id` died and was replaced."""
+        """Recording hook, called by the loader: worker `worker_id` died and was replaced."""
         with self._lock:
             w = self.workers.setdefault(worker_id, [0, 0, _now_ns(), _now_ns(), None, 0])
             w[5] += 1
@@ -305,7 +308,8 @@ class Profiler:
                 readings[1] = cpu
 
     def epoch_ended(self) -> None:
-        """The epoch's iterator ended (exhausted, closed or failed)."""
+        """Recording hook, called by the loader: the epoch's iterator ended
+        (exhausted, closed or failed)."""
         now = _now_ns()
         with self._lock:
             self._fold()
