@@ -1,8 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 # cython: initializedcheck=False
-"""mxload's compiled core: reorder buffer, collation kernels, layout planner
-and shared-memory slabs.  C declarations live in mxl_c.pxd; the code is split
-by job into the .pxi files included below."""
+"""mxload's compiled core: reorder buffer, collation kernels, layout planner,
+shared-memory slabs and Ctrl-C deferral.  C declarations live in mxl_c.pxd;
+the code is split by job into the .pxi files included below."""
 
 cimport cython
 from cpython.buffer cimport PyBuffer_FillInfo
@@ -20,6 +20,7 @@ from mxl_c cimport *
 
 cnp.import_array()
 
+include "interrupt.pxi"
 include "reorder.pxi"
 include "collate.pxi"
 include "slab.pxi"

@@ -73,3 +73,10 @@ cdef extern from "numpy/arrayobject.h":
     bint mxl_equiv_descr "PyArray_EquivTypes"(cnp.PyArray_Descr *a, cnp.PyArray_Descr *b)
     # dtype.hasobject without two Python attribute lookups.
     bint mxl_descr_hasobject "PyDataType_REFCHK"(cnp.PyArray_Descr *d) nogil
+
+cdef extern from "Python.h":
+    # CPython >= 3.10: make `signum` pending as if it had just arrived.
+    int PyErr_SetInterruptEx(int signum)
+
+cdef extern from "<signal.h>":
+    int SIGINT

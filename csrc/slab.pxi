@@ -92,6 +92,8 @@ cdef class BatchOwner:
         if cb is not None and self.slab is not None:
             try:
                 cb(self.slab)
+            except KeyboardInterrupt:
+                _rearm_sigint()   # Ctrl-C landed in the callback: not ours to swallow
             except BaseException:
                 # A finalizer must not raise; a pool that is gone simply
                 # lets the slab be unmapped.

@@ -1,10 +1,11 @@
 """Type stubs for mxload._core, the compiled (Cython) core built from csrc/.
 
 Keep in step with csrc/_core.pyx and the .pxi files it includes:
-reorder.pxi (ReorderBuffer, BufferClosedError), collate.pxi (kernels,
+interrupt.pxi (defer_sigint, sigint_safe_finalizer), reorder.pxi
+(ReorderBuffer, BufferClosedError), collate.pxi (kernels,
 layout planner, ALIGNMENT, monotonic_ns) and slab.pxi (Slab, BatchOwner)."""
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal, Self, TypedDict, overload
+from typing import Any, Literal, Self, TypedDict, TypeVar, overload
 
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
@@ -122,3 +123,14 @@ class BatchOwner:
     ) -> Self: ...
     def detach(self) -> None: ...
     def __buffer__(self, flags: int, /) -> memoryview: ...
+
+# ---------------------------------------------------------------- interrupt.pxi
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+_T = TypeVar("_T")
+
+def defer_sigint(fn: _F) -> _F:
+    """Run fn with Ctrl-C held back (main thread), delivered once it returns."""
+
+def sigint_safe_finalizer(fn: Callable[[_T], object]) -> Callable[[_T], None]:
+    """A __del__ whose Ctrl-C is made pending again instead of ignored."""

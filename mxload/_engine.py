@@ -8,6 +8,13 @@ down, unless the loader keeps it for persistent workers.
 
 States: RUNNING -> SHUTTING_DOWN -> CLOSED.  ``Engine.shutdown`` is the only
 place that ends workers; every way an iteration can end goes through it.
+
+Ctrl-C: the start-up (``start_epoch``) and the shutdown run with SIGINT
+deferred (``_core.defer_sigint``): a Ctrl-C that lands inside them lets them
+finish, so no worker, thread or descriptor is left half made or half ended,
+and is then raised once; one that lands in a finalizer (``__del__`` after
+``break``) is made pending again for the code the finalizer interrupted
+instead of being printed as "Exception ignored".
 """
 from __future__ import annotations
 
@@ -33,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from . import _fds
-from ._core import BatchOwner, BufferClosedError, ReorderBuffer
+from ._core import BatchOwner, BufferClosedError, ReorderBuffer, defer_sigint, sigint_safe_finalizer
 from ._procs import Zygote, block_sigint_in_this_thread, sigint_deferred
 from ._slabs import SlabPool
 from ._worker import (
@@ -218,8 +225,11 @@ class Engine:
         _engines.add(self)
         try:
             if self.use_threads:
-                for wid in range(self.num_workers):
-                    self._workers.append(self._start_thread_worker(wid))
+                # Every handle exists before any thread runs: a thread may
+                # report (a failed worker_init_fn) as soon as it starts.
+                self._workers = [self._thread_worker(wid) for wid in range(self.num_workers)]
+                for w in self._workers:
+                    self._start_thread_worker(w)
             else:
                 self._start_processes()
                 self._wake_r, self._wake_w = os.pipe()
@@ -323,15 +333,17 @@ class Engine:
         handle.sock = parent_end
         return handle
 
-    def _start_thread_worker(self, wid: int) -> _WorkerHandle:
+    def _thread_worker(self, wid: int) -> _WorkerHandle:
         handle = _WorkerHandle(wid)
         handle.tasks = queue.Queue()
         handle.process = threading.Thread(
             target=thread_worker_main,
             args=(self, wid, self.num_workers, worker_seed(self.seed, self.epoch, wid), handle.tasks),
             name=f"mxload-worker-thread-{wid}", daemon=True)
-        handle.process.start()
         return handle
+
+    def _start_thread_worker(self, handle: _WorkerHandle) -> None:
+        handle.process.start()
 
     # ------------------------------------------------------------------ epochs
 
@@ -468,6 +480,21 @@ class Engine:
             profiled = self._handle_message(worker, msg)
             if profiled is not None:
                 self._profile(worker, *profiled)
+
+    def thread_worker_ended(self, worker_id: int, error: BaseException, doing: str) -> None:
+        """A worker thread's loop ended without a stop request (its thread
+        calls this last): fail the epoch now, as a dead process would."""
+        with self._lock:
+            worker = self._workers[worker_id]
+            worker.alive = False
+            if self.state != RUNNING:
+                return
+            held = sorted(i for e, i in worker.outstanding if e == self.epoch)
+            self._fail(WorkerError(
+                f"mxload worker thread {worker_id} ended unexpectedly while {doing}: "
+                f"{type(error).__name__}: {error} (holding batches {held}). A thread worker cannot be "
+                f"restarted; catch the exception in the dataset or worker_init_fn",
+                worker_id, None, None, held[0] if held else None))
 
     def _handle_message(self, worker: _WorkerHandle, msg: tuple[Any, ...],
                         fds: list[int] | None = None) -> tuple[int, Any] | None:
@@ -737,11 +764,13 @@ class Engine:
 
     # ------------------------------------------------------------------ shutdown
 
+    @defer_sigint
     def shutdown(self) -> None:
         """End the workers and release everything; idempotent, thread-safe,
         bounded by SHUTDOWN_DEADLINE_S however stuck the workers are.  In a
         forked child (a user's os.fork()) the inherited copy is inert: the
-        workers belong to the process that created them."""
+        workers belong to the process that created them.  A Ctrl-C meanwhile
+        is raised once the sequence is complete."""
         if self.state == CLOSED:
             return
         if os.getpid() != self._pid:
@@ -770,7 +799,7 @@ class Engine:
             self._stop_fetcher = True
             fetcher = self._fetcher
         self._wake()
-        if fetcher is not None and fetcher is not threading.current_thread():
+        if fetcher is not None and fetcher.ident is not None and fetcher is not threading.current_thread():
             fetcher.join(timeout=max(0.0, deadline - time.monotonic()))
         # 2. No worker starts from now on; wait for one under way (a restart),
         #    which then ends its process itself if we stop waiting first.
@@ -798,7 +827,7 @@ class Engine:
         #    Then the zygote, which kills and reaps whatever is left of its children.
         if self.use_threads:
             for w in self._workers:
-                if w.process is not threading.current_thread():
+                if w.process.ident is not None and w.process is not threading.current_thread():
                     w.process.join(timeout=max(0.0, deadline - time.monotonic()))
         else:
             self._end_processes(procs, start, deadline)
@@ -899,6 +928,7 @@ class EpochIterator:
             profiler.batch_taken(self.engine.last_index, call_ns)
         return batch
 
+    @defer_sigint
     def _end(self, force: bool = False) -> None:
         if self._closed:
             return
@@ -914,6 +944,7 @@ class EpochIterator:
         if self._closed:
             self.engine.shutdown()
 
+    @defer_sigint
     def close(self) -> None:
         """End this epoch now; without persistent workers, end the workers."""
         self._end()
@@ -926,13 +957,19 @@ class EpochIterator:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def __del__(self) -> None:
+    def _finalize(self) -> None:
         if sys.is_finalizing():
             return
         try:
             self._end()
         except Exception:
             pass
+        # Free what only this iterator kept alive (the engine, its threads and
+        # handles) now, while a Ctrl-C is still held back: a Python finalizer
+        # running after this one would swallow it.
+        self.__dict__.clear()
+
+    __del__ = sigint_safe_finalizer(_finalize)
 
 
 def start_epoch(loader: Any) -> EpochIterator:
@@ -940,28 +977,33 @@ def start_epoch(loader: Any) -> EpochIterator:
     t0 = time.monotonic_ns()
     batches = None if loader.iterable else loader._epoch_batches()
     t1 = time.monotonic_ns()
-    # All or nothing: a Ctrl-C meanwhile is raised once the iterator exists
-    # (whose finalizer then ends a non-persistent engine).
-    with sigint_deferred():
-        engine = loader._engine
-        created = engine is None or not engine.usable
-        if created:
-            engine = Engine(loader)
-            if loader.persistent_workers:
-                loader._engine = engine
-        try:
-            loader._stats = engine.stats
-            progress = loader._progress
-            if loader.iterable:
-                engine.begin_epoch(loader.epoch, None, None, loader.profiler, discard=progress.count)
-            else:
-                assert batches is not None
-                engine.begin_epoch(loader.epoch, batches, progress.remaining(len(batches)), loader.profiler)
-            if loader.profiler is not None:
-                loader.profiler.epoch_started(t1 - t0, time.monotonic_ns() - t1)
-            it = EpochIterator(engine, loader.persistent_workers, progress)
-        except BaseException:
-            if created and not loader.persistent_workers:
-                engine.shutdown()
-            raise
+    return _start_engine_epoch(loader, batches, t0, t1)
+
+
+@defer_sigint
+def _start_engine_epoch(loader: Any, batches: list[Any] | None, t0: int, t1: int) -> EpochIterator:
+    """The engine part of start_epoch, all or nothing: a Ctrl-C meanwhile is
+    raised once the iterator exists, whose finalizer then ends a
+    non-persistent engine."""
+    engine = loader._engine
+    created = engine is None or not engine.usable
+    if created:
+        engine = Engine(loader)
+        if loader.persistent_workers:
+            loader._engine = engine
+    try:
+        loader._stats = engine.stats
+        progress = loader._progress
+        if loader.iterable:
+            engine.begin_epoch(loader.epoch, None, None, loader.profiler, discard=progress.count)
+        else:
+            assert batches is not None
+            engine.begin_epoch(loader.epoch, batches, progress.remaining(len(batches)), loader.profiler)
+        if loader.profiler is not None:
+            loader.profiler.epoch_started(t1 - t0, time.monotonic_ns() - t1)
+        it = EpochIterator(engine, loader.persistent_workers, progress)
+    except BaseException:
+        if created and not loader.persistent_workers:
+            engine.shutdown()
+        raise
     return it

@@ -422,9 +422,13 @@ def _serve(config: WorkerConfig, sock: socket.socket, dataset: Any, batchify_fn:
 
 def thread_worker_main(engine: Any, worker_id: int, num_workers: int, seed: int, tasks: Any) -> None:
     """Entry point of a worker thread (thread_pool=True): same task protocol,
-    batches collated into private memory and delivered to the engine."""
+    batches collated into private memory and delivered to the engine.  A
+    thread that ends other than by a stop request (SystemExit, any
+    BaseException out of user code) tells the engine at once, as a process's
+    sentinel would."""
     dataset, batchify_fn, worker_init_fn = engine.payload
     _thread_info.info = WorkerInfo(worker_id, num_workers, seed, dataset)
+    doing = "running worker_init_fn"
     try:
         if worker_init_fn is not None:
             try:
@@ -434,10 +438,12 @@ def thread_worker_main(engine: Any, worker_id: int, num_workers: int, seed: int,
                 return
         source = _SampleSource(dataset, engine.iterable, engine.batch_size, engine.drop_last, engine.seed)
         while True:
+            doing = "waiting for a task"
             task = tasks.get()
             if task is None:
                 return
             epoch, idx, indices, profiling = task
+            doing = f"loading batch {idx}"
             t0 = time.monotonic_ns()
             try:
                 samples = source.samples(epoch, indices)
@@ -455,5 +461,7 @@ def thread_worker_main(engine: Any, worker_id: int, num_workers: int, seed: int,
                 engine.deliver_thread_result(worker_id, ("error", epoch, idx, pack_exception(e)))
                 continue
             engine.deliver_thread_result(worker_id, ("batch", epoch, idx, batch, timings))
+    except BaseException as e:
+        engine.thread_worker_ended(worker_id, e, doing)
     finally:
         _thread_info.info = None

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from ._checkpoint import EpochProgress, check_state
+from ._core import defer_sigint, sigint_safe_finalizer
 from ._cpus import warn_if_oversubscribed
 from ._worker import _SampleSource
 from .batchify import collate, collate_profiled, default_batchify
@@ -360,6 +361,7 @@ class DataLoader:
         """
         return dict(self._stats)
 
+    @defer_sigint
     def close(self) -> None:
         """End the live iteration and any persistent workers; idempotent.
         ``with DataLoader(...) as loader:`` calls it on exit.
@@ -384,7 +386,7 @@ class DataLoader:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def __del__(self) -> None:
+    def _finalize(self) -> None:
         # A live epoch may outlive its loader (`for b in DataLoader(...)`):
         # let it finish, then end the persistent workers with it.
         try:
@@ -395,6 +397,9 @@ class DataLoader:
                 self._engine.shutdown()
         except Exception:
             pass
+        self.__dict__.clear()   # as EpochIterator._finalize: freed while Ctrl-C is held back
+
+    __del__ = sigint_safe_finalizer(_finalize)
 
     def __repr__(self) -> str:
         return (f"DataLoader(dataset={type(self.dataset).__name__}, batch_size={self.batch_size}, "

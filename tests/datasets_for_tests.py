@@ -213,3 +213,25 @@ class PayloadDataset(mxload.Dataset):
 
     def __getitem__(self, i: int):
         return np.array([i])
+
+
+class ExitingDataset(mxload.Dataset):
+    """Calls sys.exit() at sample `at`: a thread worker's loop ends there."""
+
+    def __init__(self, at: int = 5, n: int = 20):
+        self.at = at
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if i == self.at:
+            import sys
+            sys.exit(3)
+        return np.array([i])
+
+
+def exiting_init(worker_id: int) -> None:
+    import sys
+    sys.exit(0)

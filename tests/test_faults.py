@@ -453,3 +453,45 @@ def test_failed_slab_allocation_says_shared_memory_ran_out(monkeypatch):
     loader = mxload.DataLoader(TupleDataset(8), batch_size=4, num_workers=1, start_method="fork")
     with pytest.raises(mxload.SharedMemoryError, match="(?s)shared memory.*prefetch.*/dev/shm"):
         list(loader)
+
+
+# ---------------------------------------------------------------- thread-pool workers (issue 10 item 15)
+
+
+def test_thread_pool_worker_init_failure_always_reported():
+    """The failure of a thread worker's worker_init_fn reaches the consumer
+    every time (it used to be lost to a race with the worker table being
+    built), promptly even with timeout=None."""
+    crashed = []
+    hook, threading.excepthook = threading.excepthook, crashed.append
+    try:
+        for attempt in range(50):
+            loader = mxload.DataLoader(TupleDataset(16), batch_size=2, num_workers=1 + attempt % 2,
+                                       thread_pool=True, worker_init_fn=failing_init, timeout=None)
+            t0 = time.monotonic()
+            with pytest.raises(RuntimeError, match="(?s)init failed in worker .*running worker_init_fn"):
+                list(loader)
+            assert time.monotonic() - t0 < 5.0, attempt
+    finally:
+        threading.excepthook = hook
+    assert not crashed, [f"{c.exc_type.__name__}: {c.exc_value}" for c in crashed]
+
+
+@pytest.mark.parametrize("where", ["dataset", "worker_init_fn"])
+def test_thread_pool_worker_that_exits_is_an_error_at_once(where):
+    """A worker thread that ends (sys.exit in the dataset or in
+    worker_init_fn) is a WorkerError naming the thread, the exception and
+    the batches it held, at once: not a wait for the timeout (for ever with None)."""
+    from datasets_for_tests import ExitingDataset, exiting_init
+    kwargs = ({"dataset": ExitingDataset(at=5)} if where == "dataset"
+              else {"dataset": TupleDataset(16), "worker_init_fn": exiting_init})
+    loader = mxload.DataLoader(batch_size=2, num_workers=2, thread_pool=True, timeout=None, **kwargs)
+    t0 = time.monotonic()
+    with pytest.raises(mxload.WorkerError, match="worker thread [01] .*SystemExit") as info:
+        list(loader)
+    assert time.monotonic() - t0 < 5.0
+    text = str(info.value)
+    if where == "dataset":
+        assert "batch 2" in text and "(holding batches [2" in text, text
+    else:
+        assert "worker_init_fn" in text, text

@@ -1,0 +1,330 @@
+"""Ctrl-C at any moment: exactly one KeyboardInterrupt reaches the main
+thread, the shutdown completes within its bound, and nothing is left.
+
+Every scenario runs in a child process (a stray KeyboardInterrupt must never
+reach pytest itself) that restores Python's SIGINT handling first: the suite
+may run with SIGINT ignored (background jobs, some CI runners), and an
+ignored signal stays ignored in children.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+PRELUDE = f"""
+import os, sys, time, signal, threading
+signal.signal(signal.SIGINT, signal.default_int_handler)
+sys.path.insert(0, {TESTS_DIR!r})
+import numpy as np, mxload
+from mxload import _engine
+from datasets_for_tests import SlowDataset, StuckDataset, TupleDataset
+
+
+def children():
+    '''Direct children of this process that are not zombies.'''
+    me, found = str(os.getpid()), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{{entry}}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[1] == me and fields[0] != "Z":
+                found.append(int(entry))
+    return found
+
+
+def interrupt_self():
+    '''A Ctrl-C landing exactly here.'''
+    os.kill(os.getpid(), signal.SIGINT)
+"""
+
+
+def run_child(body: str, timeout: float = 30) -> tuple[str, str, int]:
+    script = PRELUDE + textwrap.dedent(body)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        err += f"\n[the child hung for {timeout} s and was killed]"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return out, err, proc.returncode
+
+
+# ---------------------------------------------------------------- Ctrl-C inside the shutdown (item 12)
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+@pytest.mark.parametrize("how", ["break", "close"])
+def test_ctrl_c_inside_the_shutdown_completes_it_then_raises_once(start_method, how):
+    """The Ctrl-C lands in the middle of the shutdown sequence (workers stuck
+    and ignoring SIGTERM, so they need SIGKILL): the sequence still ends
+    them within its bound, then one KeyboardInterrupt reaches the code that
+    was running: after `break` (the iterator's finalizer) or from close()."""
+    out, err, rc = run_child(f"""
+        original = _engine.Engine._end_processes
+        def ending(self, *args):
+            interrupt_self()   # Ctrl-C lands inside the shutdown sequence
+            return original(self, *args)
+        _engine.Engine._end_processes = ending
+        loader = mxload.DataLoader(StuckDataset(), batch_size=2, num_workers=2, start_method={start_method!r})
+        pids = []
+        t0 = None
+        try:
+            if {how!r} == "break":
+                for batch in loader:
+                    pids[:] = [w.pid for w in loader._live_iter().engine._workers]
+                    t0 = time.monotonic()
+                    break
+            else:
+                it = iter(loader)
+                next(it)
+                pids[:] = [w.pid for w in it.engine._workers]
+                t0 = time.monotonic()
+                it.close()
+            for _ in range(200):   # bytecode between short sleeps: where a pending Ctrl-C is raised
+                time.sleep(0.01)
+            print("carried on", flush=True)
+        except KeyboardInterrupt:
+            print("caught", round(time.monotonic() - t0, 3), flush=True)
+        print("alive", [p for p in pids if p in children()], flush=True)
+    """)
+    lines = out.split("\n")
+    assert lines[0].startswith("caught"), (out, err)
+    assert float(lines[0].split()[1]) < 2.0, out   # SIGKILL at 0.5 s; generous slack
+    assert lines[1] == "alive []", (out, err)
+    assert "Exception ignored" not in err and "Traceback" not in err, err
+    assert rc == 0, err
+
+
+# ---------------------------------------------------------------- Ctrl-C during start-up (item 13)
+
+
+@pytest.mark.parametrize("where", ["after_workers_start", "fetcher_start", "thread_worker_start"])
+def test_ctrl_c_during_engine_start_up_leaves_nothing(where):
+    """Ctrl-C lands between the workers' start and the fetcher's, or on the
+    fetcher thread's start(), or while thread workers start: one
+    KeyboardInterrupt, every worker ended, no thread, pipe or socket left."""
+    patch = {
+        "after_workers_start": """
+            original = _engine.Engine._start_processes
+            def patched(self, *args):
+                handles = original(self, *args)
+                interrupt_self()
+                return handles
+            _engine.Engine._start_processes = patched
+            kwargs = {}
+        """,
+        "fetcher_start": """
+            original = threading.Thread.start
+            def patched(self):
+                if self.name == "mxload-fetcher":
+                    interrupt_self()
+                return original(self)
+            threading.Thread.start = patched
+            kwargs = {}
+        """,
+        "thread_worker_start": """
+            original = _engine.Engine._start_thread_worker
+            def patched(self, handle):
+                original(self, handle)
+                interrupt_self()
+            _engine.Engine._start_thread_worker = patched
+            kwargs = {"thread_pool": True}
+        """,
+    }[where]
+    out, err, rc = run_child(textwrap.dedent(patch) + textwrap.dedent("""
+        fds = set(os.listdir("/proc/self/fd"))
+        threads = set(threading.enumerate())
+        loader = mxload.DataLoader(SlowDataset(0.01, n=40), batch_size=2, num_workers=2, **kwargs)
+        try:
+            for batch in loader:
+                pass
+            print("carried on", flush=True)
+        except KeyboardInterrupt:
+            print("caught", flush=True)
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline and (children() or set(threading.enumerate()) - threads):
+            time.sleep(0.02)
+        print("children", children(), flush=True)
+        print("threads", sorted(t.name for t in set(threading.enumerate()) - threads), flush=True)
+        print("fds", sorted(set(os.listdir("/proc/self/fd")) - fds, key=int), flush=True)
+    """))
+    assert out.split("\n")[:4] == ["caught", "children []", "threads []", "fds []"], (out, err)
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    assert rc == 0, err
+
+
+# ---------------------------------------------------------------- Ctrl-C at random moments (items 12 + 13)
+
+# How many random moments the test tries (the suite's default keeps it short;
+# MXLOAD_CTRL_C_MOMENTS=120 is the long run).
+MOMENTS = int(os.environ.get("MXLOAD_CTRL_C_MOMENTS", "24"))
+
+RANDOM_MOMENTS_CHILD = """
+import multiprocessing.forkserver, multiprocessing.resource_tracker
+
+# stuck: workers hang in every batch after the first, ignoring SIGTERM, so
+# each `break` is a shutdown that must SIGKILL them (0.5 s): Ctrl-C often
+# lands inside it.
+CONFIGS = [
+    dict(start_method="fork", stuck=True), dict(start_method="spawn"),
+    dict(start_method="forkserver", stuck=True), dict(thread_pool=True),
+    dict(start_method="spawn", stuck=True), dict(start_method="fork"),
+    dict(start_method="fork", persistent_workers=True), dict(start_method="forkserver"),
+]
+
+
+def descendants():
+    '''Live processes below this one, except the long-lived fork server and
+    resource tracker themselves (multiprocessing keeps them by design).'''
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                parents[int(entry)] = int(fields[1])
+    helpers = {getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None),
+               getattr(multiprocessing.resource_tracker._resource_tracker, "_pid", None)}
+    found, frontier = [], [os.getpid()]
+    while frontier:
+        pid = frontier.pop()
+        kids = [p for p, pp in parents.items() if pp == pid]
+        frontier.extend(kids)
+        found.extend(k for k in kids if k not in helpers)
+    return found
+
+
+def train(config):
+    config = dict(config)
+    stuck = config.pop("stuck", False)
+    persistent = config.get("persistent_workers", False)
+    while True:
+        dataset = StuckDataset() if stuck else SlowDataset(0.002, n=24)
+        loader = mxload.DataLoader(dataset, batch_size=2, num_workers=2, **config)
+        try:
+            for epoch in range(2):
+                for i, batch in enumerate(loader):
+                    if i == (0 if stuck else 2 + epoch):
+                        break
+        finally:
+            if persistent:
+                loader.close()
+
+
+# Long-lived by design, so started before the baseline.  The fork server is
+# started with SIGINT ignored, as mxload's own worker start-up would start it:
+# its children inherit its handlers, and one started while Ctrl-C raises
+# would pass that on to workers in the moment before they ignore it.
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+multiprocessing.forkserver.ensure_running()
+signal.signal(signal.SIGINT, signal.default_int_handler)
+multiprocessing.resource_tracker.ensure_running()
+base_fds = set(os.listdir("/proc/self/fd"))
+base_threads = set(threading.enumerate())
+for round_ in range(int(sys.argv[1])):
+    config = CONFIGS[round_ % len(CONFIGS)]
+    print("go", round_, flush=True)
+    try:
+        train(config)
+    except KeyboardInterrupt:
+        caught = time.monotonic()
+    try:
+        deadline = time.monotonic() + 3
+        while True:
+            left = {"processes": descendants(),
+                    "threads": sorted(t.name for t in set(threading.enumerate()) - base_threads),
+                    "fds": sorted(set(os.listdir("/proc/self/fd")) - base_fds, key=int)}
+            if not any(left.values()) or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        print("result", round_, caught, time.monotonic(), repr(left), flush=True)
+    except KeyboardInterrupt:
+        print("extra KeyboardInterrupt", round_, flush=True)
+        raise
+print("finished", flush=True)
+"""
+
+
+def test_ctrl_c_at_random_moments_gives_one_interrupt_and_leaves_nothing():
+    """A training loop (new loaders, epochs, `break`, persistent workers,
+    stuck workers; fork, spawn, forkserver, threads) gets Ctrl-C, sent to its
+    process group as a terminal does, at random moments: every time exactly
+    one KeyboardInterrupt, everything ended within the shutdown's bound (1 s,
+    plus slack for a loaded machine), no process, thread or fd left."""
+    rng = random.Random(int(os.environ.get("MXLOAD_CTRL_C_SEED", "0")) or None)
+    script = PRELUDE + RANDOM_MOMENTS_CHILD
+    proc = subprocess.Popen([sys.executable, "-c", script, str(MOMENTS)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True)
+    reader.start()
+
+    def next_line(timeout=15.0):
+        try:
+            return lines.get(timeout=timeout)
+        except queue.Empty:
+            return "[nothing: the Ctrl-C was lost or the child hung]"
+
+    results, problems = [], []
+    try:
+        for round_ in range(MOMENTS):
+            line = next_line().split()
+            if line != ["go", str(round_)]:
+                problems.append((round_, line))
+                break
+            time.sleep(rng.uniform(0.0, 1.2))
+            sent = time.monotonic()
+            os.killpg(proc.pid, signal.SIGINT)
+            line = next_line().split(maxsplit=4)
+            if line[:2] != ["result", str(round_)]:
+                problems.append((round_, line))
+                break
+            clean = float(line[3])   # line[2]: when the child caught it
+            leftovers = eval(line[4])   # the child's repr of a dict of lists
+            results.append((round_, clean - sent, leftovers))
+        tail = next_line().strip() if not problems else ""
+        proc.wait(30 if not problems else 0.1)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        reader.join(5)
+        err = proc.stderr.read()
+        proc.stdout.close()
+        proc.stderr.close()
+    took = [t for _, t, _ in results]
+    left = [(r, lo) for r, _, lo in results if any(lo.values())]
+    print(f"Ctrl-C at {len(results)}/{MOMENTS} random moments: each gave one KeyboardInterrupt; "
+          f"max {max(took, default=0):.3f} s from SIGINT to everything ended; leftovers {left}")
+    assert not problems, (problems, err)
+    assert tail == "finished" and proc.returncode == 0, (tail, err)
+    assert "Exception ignored" not in err and "Traceback" not in err, err
+    assert not left
+    assert max(took) < 2.5, sorted(took)[-5:]
