@@ -28,7 +28,7 @@ cdef class Slab:
             import os as _os
             err = errno
             raise OSError(err, f"mmap of {size} bytes of shared memory failed ({_os.strerror(err)}); "
-                               f"shared memory may be exhausted: lower prefetch or enlarge /dev/shm")
+                               f"shared memory may be exhausted")
         self._ptr = <char *>p
         self.size = size
         self.slab_id = slab_id

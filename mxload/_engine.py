@@ -53,7 +53,7 @@ from ._worker import (
     worker_seed,
 )
 from .batchify import views_from_layout
-from .errors import LoaderTimeoutError, SharedMemoryError, WorkerError
+from .errors import SHARED_MEMORY_ADVICE, LoaderTimeoutError, SharedMemoryError, WorkerError
 
 RUNNING, SHUTTING_DOWN, CLOSED = "running", "shutting down", "closed"
 
@@ -66,6 +66,7 @@ SHUTDOWN_TERMINATE_S = 0.5
 SHUTDOWN_DEADLINE_S = 1.0
 
 _END = object()
+_CLOSED = object()
 _EXHAUSTED = object()
 
 # Slab descriptors the main process keeps for recycling (beyond this, kept
@@ -114,6 +115,23 @@ def _describe_exit(exitcode: int | None) -> str:
     return f"exit code {exitcode}"
 
 
+# /proc/PID/stat states worth naming when a worker does not answer.
+_PROC_STATES = {"T": "stopped (SIGSTOP or a job-control stop)", "t": "stopped by a debugger",
+                "D": "in uninterruptible I/O", "Z": "exited, not yet reaped"}
+
+
+def _worker_state(w: _WorkerHandle) -> str:
+    """'alive', or why a live worker process cannot be making progress."""
+    if w.pid is None or w.tasks is not None:
+        return "alive"   # a thread
+    try:
+        with open(f"/proc/{w.pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "alive"   # no /proc (macOS): nothing more to say
+    return _PROC_STATES.get(state, "alive")
+
+
 def _rebuild_exception(info: tuple[Any, ...], worker_id: int, pid: int | None,
                        batch_index: int) -> BaseException:
     """The consumer-side exception for one raised in a worker: the same type
@@ -131,7 +149,8 @@ def _rebuild_exception(info: tuple[Any, ...], worker_id: int, pid: int | None,
     if original is not None:
         try:
             rebuilt = type(original)(text)
-            if isinstance(rebuilt, BaseException):
+            # Not SystemExit & co: re-raised here they would end the training program.
+            if isinstance(rebuilt, Exception):
                 return rebuilt  # the text already carries the worker's traceback
         except Exception:
             pass
@@ -439,16 +458,18 @@ class Engine:
                 else:
                     idx, item = self._rb.pop_next(self.timeout)
             except TimeoutError:
-                alive = [(w.worker_id, w.pid) for w in self._workers if w.alive]
+                states = [(w.worker_id, w.pid, _worker_state(w)) for w in self._workers if w.alive]
                 waited = f"batch {idx}" if self.in_order else "any batch"
+                stopped = any(s.startswith("stopped") for _, _, s in states)
                 raise LoaderTimeoutError(
-                    f"no {waited} within timeout={self.timeout} s; workers still alive "
-                    f"(id, pid): {alive}. A worker may be stuck in __getitem__; raise `timeout` "
-                    f"if batches are legitimately slow") from None
+                    f"no {waited} within timeout={self.timeout} s; workers (id, pid, state): {states}. "
+                    + ("A stopped worker runs again after SIGCONT (kill -CONT PID). " if stopped else "")
+                    + "A worker may be stuck in __getitem__; raise `timeout` if batches are "
+                    "legitimately slow") from None
             except BufferClosedError:
                 if self._failure is not None:
                     raise self._failure from None
-                raise
+                return _CLOSED   # shut down meanwhile (close() from another thread)
             with self._lock:
                 self.last_index = idx
                 self._next_yield += 1
@@ -683,15 +704,41 @@ class Engine:
         except SharedMemoryError as e:   # out of descriptors here, in the main process
             self._fail(e)
             return False
+        except Exception as e:   # a whole frame whose objects cannot be rebuilt here
+            self._fail(self._main_side_error(worker, None, "unpickling its result", e))
+            return True
         try:
             with self._lock:
                 profiled = self._handle_message(worker, msg, fds)
+        except Exception as e:   # mapping its slab, building its views: the batch's error, not the fetcher's
+            self._fail(self._main_side_error(worker, msg, "taking its result", e))
+            profiled = None
         finally:
             for fd in fds:   # any the message did not take
                 os.close(fd)
         if profiled is not None:
             self._profile(worker, *profiled)
         return True
+
+    def _main_side_error(self, worker: _WorkerHandle, msg: Any, doing: str,
+                         error: Exception) -> WorkerError:
+        """An error naming the batch whose result failed in the main process.
+        Without the message (it did not unpickle) it is the worker's oldest
+        outstanding batch: a worker answers its tasks in order."""
+        idx = msg[2] if isinstance(msg, tuple) and len(msg) > 2 else None
+        if idx is None:
+            with self._lock:
+                idx = next((i for e, i in worker.outstanding if e == self.epoch), None)
+        error_type = SharedMemoryError if isinstance(error, SharedMemoryError) else WorkerError
+        hint = (" (classes of objects a batch carries must be importable in the main process: "
+                "define them in a module, not in a worker-only or __main__-only place)"
+                if doing.startswith("unpickling") else "")
+        err = error_type(f"mxload could not take batch {idx} from worker {worker.worker_id} "
+                         f"(pid {worker.pid}) in the main process while {doing}: "
+                         f"{type(error).__name__}: {error}{hint}",
+                         worker.worker_id, worker.pid, None, idx)
+        err.__cause__ = error
+        return err
 
     def _on_worker_death(self, worker: _WorkerHandle) -> None:
         proc = worker.process
@@ -708,8 +755,7 @@ class Engine:
             hint = ""
             if exitcode == -signal.SIGBUS:
                 error_type = SharedMemoryError
-                hint = (" (SIGBUS: shared memory ran out; lower prefetch or the batch size, or "
-                        "enlarge /dev/shm)")
+                hint = f" (SIGBUS: shared memory ran out; {SHARED_MEMORY_ADVICE})"
             if self._restarts < self.max_restarts and self._restartable():
                 self._restarts += 1
                 self.stats["worker_restarts"] += 1
@@ -898,6 +944,9 @@ class EpochIterator:
         self._persistent = persistent
         self._progress = progress
         self._closed = False
+        self._superseded = False
+        # Threads sharing this iterator take turns: each batch goes to one of them.
+        self._next_lock = threading.Lock()
 
     def __iter__(self) -> EpochIterator:
         return self
@@ -909,7 +958,17 @@ class EpochIterator:
         return total
 
     def __next__(self) -> Any:
+        with self._next_lock:
+            return self._next()
+
+    def _next(self) -> Any:
         if self._closed:
+            if self._superseded:
+                raise RuntimeError(
+                    "this iterator was superseded: a newer iter() of the same DataLoader took over its "
+                    "persistent workers, which serve one epoch at a time. Finish (or close) an epoch "
+                    "before starting the next, or use persistent_workers=False for independent "
+                    "iterators (zip(loader, loader))")
             raise StopIteration
         profiler = self.engine.profiler
         call_ns = time.monotonic_ns() if profiler is not None else 0
@@ -921,6 +980,9 @@ class EpochIterator:
             raise
         if batch is _END:
             self._progress.finished = True
+            self._end()
+            raise StopIteration
+        if batch is _CLOSED:   # close() from another thread while this one waited
             self._end()
             raise StopIteration
         self._progress.taken(self.engine.last_index)
@@ -937,6 +999,14 @@ class EpochIterator:
             self.engine.profiler.epoch_ended()
         if force or not self._persistent:
             self.engine.shutdown()
+
+    def supersede(self) -> None:
+        """A newer iterator takes over the persistent engine: if this epoch is
+        still in progress, using this iterator again is an error, not a
+        silent share of the newer epoch's batches."""
+        if not self._closed:
+            self._superseded = True
+            self._end()
 
     def release_engine_at_end(self) -> None:
         """The loader is gone: end the workers with this epoch, even if persistent."""

@@ -14,7 +14,7 @@ import secrets
 
 from . import _fds
 from ._core import Slab
-from .errors import SharedMemoryError
+from .errors import SHARED_MEMORY_ADVICE, SharedMemoryError
 
 _PAGE = 4096
 _GRANULE = 64 * 1024
@@ -47,7 +47,7 @@ def create_shared_fd(size: int) -> int:
         os.close(fd)
         raise SharedMemoryError(
             f"could not allocate {size} bytes of shared memory ({e}); shared memory ran out: "
-            f"lower prefetch or the batch size, or enlarge /dev/shm") from e
+            f"{SHARED_MEMORY_ADVICE}") from e
     return fd
 
 
@@ -61,7 +61,7 @@ def map_slab(fd: int, size: int, slab_id: object = None, populate: bool = False)
     except OSError as e:
         if e.errno == errno.ENOMEM:
             raise SharedMemoryError(_mmap_enomem_message(size)) from e
-        raise SharedMemoryError(str(e)) from e
+        raise SharedMemoryError(f"{e}; {SHARED_MEMORY_ADVICE}") from e
 
 
 def fd_limit_error(doing: str) -> SharedMemoryError:
@@ -94,7 +94,7 @@ def _mmap_enomem_message(size: int) -> str:
                 f"vm.max_map_count is {max_maps}. Keep fewer batches alive (each kept batch maps "
                 f"its slab), or raise it: sysctl -w vm.max_map_count={2 * max_maps}")
     return (f"mapping a {size}-byte slab failed: out of memory ({n_maps} mappings, "
-            f"vm.max_map_count {max_maps}). Keep fewer batches alive, or lower prefetch or the batch size")
+            f"vm.max_map_count {max_maps}). Keep fewer batches alive; {SHARED_MEMORY_ADVICE}")
 
 
 class SlabPool:

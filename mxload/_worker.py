@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import array
 import collections
+import dataclasses
 import os
 import pickle
 import random
@@ -113,6 +114,15 @@ def _seed_global_rngs(seed: int) -> None:
 def in_worker_process() -> bool:
     """True inside a mxload worker process (which must not start workers itself)."""
     return _process_info is not None
+
+
+def _seed_worker(config: WorkerConfig, epoch: int) -> None:
+    """Seed this worker process's global RNGs for `epoch` (and say so in its WorkerInfo)."""
+    global _process_info
+    seed = worker_seed(config.seed, epoch, config.worker_id)
+    _seed_global_rngs(seed)
+    if _process_info is not None:
+        _process_info = dataclasses.replace(_process_info, seed=seed)
 
 
 def _set_parent_death_signal() -> None:
@@ -244,14 +254,13 @@ def worker_process_main(config: WorkerConfig, sock: socket.socket) -> None:
     if isinstance(payload, bytes):
         payload = pickle.loads(payload)
     dataset, batchify_fn, worker_init_fn = payload
-    seed = worker_seed(config.seed, config.epoch, config.worker_id)
-    _seed_global_rngs(seed)
-    _process_info = WorkerInfo(config.worker_id, config.num_workers, seed, dataset)
+    _process_info = WorkerInfo(config.worker_id, config.num_workers, 0, dataset)
+    _seed_worker(config, config.epoch)
     try:
         if worker_init_fn is not None:
             try:
                 worker_init_fn(config.worker_id)
-            except Exception as e:
+            except (Exception, SystemExit) as e:   # sys.exit() there is a failure to report, too
                 send_frame(sock, ("error", config.epoch, -1, pack_exception(e)))
                 return
         _serve(config, sock, dataset, batchify_fn)
@@ -371,12 +380,16 @@ class _Inbox:
 
 def _serve(config: WorkerConfig, sock: socket.socket, dataset: Any, batchify_fn: Any) -> None:
     inbox = _Inbox(sock)
+    seeded_epoch = config.epoch
     source = _SampleSource(dataset, config.iterable, config.batch_size, config.drop_last, config.seed)
     while True:
         task = inbox.next_task()
         if task is None:
             return
         epoch, idx, indices, slab_id, _, _, _, profiling = task
+        if epoch != seeded_epoch:   # persistent workers: reseed per epoch, as fresh ones are
+            _seed_worker(config, epoch)
+            seeded_epoch = epoch
         t0 = time.monotonic_ns()
         new_fd = -1
         try:

@@ -231,7 +231,11 @@ class DataLoader:
         self.profile = bool(profile)
         self.epoch = 0
         self._engine: Any = None          # persistent workers' engine
-        self._live_iter: weakref.ref[_InProcessIterator | EpochIterator] | None = None
+        self._live_iter: weakref.ref[_InProcessIterator | EpochIterator] | None = None   # the newest
+        # Plain weak references, not a WeakSet: a WeakSet's callback would run
+        # Python code as an iterator dies, after its finalizer, where a
+        # Ctrl-C the finalizer made pending again would be swallowed.
+        self._live_iters: list[weakref.ref[_InProcessIterator | EpochIterator]] = []
         self._stats: dict[str, int] = {}
         self._progress: EpochProgress | None = None   # the latest epoch's (for state_dict)
         self._resume: dict[str, Any] | None = None              # load_state_dict() waiting for __iter__
@@ -250,10 +254,14 @@ class DataLoader:
         return [np.asarray(b, dtype=np.int64) for b in self.batch_sampler]
 
     def __iter__(self) -> _InProcessIterator | EpochIterator:
+        """A new epoch.  Iterators are independent, as in torch (zip(loader,
+        loader) pairs two epochs; each has its own workers), except with
+        persistent workers: their one engine serves the newest iterator, and
+        an older one still in progress raises RuntimeError when used again
+        rather than share (and silently lose) its batches."""
         previous = self._live_iter() if self._live_iter is not None else None
-        if previous is not None and not self.persistent_workers:
-            # One live epoch per loader: a new epoch ends the old one's workers.
-            previous.close()
+        if previous is not None and self.persistent_workers:
+            previous.supersede()
         self._progress = self._new_progress()
         if self.num_workers == 0:
             it: _InProcessIterator | EpochIterator = _InProcessIterator(self)
@@ -262,6 +270,7 @@ class DataLoader:
             it = start_epoch(self)
         self.epoch += 1
         self._live_iter = weakref.ref(it)
+        self._live_iters = [ref for ref in self._live_iters if ref() is not None] + [self._live_iter]
         return it
 
     # ------------------------------------------------------------ checkpoints
@@ -363,7 +372,7 @@ class DataLoader:
 
     @defer_sigint
     def close(self) -> None:
-        """End the live iteration and any persistent workers; idempotent.
+        """End every live iteration and any persistent workers; idempotent.
         ``with DataLoader(...) as loader:`` calls it on exit.
 
         Example:
@@ -373,9 +382,10 @@ class DataLoader:
             ...     for epoch in range(2):
             ...         _ = list(loader)
         """
-        it = self._live_iter() if self._live_iter is not None else None
-        if it is not None:
-            it.close()
+        for ref in self._live_iters:
+            it = ref()
+            if it is not None:
+                it.close()
         engine, self._engine = self._engine, None
         if engine is not None:
             engine.shutdown()
@@ -391,7 +401,7 @@ class DataLoader:
         # let it finish, then end the persistent workers with it.
         try:
             it = self._live_iter() if self._live_iter is not None else None
-            if it is not None and hasattr(it, "release_engine_at_end"):
+            if it is not None and self._engine is not None and hasattr(it, "release_engine_at_end"):
                 it.release_engine_at_end()
             elif self._engine is not None:
                 self._engine.shutdown()
@@ -483,6 +493,9 @@ class _InProcessIterator:
             self._profiler.epoch_ended()
         self._done = True
         self._source.close()
+
+    def supersede(self) -> None:
+        """In-process iterators share nothing: a newer one leaves this one be."""
 
     def __enter__(self) -> _InProcessIterator:
         return self

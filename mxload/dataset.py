@@ -136,8 +136,24 @@ class Dataset:
         return self.transform(_TransformFirstClosure(fn), lazy)
 
 
+def _check_index(dataset: Dataset, idx: SupportsIndex, length: int) -> int:
+    """`idx` as an int in [0, length).  Negative indices are rejected rather
+    than wrapped, in every dataset here: samplers only produce [0, len), so
+    one almost always means a sampler bug."""
+    name = type(dataset).__name__
+    try:
+        i = operator.index(idx)
+    except TypeError:
+        raise TypeError(f"{name} index must be an integer, got {type(idx).__name__}") from None
+    if not 0 <= i < length:
+        raise IndexError(f"index {i} is out of range for {name} of length {length}")
+    return i
+
+
 class SimpleDataset(Dataset):
     """Wraps any sequence (list, tuple, numpy array, ...) as a dataset.
+
+    Indices must lie in ``[0, len)``, as for :class:`ArrayDataset`.
 
     Args:
         data: anything with ``__getitem__`` and ``__len__``.
@@ -159,8 +175,8 @@ class SimpleDataset(Dataset):
                 f"got {type(data).__name__}")
         self._data = data
 
-    def __getitem__(self, idx: Any) -> Any:
-        return self._data[idx]
+    def __getitem__(self, idx: SupportsIndex) -> Any:
+        return self._data[_check_index(self, idx, len(self._data))]
 
     def __len__(self) -> int:
         return len(self._data)
@@ -244,19 +260,8 @@ class ArrayDataset(Dataset):
                     f"{self._length} while argument {i} has length {len(a)}")
         self._data = args
 
-    def _check_index(self, idx: SupportsIndex) -> int:
-        try:
-            idx = operator.index(idx)
-        except TypeError:
-            raise TypeError(
-                f"ArrayDataset index must be an integer, got {type(idx).__name__}") from None
-        if not 0 <= idx < self._length:
-            raise IndexError(
-                f"index {idx} is out of range for ArrayDataset of length {self._length}")
-        return idx
-
     def __getitem__(self, idx: SupportsIndex) -> Any:
-        idx = self._check_index(idx)
+        idx = _check_index(self, idx, self._length)
         if len(self._data) == 1:
             return self._data[0][idx]
         return tuple(a[idx] for a in self._data)

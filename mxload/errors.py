@@ -44,6 +44,14 @@ class WorkerError(RuntimeError):
         return (type(self), (self.args[0], self.worker_id, self.pid, self.exitcode, self.batch_index))
 
 
+# What limits the slabs, and so what to do when they run out (memfd memory is
+# not /dev/shm: enlarging /dev/shm changes nothing).
+SHARED_MEMORY_ADVICE = (
+    "slabs are anonymous memfd memory, limited by RAM and swap, the container's cgroup memory limit "
+    "(memory.max) and RLIMIT_AS/RLIMIT_FSIZE, not by the size of /dev/shm: lower prefetch or the batch "
+    "size, or give the process more memory")
+
+
 class SharedMemoryError(WorkerError):
     """Shared memory ran out (a worker got SIGBUS, or a slab could not be allocated).
 

@@ -235,3 +235,24 @@ class ExitingDataset(mxload.Dataset):
 def exiting_init(worker_id: int) -> None:
     import sys
     sys.exit(0)
+
+
+class RebuiltOnlyInWorkers:
+    """Pickles fine in a worker; unpickling it in process `parent` fails."""
+
+    def __init__(self, parent: int):
+        self.parent = parent
+
+    def __reduce__(self):
+        return _rebuild_only_in_workers, (self.parent,)
+
+
+def _rebuild_only_in_workers(parent: int):
+    if os.getpid() == parent:
+        raise ValueError("this object cannot be rebuilt in the main process")
+    return RebuiltOnlyInWorkers(parent)
+
+
+def batchify_with_object_for(parent: int, samples):
+    """A batchify_fn whose batches carry a RebuiltOnlyInWorkers (bind parent with functools.partial)."""
+    return {"x": np.stack([s[0] for s in samples]), "obj": RebuiltOnlyInWorkers(parent)}

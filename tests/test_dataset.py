@@ -219,6 +219,18 @@ def test_array_dataset_getitem_out_of_range(idx):
         ds[idx]
 
 
+@pytest.mark.parametrize("idx", [-1, 3, 100])
+def test_simple_dataset_rejects_out_of_range_indices_like_array_dataset(idx):
+    """Negative indices are not wrapped (samplers never produce them: one is
+    a bug), the same in SimpleDataset as in ArrayDataset."""
+    ds = SimpleDataset([10, 11, 12])
+    with pytest.raises(IndexError, match=f"index {idx} is out of range for SimpleDataset of length 3"):
+        ds[idx]
+    assert ds[np.int64(2)] == 12
+    with pytest.raises(TypeError, match="SimpleDataset index must be an integer, got float"):
+        ds[1.0]
+
+
 def test_array_dataset_getitem_bad_type():
     with pytest.raises(TypeError, match="index must be an integer, got float"):
         ArrayDataset([1, 2])[1.0]

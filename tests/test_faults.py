@@ -176,12 +176,16 @@ def test_loader_close_ends_live_iteration():
     assert_gone(pids, 1.0)
 
 
-def test_new_epoch_ends_the_previous_one():
+def test_a_dropped_earlier_epoch_ends_its_workers():
+    """Iterators are independent: a newer one leaves an older one running,
+    and the older one's workers end as soon as nothing refers to it."""
     loader = mxload.DataLoader(TupleDataset(100), batch_size=4, num_workers=2)
     first = iter(loader)
     next(first)
     pids = worker_pids(first)
     second = iter(loader)
+    assert len(list(first)) == 24
+    del first
     assert_gone(pids, 1.0)
     assert len(list(second)) == 25
 
@@ -262,7 +266,9 @@ def test_worker_killed_from_outside_is_detected_without_timeout():
 
 def test_sigbus_reports_shared_memory_exhaustion():
     loader = mxload.DataLoader(DyingDataset(at=4, how="bus"), batch_size=2, num_workers=1)
-    with pytest.raises(mxload.SharedMemoryError, match="shared memory ran out.*prefetch.*/dev/shm"):
+    with pytest.raises(mxload.SharedMemoryError,
+                       match="shared memory ran out; slabs are anonymous memfd memory.*cgroup.*RLIMIT"
+                             ".*not by the size of /dev/shm: lower prefetch"):
         list(loader)
 
 
@@ -319,12 +325,22 @@ def test_worker_init_fn_failure_is_reported():
         list(loader)
 
 
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_sys_exit_in_worker_init_fn_is_reported_as_such(start_method):
+    from datasets_for_tests import exiting_init
+    loader = mxload.DataLoader(TupleDataset(10), batch_size=2, num_workers=2, worker_init_fn=exiting_init,
+                               start_method=start_method)
+    with pytest.raises(mxload.WorkerError, match="(?s)SystemExit.*while running worker_init_fn"):
+        list(loader)
+
+
 def test_timeout_names_batch_and_live_workers():
     loader = mxload.DataLoader(StuckDataset(ignore_sigterm=False), batch_size=2, num_workers=2, timeout=0.5)
     it = iter(loader)
     next(it)
     t0 = time.monotonic()
-    with pytest.raises(mxload.LoaderTimeoutError, match=r"batch 1 within timeout=0.5 s.*\(0, \d+\)") as info:
+    with pytest.raises(mxload.LoaderTimeoutError,
+                       match=r"batch 1 within timeout=0.5 s.*\(0, \d+, 'alive'\)") as info:
         next(it)
     assert 0.4 < time.monotonic() - t0 < 2.0
     assert isinstance(info.value, TimeoutError)
@@ -451,7 +467,9 @@ def test_failed_slab_allocation_says_shared_memory_ran_out(monkeypatch):
     import mxload._worker
     monkeypatch.setattr(mxload._worker, "slab_size_for", lambda nbytes, current=0: 1 << 62)
     loader = mxload.DataLoader(TupleDataset(8), batch_size=4, num_workers=1, start_method="fork")
-    with pytest.raises(mxload.SharedMemoryError, match="(?s)shared memory.*prefetch.*/dev/shm"):
+    with pytest.raises(mxload.SharedMemoryError,
+                       match="(?s)slab failed: out of memory.*cgroup.*not by the size of /dev/shm: "
+                             "lower prefetch"):
         list(loader)
 
 
@@ -495,3 +513,91 @@ def test_thread_pool_worker_that_exits_is_an_error_at_once(where):
         assert "batch 2" in text and "(holding batches [2" in text, text
     else:
         assert "worker_init_fn" in text, text
+
+
+# ---------------------------------------------------------------- main-process side failures (item 17)
+
+
+def test_a_result_that_cannot_be_unpickled_in_the_main_process_names_batch_and_worker():
+    import functools
+
+    from datasets_for_tests import batchify_with_object_for
+    loader = mxload.DataLoader(TupleDataset(8), batch_size=2, num_workers=2,
+                               batchify_fn=functools.partial(batchify_with_object_for, os.getpid()))
+    with pytest.raises(mxload.WorkerError,
+                       match=r"could not take batch 0 from worker 0 \(pid \d+\) in the main process while "
+                             r"unpickling its result: ValueError: this object cannot be rebuilt.*importable"
+                       ) as info:
+        list(loader)
+    assert info.value.batch_index == 0 and info.value.worker_id == 0
+    assert "fetcher thread failed" not in str(info.value)
+
+
+def test_a_failure_taking_a_result_in_the_main_process_names_batch_and_worker(monkeypatch):
+    from mxload import _engine
+
+    def broken(layout, buffer, base_offset=0):
+        raise OSError("mapping failed")
+
+    monkeypatch.setattr(_engine, "views_from_layout", broken)
+    loader = mxload.DataLoader(TupleDataset(8), batch_size=2, num_workers=1)
+    with pytest.raises(mxload.WorkerError,
+                       match=r"could not take batch 0 from worker 0 \(pid \d+\) in the main process while "
+                             r"taking its result: OSError: mapping failed"):
+        list(loader)
+
+
+def test_timeout_says_a_sigstopped_worker_is_stopped():
+    loader = mxload.DataLoader(SlowDataset(0.2, n=20), batch_size=2, num_workers=2, timeout=1.0)
+    it = iter(loader)
+    stopped = it.engine._workers[1].pid
+    os.kill(stopped, signal.SIGSTOP)   # in the middle of batch 1
+    try:
+        next(it)
+        with pytest.raises(mxload.LoaderTimeoutError,
+                           match=rf"timeout=1.0 s.*\(1, {stopped}, 'stopped \(SIGSTOP.*SIGCONT"):
+            next(it)
+    finally:
+        try:
+            os.kill(stopped, signal.SIGCONT)
+        except ProcessLookupError:
+            pass   # the timeout's shutdown already SIGKILLed and reaped it
+
+
+# ---------------------------------------------------------------- iterators and threads (issue 10 item 17)
+
+
+@pytest.mark.parametrize("closer", ["iterator", "loader"])
+def test_close_from_another_thread_ends_a_blocked_next_with_stop_iteration(closer):
+    loader = mxload.DataLoader(StuckDataset(ignore_sigterm=False), batch_size=2, num_workers=2, timeout=None)
+    it = iter(loader)
+    next(it)
+    timer = threading.Timer(0.3, it.close if closer == "iterator" else loader.close)
+    timer.start()
+    try:
+        with pytest.raises(StopIteration):
+            next(it)   # blocked on a stuck worker until the other thread closes
+    finally:
+        timer.join()
+    assert it.engine.state == "closed"
+
+
+def test_two_threads_sharing_one_iterator_each_get_distinct_batches():
+    loader = mxload.DataLoader(TupleDataset(200), batch_size=2, num_workers=2)
+    it = iter(loader)
+    got, errors = [], []
+
+    def consume():
+        try:
+            for batch in it:
+                got.append(int(batch[1][0]))
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=consume) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors
+    assert sorted(got) == list(range(0, 200, 2))

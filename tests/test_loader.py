@@ -347,6 +347,21 @@ def test_worker_info_seeds_and_init_fn(start_method):
     assert mxload.get_worker_info() is None
 
 
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_persistent_workers_reseed_global_rngs_every_epoch(start_method):
+    """Workers' numpy/random global RNGs are seeded from (seed, epoch, worker
+    id) every epoch: persistent workers draw what fresh ones would."""
+    def draws(persistent):
+        loader = mxload.DataLoader(WorkerInfoDataset(), batch_size=2, num_workers=2, seed=5,
+                                   start_method=start_method, persistent_workers=persistent)
+        with loader:
+            return [[r.tolist() for _, r in loader] for _epoch in range(3)]
+
+    fresh, persistent = draws(False), draws(True)
+    assert fresh[0] != fresh[1] != fresh[2]
+    assert persistent == fresh
+
+
 def test_unpicklable_dataset_with_spawn_names_the_type():
     class Local(mxload.Dataset):  # local class: cannot be pickled
         def __len__(self):
@@ -423,3 +438,57 @@ def test_fork_is_kept_while_another_loaders_thread_runs():
     assert it2.engine.start_method == "fork"
     assert [b[1].tolist() for b in it2] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     it.close()
+
+
+# ---------------------------------------------------------------- several iterators (issue 10 item 14)
+
+
+@pytest.mark.parametrize("mode", ["in-process", "fork", "thread"])
+def test_iterators_of_one_loader_are_independent(mode):
+    """zip(loader, loader) pairs two whole epochs, and interleaved iterators
+    each get every batch once, in order (each has its own workers, as in torch)."""
+    kwargs = {"in-process": {}, "fork": {"num_workers": 2},
+              "thread": {"num_workers": 2, "thread_pool": True}}[mode]
+    loader = mxload.DataLoader(TupleDataset(20), batch_size=4, **kwargs)
+    expected = run(loader)
+    assert len(expected) == 5
+    pairs = list(zip(loader, loader))
+    assert len(pairs) == 5
+    assert [as_plain(a) for a, _ in pairs] == [as_plain(b) for _, b in pairs] == expected
+    first, second = iter(loader), iter(loader)
+    got_first = [as_plain(next(first))]
+    got_second = [as_plain(b) for b in second]
+    got_first += [as_plain(b) for b in first]
+    assert got_first == got_second == expected
+
+
+def test_an_iterator_superseded_on_persistent_workers_raises_instead_of_losing_data():
+    """Persistent workers serve one epoch at a time: a newer iter() takes
+    them over, and the older iterator, used again, raises a clear error
+    (it used to share the newer epoch's batches silently)."""
+    with mxload.DataLoader(TupleDataset(20), batch_size=4, num_workers=2, persistent_workers=True) as loader:
+        expected = run(loader)
+        first = iter(loader)
+        next(first)
+        second = iter(loader)
+        with pytest.raises(RuntimeError, match="superseded.*persistent workers.*persistent_workers=False"):
+            next(first)
+        assert [as_plain(b) for b in second] == expected
+        with pytest.raises(RuntimeError, match="superseded"):
+            list(zip(loader, loader))
+        finished = iter(loader)
+        assert [as_plain(b) for b in finished] == expected
+        assert run(loader) == expected       # an exhausted iterator is not superseded, just done
+        with pytest.raises(StopIteration):
+            next(finished)
+
+
+def test_loader_close_ends_every_live_iterator():
+    loader = mxload.DataLoader(TupleDataset(40), batch_size=4, num_workers=1)
+    its = [iter(loader), iter(loader)]
+    engines = [it.engine for it in its]
+    loader.close()
+    assert [e.state for e in engines] == ["closed", "closed"]
+    for it in its:
+        with pytest.raises(StopIteration):
+            next(it)
