@@ -41,7 +41,7 @@ import numpy as np
 
 from . import _fds
 from ._core import BatchOwner, BufferClosedError, ReorderBuffer, defer_sigint, sigint_safe_finalizer
-from ._procs import Zygote, block_sigint_in_this_thread, sigint_deferred
+from ._procs import SpawnedWorker, Zygote, block_sigint_in_this_thread, sigint_deferred
 from ._slabs import SlabPool
 from ._worker import (
     WorkerConfig,
@@ -301,7 +301,7 @@ class Engine:
                 "use num_workers=0 or thread_pool=True")
         if self._start_method != "fork":
             self._spawn_payload = self._pickled_payload()
-        with sigint_deferred(exec_children=self._start_method == "spawn"):
+        with sigint_deferred():
             if self._start_method == "fork":
                 template = WorkerConfig(0, self.num_workers, self.seed, self.epoch, self.payload,
                                         self.iterable, self.batch_size, self.drop_last, zygote_child=True)
@@ -322,19 +322,23 @@ class Engine:
         parent_end, child_end = socket.socketpair()
         _fds.own(parent_end)
         try:
-            with sigint_deferred(exec_children=self._start_method == "spawn"), self._start_lock:
+            with sigint_deferred(), self._start_lock:
                 if self._closing:
                     raise _Closing()
+                proc: Any
                 if self._zygote is not None:
-                    proc: Any = self._zygote.start(wid, self.epoch, child_end)
+                    proc = self._zygote.start(wid, self.epoch, child_end)
                 else:
-                    ctx: Any = mp.get_context(self._start_method)  # typeshed's BaseContext lacks Process
                     config = WorkerConfig(wid, self.num_workers, self.seed, self.epoch,
                                           self._spawn_payload or self._pickled_payload(), self.iterable,
                                           self.batch_size, self.drop_last, zygote_child=False)
-                    proc = ctx.Process(target=worker_process_main, args=(config, child_end),
-                                       name=f"mxload-worker-{wid}", daemon=True)
-                    proc.start()
+                    if self._start_method == "spawn":
+                        proc = SpawnedWorker(config, child_end, parent_end)
+                    else:
+                        ctx: Any = mp.get_context(self._start_method)  # typeshed's BaseContext lacks Process
+                        proc = ctx.Process(target=worker_process_main, args=(config, child_end),
+                                           name=f"mxload-worker-{wid}", daemon=True)
+                        proc.start()
                 if self._closing:
                     # Shutdown began while this one started and did not wait
                     # for it: it is not in the list shutdown ends, so end it here.

@@ -29,9 +29,15 @@ SIGKILLs every worker, reaps them and exits.  If the zygote itself is killed,
 the workers get the parent-death signal.  Only the main process holds its end
 of the control socket: every forked child closes it (see _fds).
 
-spawn and forkserver: workers are multiprocessing processes, replacements
-too, as the user chose.  Each watches its own socket, whose other end only
-the main process holds, and SIGKILLs itself when it hangs up (_worker).
+spawn: each worker (and replacement) is a fresh interpreter started with
+subprocess in a process group of its own, so a terminal's Ctrl-C never
+reaches it (not even while its interpreter starts, when it could not ignore
+it yet) and the main process never has to ignore SIGINT while starting it.
+Its first frame carries multiprocessing's preparation data (sys.path, the
+main module, as multiprocessing's spawn does) and its WorkerConfig.
+forkserver: workers are multiprocessing processes, replacements too.
+spawn and forkserver workers watch their own socket, whose other end only
+the main process holds, and SIGKILL themselves when it hangs up (_worker).
 """
 from __future__ import annotations
 
@@ -40,6 +46,7 @@ import os
 import select
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -57,7 +64,7 @@ ZYGOTE_REPLY_S = 10.0
 
 
 @contextlib.contextmanager
-def sigint_deferred(exec_children: bool = False) -> Iterator[None]:
+def sigint_deferred() -> Iterator[None]:
     """Start children inside this: a Ctrl-C neither lands between a fork and
     its bookkeeping nor reaches a child before it ignores SIGINT.
 
@@ -66,13 +73,9 @@ def sigint_deferred(exec_children: bool = False) -> Iterator[None]:
     Python-level handler records a Ctrl-C meanwhile (whichever thread the
     kernel hands it to), and the original handler runs once the section is
     over: exactly one KeyboardInterrupt, after the children are accounted for.
-
-    `exec_children` (spawn): an exec resets handlers and the mask but keeps an
-    ignored signal ignored, and a spawned child killed by a Ctrl-C while its
-    interpreter starts would leave multiprocessing blocked for ever writing
-    it the dataset; so SIGINT is ignored instead while they start.  A Ctrl-C
-    the kernel hands to another thread of the process meanwhile (numpy's
-    BLAS threads do not block SIGINT) is then lost."""
+    (SIGINT is never ignored meanwhile: the kernel may hand a Ctrl-C to any
+    thread that does not block it, numpy's BLAS threads included, and an
+    ignored one is dropped.)"""
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     deferred: list[int] = []
     original: Any = None
@@ -80,17 +83,14 @@ def sigint_deferred(exec_children: bool = False) -> Iterator[None]:
         current = signal.getsignal(signal.SIGINT)
         if callable(current):   # not SIG_IGN/SIG_DFL, nor None (a handler set from C)
             original = current
-            signal.signal(signal.SIGINT, signal.SIG_IGN if exec_children
-                          else lambda signum, frame: deferred.append(signum))
+            signal.signal(signal.SIGINT, lambda signum, frame: deferred.append(signum))
     try:
         yield
     finally:
-        if original is not None and exec_children:
-            signal.signal(signal.SIGINT, original)   # before unblocking: a pending one reaches it
         # A Ctrl-C pending on this thread arrives on unblocking, and reaches
         # the recording handler or, once it is back, the original.
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        if original is not None and not exec_children:
+        if original is not None:
             signal.signal(signal.SIGINT, original)
             if deferred:
                 original(signal.SIGINT, sys._getframe())
@@ -99,6 +99,71 @@ def sigint_deferred(exec_children: bool = False) -> Iterator[None]:
 def block_sigint_in_this_thread() -> None:
     """For mxload's own threads: Ctrl-C is the main thread's business."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
+class SpawnedWorker:
+    """A spawn worker: a fresh interpreter in its own process group (the
+    subset of multiprocessing.Process the engine uses)."""
+
+    def __init__(self, config: Any, sock: socket.socket, parent_end: socket.socket):
+        """Start it serving `sock` (the caller closes its copy); `parent_end`
+        is the main process's end of that socket."""
+        from multiprocessing import spawn, util
+        prep = spawn.get_preparation_data(f"mxload-worker-{config.worker_id}")
+        prep["authkey"] = bytes(prep["authkey"])   # pickled outside a spawning context
+        flags: list[str] = util._args_from_interpreter_flags()  # type: ignore[attr-defined]  # as mp's spawn
+        cmd = [spawn.get_executable(), *flags, "-c",
+               "from mxload._procs import spawned_worker_main; spawned_worker_main()", str(sock.fileno())]
+        self._popen = subprocess.Popen(cmd, pass_fds=[sock.fileno()], stdin=subprocess.DEVNULL,
+                                       process_group=0)
+        self.pid = self._popen.pid
+        try:
+            self.sentinel = os.pidfd_open(self.pid)   # ours until we reap it: no pid reuse
+            _fds.own(self.sentinel)
+            # Blocks until the child reads a large dataset; if it dies first, EPIPE, never a hang.
+            send_frame(parent_end, (prep, config))
+        except BaseException:
+            self._popen.kill()
+            self._popen.wait()
+            self.close()
+            raise
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._popen.poll()
+
+    def is_alive(self) -> bool:
+        return self._popen.poll() is None
+
+    def join(self, timeout: float | None = None) -> None:
+        try:
+            self._popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def terminate(self) -> None:
+        if self._popen.poll() is None:
+            self._popen.terminate()
+
+    def kill(self) -> None:
+        if self._popen.poll() is None:
+            self._popen.kill()
+
+    def close(self) -> None:
+        fd, self.sentinel = getattr(self, "sentinel", -1), -1
+        _fds.close_fd(fd)
+
+
+def spawned_worker_main() -> None:
+    """Entry point of a spawn worker's interpreter (see SpawnedWorker)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from multiprocessing import spawn
+
+    from ._worker import worker_process_main
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    (prep, config), _ = recv_frame(sock)
+    spawn.prepare(prep)   # sys.path, cwd and the main module, as multiprocessing's spawn does
+    worker_process_main(config, sock)
 
 
 class ZygoteWorker:
