@@ -313,11 +313,15 @@ class Engine:
                         for e in paused:
                             e._resume()
             for wid in range(self.num_workers):
-                self._workers.append(self._start_worker(wid))
+                self._workers.append(self._start_worker(wid, hand_over=False))
+            for w in self._workers:
+                if isinstance(w.process, SpawnedWorker) and w.sock is not None:
+                    w.process.hand_over(w.sock)   # all their interpreters start meanwhile
 
-    def _start_worker(self, wid: int) -> _WorkerHandle:
+    def _start_worker(self, wid: int, hand_over: bool = True) -> _WorkerHandle:
         """Start worker `wid` (at start-up, or replacing a dead one from the
-        fetcher thread); raises _Closing once shutdown has begun."""
+        fetcher thread); raises _Closing once shutdown has begun.  A spawn
+        worker gets its dataset now, or (hand_over=False) from the caller."""
         handle = _WorkerHandle(wid)
         parent_end, child_end = socket.socketpair()
         _fds.own(parent_end)
@@ -333,7 +337,9 @@ class Engine:
                                           self._spawn_payload or self._pickled_payload(), self.iterable,
                                           self.batch_size, self.drop_last, zygote_child=False)
                     if self._start_method == "spawn":
-                        proc = SpawnedWorker(config, child_end, parent_end)
+                        proc = SpawnedWorker(config, child_end)
+                        if hand_over:
+                            proc.hand_over(parent_end)
                     else:
                         ctx: Any = mp.get_context(self._start_method)  # typeshed's BaseContext lacks Process
                         proc = ctx.Process(target=worker_process_main, args=(config, child_end),

@@ -105,12 +105,13 @@ class SpawnedWorker:
     """A spawn worker: a fresh interpreter in its own process group (the
     subset of multiprocessing.Process the engine uses)."""
 
-    def __init__(self, config: Any, sock: socket.socket, parent_end: socket.socket):
-        """Start it serving `sock` (the caller closes its copy); `parent_end`
-        is the main process's end of that socket."""
+    def __init__(self, config: Any, sock: socket.socket):
+        """Start it serving `sock` (the caller closes its copy); it waits for
+        hand_over()."""
         from multiprocessing import spawn, util
         prep = spawn.get_preparation_data(f"mxload-worker-{config.worker_id}")
         prep["authkey"] = bytes(prep["authkey"])   # pickled outside a spawning context
+        self._handover: tuple[Any, ...] | None = (prep, config)
         flags: list[str] = util._args_from_interpreter_flags()  # type: ignore[attr-defined]  # as mp's spawn
         cmd = [spawn.get_executable(), *flags, "-c",
                "from mxload._procs import spawned_worker_main; spawned_worker_main()", str(sock.fileno())]
@@ -120,13 +121,21 @@ class SpawnedWorker:
         try:
             self.sentinel = os.pidfd_open(self.pid)   # ours until we reap it: no pid reuse
             _fds.own(self.sentinel)
-            # Blocks until the child reads a large dataset; if it dies first, EPIPE, never a hang.
-            send_frame(parent_end, (prep, config))
         except BaseException:
             self._popen.kill()
             self._popen.wait()
-            self.close()
             raise
+
+    def hand_over(self, parent_end: socket.socket) -> None:
+        """Send it what it needs through the main process's end of its socket
+        (start several first: their interpreters start meanwhile).  Blocks
+        until it reads a large dataset; if it died, its death is reported as
+        any worker's (EPIPE here, never a hang)."""
+        handover, self._handover = self._handover, None
+        try:
+            send_frame(parent_end, handover)
+        except OSError:
+            pass
 
     @property
     def exitcode(self) -> int | None:
