@@ -761,6 +761,18 @@ class Engine:
             if self.state != RUNNING:
                 return
             how = _describe_exit(exitcode)
+            zygote_death = self._zygote.death() if self._zygote is not None else None
+            if zygote_death is not None:
+                # Nothing can fork a replacement, nor any other worker: fail now, saying why.
+                assert self._zygote is not None
+                held = sorted(i for e, i in worker.outstanding if e == self.epoch)
+                self._fail(WorkerError(
+                    f"mxload worker {worker.worker_id} (pid {worker.pid}) died ({how}) while holding "
+                    f"batches {held}: the worker zygote (pid {self._zygote.pid}), which forks this "
+                    f"loader's workers, died ({zygote_death}), and its workers die with it. No worker "
+                    f"can be restarted; iterate the loader again to start new workers",
+                    worker.worker_id, worker.pid, exitcode, held[0] if held else None))
+                return
             error_type = WorkerError
             hint = ""
             if exitcode == -signal.SIGBUS:

@@ -192,10 +192,15 @@ class ZygoteWorker:
     @property
     def exitcode(self) -> int | None:
         """None while it runs; its exit code (negative: signal) once the
-        zygote has reaped it (reported within moments of its end)."""
+        zygote has reaped it (reported within moments of its end).  If the
+        zygote died first, the worker's status went to init with it: it
+        ended by the parent-death signal, SIGKILL."""
         if not self._ended():
             return None
-        return self._zygote.exit_code(self.pid, wait_s=0.2)
+        code = self._zygote.exit_code(self.pid, wait_s=0.2)
+        if code is None and self._zygote.death() is not None:
+            return -signal.SIGKILL
+        return code
 
     def is_alive(self) -> bool:
         return not self._ended()
@@ -254,6 +259,7 @@ class Zygote:
         self._exits: dict[int, int] = {}
         self._replies: dict[int, tuple[Any, ...]] = {}
         self._broken: str | None = None
+        self._status: int | None = None   # the zygote's own exit code, once reaped
         for w in caught:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
 
@@ -270,9 +276,10 @@ class Zygote:
             deadline = time.monotonic() + ZYGOTE_REPLY_S
             while worker_id not in self._replies:
                 if not self._pump(deadline):
+                    if self._broken is not None:
+                        raise WorkerError(f"the worker zygote (pid {self.pid}) is gone: {self._broken}")
                     raise WorkerError(f"the worker zygote (pid {self.pid}) did not start worker "
-                                      f"{worker_id} within {ZYGOTE_REPLY_S} s"
-                                      + (f": {self._broken}" if self._broken else ""))
+                                      f"{worker_id} within {ZYGOTE_REPLY_S} s")
             reply = self._replies.pop(worker_id)
         if reply[0] == "failed":
             raise WorkerError(f"the worker zygote could not fork worker {worker_id}: {reply[1]}", worker_id)
@@ -286,6 +293,30 @@ class Zygote:
                 if not self._pump(deadline):
                     return None
             return self._exits[pid]
+
+    def death(self, wait_s: float = 0.5) -> str | None:
+        """How the zygote ended ("killed by SIGKILL"...), None while it
+        serves.  Its workers die with it (parent-death signal) and no worker
+        can be started any more.  Waits at most wait_s for its exit status."""
+        with self._lock:
+            while self._broken is None and self._pump(time.monotonic()):
+                pass   # read what is there: its reports, then its hang-up
+            if self._broken is None:
+                return None
+        if self._status is None and self._pidfd >= 0 and select.select([self._pidfd], [], [], wait_s)[0]:
+            try:
+                _, status = os.waitpid(self.pid, 0)
+                self._status = os.waitstatus_to_exitcode(status)
+            except ChildProcessError:
+                pass   # close() reaped it meanwhile
+        if self._status is None:
+            return "it hung up its control socket"
+        if self._status < 0:
+            try:
+                return f"killed by {signal.Signals(-self._status).name}"
+            except ValueError:
+                return f"killed by signal {-self._status}"
+        return f"exit code {self._status}"
 
     def _pump(self, deadline: float) -> bool:
         """Read one report (lock held); False on timeout or a dead zygote."""
@@ -324,7 +355,7 @@ class Zygote:
         try:
             os.waitpid(self.pid, 0)   # it has ended, or ends within moments of SIGKILL
         except ChildProcessError:
-            pass
+            pass   # death() reaped it
         _fds.close_fd(self._pidfd)
         self._pidfd = -1
 

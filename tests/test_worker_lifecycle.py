@@ -410,3 +410,30 @@ def test_workers_started_from_a_thread_outlive_it():
     time.sleep(0.3)
     assert len(list(loader)) == 4
     loader.close()
+
+
+@pytest.mark.parametrize("restarts", [0, 5])
+def test_zygote_killed_is_a_prompt_error_naming_it_and_the_next_epoch_works(restarts):
+    """SIGKILL of the zygote (its workers die with it, their exit status lost
+    with it): an error naming the worker, the zygote and the signal at once,
+    not "(still running)" after the whole shutdown deadline spent waiting for
+    an exit status that never comes; restarts left do
+    not matter (nothing can fork them); iterating again starts new workers."""
+    loader = mxload.DataLoader(SlowDataset(0.002, n=400), batch_size=4, num_workers=3,
+                               max_worker_restarts=restarts, persistent_workers=True)
+    for _ in range(3):
+        it = iter(loader)
+        next(it)
+        zygote = it.engine.zygote_pid
+        workers = [w.pid for w in it.engine._workers]
+        os.kill(zygote, signal.SIGKILL)
+        with pytest.raises(mxload.WorkerError) as info:
+            for _ in it:
+                pass
+        message = str(info.value)
+        assert f"zygote (pid {zygote})" in message and "killed by SIGKILL" in message, message
+        assert "still running" not in message and "iterate the loader again" in message, message
+        assert info.value.pid in workers
+        assert_gone(workers + [zygote])
+    assert len(list(loader)) == 100
+    loader.close()
