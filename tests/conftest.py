@@ -66,11 +66,20 @@ def shm_entries() -> set:
         return set()
 
 
+def is_slab_mapping(maps_line: str) -> bool:
+    """Whether a /proc/self/maps line maps an mxload slab: a memfd named
+    mxload-slab, or (without memfd_create) a POSIX shm object /mxload-*.  Only the
+    file name counts: a library under a folder called mxload-* is no slab."""
+    parts = maps_line.split(None, 5)
+    path = parts[5].strip() if len(parts) == 6 else ""
+    return path.startswith(("/memfd:mxload-slab", "/dev/shm/mxload-"))
+
+
 def slab_mappings() -> set:
-    """Address ranges where this process maps an mxload slab (memfd or POSIX shm):
-    a slab still mapped after the test is memory the test leaked."""
+    """Address ranges where this process maps an mxload slab: a slab still mapped
+    after the test is memory the test leaked."""
     with open("/proc/self/maps") as f:
-        return {line.split(None, 1)[0] for line in f if "mxload-slab" in line or "/mxload-" in line}
+        return {line.split(None, 1)[0] for line in f if is_slab_mapping(line)}
 
 
 def thread_idents() -> set:

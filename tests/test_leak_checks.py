@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import _snapshot, leftovers
+from conftest import _snapshot, is_slab_mapping, leftovers
 
 from mxload._slabs import create_shared_fd, map_slab
 
@@ -36,3 +36,11 @@ def test_shm_entries_of_others_are_ignored_and_ours_reported():
         for path in (foreign, ours):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+def test_only_slab_files_count_as_slab_mappings():
+    prefix = "7f00-7f10 rw-s 00000000 00:01 1234                       "
+    assert is_slab_mapping(prefix + "/memfd:mxload-slab (deleted)\n")
+    assert is_slab_mapping(prefix + "/dev/shm/mxload-0123abcd\n")
+    assert not is_slab_mapping("7f00-7f10 r-xp 00000000 08:01 99  /tmp/mxload-ci.X/venv/lib/libtorch.so\n")
+    assert not is_slab_mapping("7f00-7f10 rw-p 00000000 00:00 0 \n")
