@@ -41,7 +41,7 @@ import numpy as np
 
 from . import _fds
 from ._core import BatchOwner, BufferClosedError, ReorderBuffer, defer_sigint, sigint_safe_finalizer
-from ._procs import SpawnedWorker, Zygote, block_sigint_in_this_thread, sigint_deferred
+from ._procs import SpawnedWorker, Zygote, block_sigint_in_this_thread, ensure_fork_server, sigint_deferred
 from ._slabs import SlabPool
 from ._worker import (
     WorkerConfig,
@@ -341,6 +341,7 @@ class Engine:
                         if hand_over:
                             proc.hand_over(parent_end)
                     else:
+                        ensure_fork_server()
                         ctx: Any = mp.get_context(self._start_method)  # typeshed's BaseContext lacks Process
                         proc = ctx.Process(target=worker_process_main, args=(config, child_end),
                                            name=f"mxload-worker-{wid}", daemon=True)

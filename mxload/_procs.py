@@ -96,6 +96,18 @@ def sigint_deferred() -> Iterator[None]:
                 original(signal.SIGINT, sys._getframe())
 
 
+def ensure_fork_server() -> None:
+    """Start multiprocessing's fork server (and its resource tracker) if they
+    are not running, with SIGINT blocked as sigint_deferred promises: the
+    tracker's start unblocks SIGINT in the calling thread when it is done, so
+    a fork server spawned right after would inherit it unblocked and die of a
+    Ctrl-C with a traceback while its interpreter starts."""
+    from multiprocessing import forkserver, resource_tracker
+    resource_tracker.ensure_running()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    forkserver.ensure_running()
+
+
 def block_sigint_in_this_thread() -> None:
     """For mxload's own threads: Ctrl-C is the main thread's business."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
