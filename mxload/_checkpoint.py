@@ -18,7 +18,8 @@ STATE_VERSION = 1
 class EpochProgress:
     """Which batch indices of one epoch the consumer has taken."""
 
-    __slots__ = ("epoch", "sampler_state", "dataset_state", "prefix", "extra", "count", "finished", "total")
+    __slots__ = ("epoch", "sampler_state", "dataset_state", "prefix", "extra", "count", "_finished", "total",
+                 "on_complete")
 
     def __init__(self, epoch: int, sampler_state: Any, dataset_state: Any,
                  done: dict[str, Any] | None = None):
@@ -29,8 +30,26 @@ class EpochProgress:
         self.prefix = int(done.get("prefix", 0))       # batches 0..prefix-1 taken
         self.extra = set(int(i) for i in done.get("extra", ()))
         self.count = self.prefix + len(self.extra)      # batches taken in all
-        self.finished = False                           # the epoch ran to its end
+        self._finished = False                          # the epoch ran to its end
         self.total: int | None = None                # batches in the epoch, when known
+        # Called once when every batch was taken (e.g. to pass a rollover
+        # batch sampler's leftovers on to the next epoch).
+        self.on_complete: Any = None
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    @finished.setter
+    def finished(self, value: bool) -> None:
+        self._finished = value
+        if value:
+            self._completed()
+
+    def _completed(self) -> None:
+        hook, self.on_complete = self.on_complete, None
+        if hook is not None:
+            hook()
 
     @property
     def complete(self) -> bool:
@@ -41,11 +60,13 @@ class EpochProgress:
         self.count += 1
         if idx != self.prefix:
             self.extra.add(idx)
-            return
-        self.prefix += 1
-        while self.prefix in self.extra:
-            self.extra.remove(self.prefix)
+        else:
             self.prefix += 1
+            while self.prefix in self.extra:
+                self.extra.remove(self.prefix)
+                self.prefix += 1
+        if self.total is not None and self.count >= self.total:
+            self._completed()
 
     def remaining(self, total: int) -> list[int]:
         """The batch indices of a `total`-batch epoch not taken yet, in order

@@ -196,7 +196,7 @@ class Engine:
         self.timeout = loader.timeout
         self.in_order = loader.in_order
         self.iterable = loader.iterable
-        self.batch_size = int(loader.batch_size) if loader.batch_size is not None else 0
+        self.batch_size = loader._fetch_batch_size   # samples per batch of a stream (0: none)
         self.drop_last = loader.last_batch == "discard"
         self.seed = loader.seed
         self.use_threads = loader.thread_pool

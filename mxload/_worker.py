@@ -39,6 +39,7 @@ import numpy as np
 from . import _rng
 from . import batchify as _batchify
 from ._slabs import create_shared_fd, fd_limit_error, map_slab, slab_size_for
+from ._torch_compat import enter_worker
 
 __all__ = ["WorkerInfo", "get_worker_info"]
 
@@ -123,6 +124,7 @@ def _seed_worker(config: WorkerConfig, epoch: int) -> None:
     _seed_global_rngs(seed)
     if _process_info is not None:
         _process_info = dataclasses.replace(_process_info, seed=seed)
+        enter_worker(config.worker_id, config.num_workers, seed, _process_info.dataset, process=True)
 
 
 def _set_parent_death_signal() -> None:

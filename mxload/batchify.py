@@ -16,24 +16,29 @@ the same slab without copying.
 Structure nodes (small tuples, cheap to pickle):
 ``("f", i)`` field i; ``("t", kind, children)`` a tuple (kind None), list
 (kind list) or namedtuple (kind = its class); ``("d", keys, children)`` a dict;
-``("o", value)`` a Python object passed through as is.
+``("s", template, children)`` / ``("m", template, keys, children)`` a
+sequence / mapping of another type (rebuilt from an emptied copy of sample 0,
+or its type), as torch's default_collate keeps them; ``("o", value)`` a
+Python object passed through as is.
 """
 from __future__ import annotations
 
+import copy
 import math
 import operator
 import pickle
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, MutableSequence, Sequence
 from typing import Any
 
 import numpy as np
 
 from . import _core
+from ._torch_compat import is_tensor, tensor_to_numpy
 
 __all__ = [
-    "Batchify", "Stack", "Pad", "Tuple", "Dict", "List", "default_batchify",
-    "BatchPlan", "plan_batch", "collate", "GatheredSamples",
+    "Batchify", "Stack", "Pad", "Tuple", "Group", "Dict", "List", "AsList", "Append",
+    "default_batchify", "default_convert", "BatchPlan", "plan_batch", "collate", "GatheredSamples",
 ]
 
 _SCALAR_TYPES = (bool, int, float, complex, np.generic)
@@ -119,6 +124,8 @@ class BatchPlan:
                 ns = _core.stack_fill(field.arrays, out)
             elif field.kernel == "pad":
                 ns = _core.pad_fill(field.arrays, out, field.axis, field.pattern)
+            elif field.kernel == "padn":
+                ns = _pad_every_axis(field.arrays, out, field.pattern)
             elif field.kernel == "take":
                 source, indices = field.arrays
                 t0 = time.perf_counter_ns()
@@ -171,7 +178,38 @@ def assemble(node: tuple[Any, ...], arrays: Sequence[Any]) -> Any:
         return kind(*items)  # namedtuple
     if tag == "d":
         return {k: assemble(c, arrays) for k, c in zip(node[1], node[2])}
+    if tag == "s":
+        return _rebuild_sequence(node[1], [assemble(c, arrays) for c in node[2]])
+    if tag == "m":
+        return _rebuild_mapping(node[1], {k: assemble(c, arrays) for k, c in zip(node[2], node[3])})
     return node[1]
+
+
+def _rebuild_sequence(template: Any, items: list[Any]) -> Any:
+    if isinstance(template, type):
+        return template(items)
+    clone = copy.copy(template)
+    for i, item in enumerate(items):
+        clone[i] = item
+    return clone
+
+
+def _rebuild_mapping(template: Any, items: dict[Any, Any]) -> Any:
+    if isinstance(template, type):
+        return template(items)
+    clone = copy.copy(template)
+    clone.update(items)
+    return clone
+
+
+def _pad_every_axis(arrays: list[np.ndarray], out: np.ndarray, pattern: bytes) -> int:
+    """The "padn" kernel: samples ragged along several axes, each copied into
+    the corner of its row of `out`, the rest filled with the pad value."""
+    t0 = time.perf_counter_ns()
+    out[...] = np.frombuffer(pattern, out.dtype)[0]
+    for i, a in enumerate(arrays):
+        out[(i,) + tuple(slice(0, n) for n in a.shape)] = a
+    return time.perf_counter_ns() - t0
 
 
 def views_from_layout(layout: tuple[Any, ...], buffer: Any, base_offset: int = 0) -> Any:
@@ -238,51 +276,105 @@ class Stack(Batchify):
 
 
 class Pad(Batchify):
-    """Pad samples ragged along `axis` to the longest and stack them.
+    """Pad samples to the largest extent along every axis and stack them
+    (Gluon 2.x semantics; samples ragged along one axis only, as in Gluon 1.x
+    and GluonNLP, take the compiled single-axis kernel).
 
     Args:
-        axis (int): the ragged axis of each sample. Default ``0``.
-        val (int | float): the padding value. Default ``0``.
-        ret_length (bool): also return each sample's length (an int64 array):
-            the batch becomes ``(padded, lengths)``. Default ``False``.
+        axis (int): the axis whose per-sample lengths `ret_length` returns
+            (the ragged axis, in Gluon 1.x / GluonNLP terms). Default ``0``.
+        pad_val (int | float | None): the padding value (``val`` is Gluon
+            2.x's keyword for it). Default ``0``.
+        ret_length (bool): also return each sample's length along `axis` (an
+            int64 array): the batch becomes ``(padded, lengths)``. Default ``False``.
         dtype (numpy dtype | None): cast the samples to it first.
+        round_to (int | None): round every padded extent up to a multiple of it.
+        use_shared_mem (bool): accepted for Gluon code; batches made by
+            workers always live in shared memory.
 
     Raises:
-        ValueError: the samples differ on another axis, or `val` does not fit
-            the dtype (the message names the batch and field).
+        ValueError: the samples differ in dtype or number of dimensions, or
+            `val` does not fit the dtype (the message names the batch and field).
 
     Example:
         >>> import numpy as np
         >>> from mxload.batchify import Pad
-        >>> padded, lengths = Pad(val=-1, ret_length=True)([np.array([1, 2, 3]), np.array([4])])
+        >>> padded, lengths = Pad(pad_val=-1, ret_length=True)([np.array([1, 2, 3]), np.array([4])])
         >>> padded.tolist(), lengths.tolist()
         ([[1, 2, 3], [4, -1, -1]], [3, 1])
+        >>> Pad()([np.ones((1, 2)), np.ones((2, 1))]).tolist()   # every axis
+        [[[1.0, 1.0], [0.0, 0.0]], [[1.0, 0.0], [1.0, 0.0]]]
     """
 
-    def __init__(self, axis: int = 0, val: Any = 0, ret_length: bool = False, dtype: Any = None):
-        self.axis = axis
-        self.val = val
+    def __init__(self, axis: int = 0, pad_val: Any = None, ret_length: bool = False, dtype: Any = None,
+                 round_to: int | None = None, *, val: Any = None, use_shared_mem: bool = False):
+        if pad_val is not None and val is not None:
+            raise ValueError("pass pad_val or val (its Gluon 2.x name), not both")
+        if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+            raise TypeError(f"Pad axis must be an integer, got {axis!r}")
+        if round_to is not None and (isinstance(round_to, bool) or not isinstance(round_to, (int, np.integer))
+                                     or round_to < 1):
+            raise ValueError(f"round_to must be a positive integer or None, got {round_to!r}")
+        self.axis = int(axis)
+        self.val = pad_val if pad_val is not None else (val if val is not None else 0)
         self.ret_length = ret_length
         self.dtype = None if dtype is None else np.dtype(dtype)
+        self.round_to = None if round_to is None else int(round_to)
+
+    @property
+    def pad_val(self) -> Any:
+        return self.val
 
     def plan(self, samples: Sequence[Any], path: str, planner: _Planner) -> tuple[Any, ...]:
-        items = samples
         try:
+            items = [_as_sample_array(x, i, "pad") for i, x in enumerate(samples)]
             if self.dtype is not None:
-                items = [_cast_sample(x, i, self.dtype) for i, x in enumerate(samples)]
-            arrays, shape, dtype, lengths = _core.pad_check(items, self.axis)
-            pattern = _core.pad_value_bytes(self.val, dtype)
+                items = [_cast_sample(x, i, self.dtype) for i, x in enumerate(items)]
+            field, lengths = self._plan_field(items, path)
         except (ValueError, TypeError) as e:
             raise planner.error(type(e), path, str(e)) from None
-        axis = self.axis if self.axis >= 0 else self.axis + len(shape) - 1
-        node = planner.add(_Field(path, "pad", arrays, shape, dtype, axis, pattern))
+        node = planner.add(field)
         if not self.ret_length:
             return node
         length_node = planner.add(_Field(path + ".lengths", "copy", lengths, lengths.shape, lengths.dtype))
         return ("t", None, [node, length_node])
 
+    def _plan_field(self, items: list[Any], path: str) -> tuple[_Field, np.ndarray]:
+        arrays = [x if isinstance(x, np.ndarray) else np.asarray(x) for x in items]
+        first = arrays[0]
+        nd = first.ndim
+        if nd == 0 or not -nd <= self.axis < nd:
+            # The compiled check words these errors (0-d samples, axis range).
+            _core.pad_check(arrays, self.axis)
+        axis = self.axis % nd
+        shapes = np.array([a.shape if a.ndim == nd else (-1,) * nd for a in arrays], np.int64).reshape(-1, nd)
+        target = shapes.max(axis=0)
+        if self.round_to is not None:
+            target = -(-target // self.round_to) * self.round_to
+        others = np.arange(nd) != axis
+        one_axis = bool((shapes[:, others] == target[others]).all()) and int(target[axis]) == int(
+            shapes[:, axis].max())
+        if one_axis or any(a.ndim != nd for a in arrays):
+            # Ragged along `axis` only (or a dimension mismatch, which the
+            # compiled check names): the compiled single-axis kernel.
+            checked, shape, dtype, lengths = _core.pad_check(arrays, axis)
+            pattern = _core.pad_value_bytes(self.val, dtype)
+            return _Field(path, "pad", checked, shape, dtype, axis, pattern), lengths
+        dtype = first.dtype
+        for i, a in enumerate(arrays):
+            if a.dtype != dtype:
+                raise ValueError(f"sample {i} has dtype {a.dtype}, expected {dtype} (the dtype of sample 0)")
+        if dtype.hasobject:
+            raise TypeError(f"sample 0 has dtype {dtype} (Python objects); only fixed-size numeric, bool or "
+                            f"string dtypes can be collated")
+        pattern = _core.pad_value_bytes(self.val, dtype)
+        shape = (len(arrays),) + tuple(int(n) for n in target)
+        return _Field(path, "padn", arrays, shape, dtype, axis, pattern), shapes[:, axis].copy()
+
     def __repr__(self) -> str:
-        return f"Pad(axis={self.axis}, val={self.val!r}, ret_length={self.ret_length}, dtype={self.dtype})"
+        round_to = f", round_to={self.round_to}" if self.round_to is not None else ""
+        return (f"Pad(axis={self.axis}, pad_val={self.val!r}, ret_length={self.ret_length}, "
+                f"dtype={self.dtype}{round_to})")
 
 
 class Tuple(Batchify):
@@ -320,6 +412,69 @@ class Tuple(Batchify):
 
     def __repr__(self) -> str:
         return f"Tuple({', '.join(map(repr, self.fns))})"
+
+
+class Group(Tuple):
+    """Gluon 2.x's name for :class:`Tuple`: the i-th function batches field i
+    of every (tuple) sample; the batch is a tuple.
+
+    Args:
+        *fns: one batchify function per field, or a single list/tuple of them.
+
+    Raises:
+        ValueError: no function; TypeError: one is not callable.
+
+    Example:
+        >>> from mxload.batchify import Group, Pad, Stack
+        >>> tokens, label = Group(Pad(pad_val=-1), Stack())([([1, 2, 3], 0), ([4], 1)])
+        >>> tokens.tolist(), label.tolist()
+        ([[1, 2, 3], [4, -1, -1]], [0, 1])
+    """
+
+    def __repr__(self) -> str:
+        return f"Group({', '.join(map(repr, self.fns))})"
+
+
+class Append(Batchify):
+    """Keep samples of any shapes as a list of arrays, one per sample (Gluon's
+    Append).  Every array travels through shared memory.
+
+    Args:
+        expand (bool): give each array a batch axis of length 1. Default ``True``.
+        batch_axis (int): where that axis goes. Default ``0``.
+        use_shared_mem (bool): accepted for Gluon code (always shared).
+
+    Raises:
+        TypeError: a sample holds Python objects (use :class:`List`).
+
+    Example:
+        >>> from mxload.batchify import Append
+        >>> [a.shape for a in Append()([[1, 2, 3], [4, 5]])]
+        [(1, 3), (1, 2)]
+    """
+
+    def __init__(self, expand: bool = True, batch_axis: int = 0, use_shared_mem: bool = False):
+        self.expand = bool(expand)
+        self.batch_axis = int(batch_axis)
+
+    def plan(self, samples: Sequence[Any], path: str, planner: _Planner) -> tuple[Any, ...]:
+        children = []
+        for i, x in enumerate(samples):
+            try:
+                a = np.asarray(_as_sample_array(x, i, "append"))
+                if self.expand:
+                    a = np.expand_dims(a, self.batch_axis)
+            except (ValueError, TypeError) as e:   # numpy's AxisError is a ValueError
+                raise planner.error(TypeError if isinstance(e, TypeError) else ValueError,
+                                    path, f"sample {i}: {e}") from None
+            if a.dtype.hasobject:
+                raise planner.error(TypeError, path, f"sample {i} has dtype {a.dtype} (Python objects); "
+                                                     f"use List() to keep objects")
+            children.append(planner.add(_Field(f"{path}[{i}]", "copy", a, a.shape, a.dtype)))
+        return ("t", list, children)
+
+    def __repr__(self) -> str:
+        return f"Append(expand={self.expand}, batch_axis={self.batch_axis})"
 
 
 class Dict(Batchify):
@@ -377,11 +532,17 @@ class List(Batchify):
         return planner.add_object(path, list(samples))
 
 
+AsList = List   # Gluon 2.x's name
+
+
 class _DefaultBatchify(Batchify):
-    """The default batchify function (``mxload.batchify.default_batchify``):
-    stack arrays and scalars, recursing into tuples, lists, namedtuples and
-    dicts; strings are kept as lists.  Anything else is an error naming the
-    field.  Like torch's ``default_collate``, but it returns numpy arrays.
+    """The default batchify function (``mxload.batchify.default_batchify``),
+    like torch's ``default_collate`` but returning numpy arrays: arrays,
+    numbers and torch tensors are stacked; namedtuples, tuples, lists and
+    dicts are walked field by field and keep their type, as do other
+    Sequence and Mapping types where they can be rebuilt (``range`` becomes a
+    list); strings and bytes are kept as lists.  Anything else is an error
+    naming the field.
 
     Example:
         >>> import numpy as np
@@ -403,19 +564,31 @@ class _DefaultBatchify(Batchify):
             columns = _columns(samples, len(first), path, planner)
             return ("t", type(first), [self.plan(c, f"{path}.{name}", planner)
                                        for name, c in zip(first._fields, columns)])
-        if isinstance(first, (tuple, list)):
+        if type(first) in (tuple, list):
             columns = _columns(samples, len(first), path, planner)
             return ("t", None if isinstance(first, tuple) else list,
                     [self.plan(c, f"{path}[{i}]", planner) for i, c in enumerate(columns)])
-        if isinstance(first, Mapping):
+        if type(first) is dict:
             keys, columns = _dict_columns(samples, path, planner)
             return ("d", keys, [self.plan(c, f"{path}[{k!r}]", planner)
                                 for k, c in zip(keys, columns)])
         if isinstance(first, (str, bytes)):
             return planner.add_object(path, list(samples))
+        if isinstance(first, Mapping):
+            keys, columns = _dict_columns(samples, path, planner)
+            children = [self.plan(c, f"{path}[{k!r}]", planner) for k, c in zip(keys, columns)]
+            template = _mapping_template(first, keys)
+            return ("d", keys, children) if template is None else ("m", template, keys, children)
+        if isinstance(first, Sequence):   # range, user sequences, list/tuple subclasses
+            columns = _columns(samples, len(first), path, planner, kinds=Sequence)
+            children = [self.plan(c, f"{path}[{i}]", planner) for i, c in enumerate(columns)]
+            template = _sequence_template(first)
+            return ("t", list, children) if template is None else ("s", template, children)
         if first is None:
             raise planner.error(TypeError, path, "sample 0 is None; return an array, a number or a "
                                                  "tuple/dict of them from the dataset")
+        if is_tensor(first):
+            return planner.add(_stack_field(samples, path, planner))
         try:
             arr = np.asarray(first)
         except Exception:
@@ -429,11 +602,111 @@ class _DefaultBatchify(Batchify):
         return "default_batchify"
 
 
+def _travels(cls: type) -> bool:
+    """Whether a class pickles by reference (so a layout naming it can cross
+    to the main process): not one defined inside a function."""
+    return "<locals>" not in getattr(cls, "__qualname__", "<locals>")
+
+
+def _sequence_template(first: Sequence[Any]) -> Any:
+    """How to rebuild a batch of sample 0's sequence type (torch's rule): a
+    mutable one as an emptied copy of sample 0 filled position by position,
+    another by calling its type on a list; None means a plain list."""
+    cls = type(first)
+    if not _travels(cls):
+        return None
+    try:
+        if isinstance(first, MutableSequence):
+            template = copy.copy(first)
+            for i in range(len(first)):
+                template[i] = None   # sample 0's values must not travel with the layout
+            return template
+        cast_cls: Any = cls
+        cast_cls([None] * len(first))    # e.g. range: no constructor from a list
+        return cls
+    except Exception:
+        return None
+
+
+def _mapping_template(first: Mapping[Any, Any], keys: tuple[Any, ...]) -> Any:
+    """Like _sequence_template, for mappings (OrderedDict, defaultdict, ...)."""
+    cls = type(first)
+    if not _travels(cls):
+        return None
+    try:
+        if isinstance(first, MutableMapping):
+            template = copy.copy(first)
+            template.clear()
+            return template
+        cast_cls: Any = cls
+        cast_cls({k: None for k in keys})
+        return cls
+    except Exception:
+        return None
+
+
+class _Convert(Batchify):
+    """``mxload.batchify.default_convert``, torch's default for
+    ``batch_size=None`` (no batching): called with one sample, it returns it
+    as it is, with torch tensors turned into numpy arrays (containers keep
+    their types); from workers its numpy arrays travel through shared memory.
+
+    Example:
+        >>> import numpy as np
+        >>> from mxload.batchify import default_convert
+        >>> default_convert({"x": np.arange(2), "label": 3})
+        {'x': array([0, 1]), 'label': 3}
+    """
+
+    def plan(self, samples: Sequence[Any], path: str, planner: _Planner) -> tuple[Any, ...]:
+        return _describe(_convert(samples[0]), path, planner)
+
+    def __call__(self, sample: Any) -> Any:   # one sample, as torch's
+        return _convert(sample)
+
+    def __repr__(self) -> str:
+        return "default_convert"
+
+
+def _convert(x: Any) -> Any:
+    if isinstance(x, np.ndarray):
+        return x
+    if is_tensor(x):
+        return tensor_to_numpy(x)
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return type(x)(*(_convert(v) for v in x))
+    if type(x) in (tuple, list):
+        return type(x)(_convert(v) for v in x)
+    if type(x) is dict:
+        return {k: _convert(v) for k, v in x.items()}
+    return x
+
+
+class _Unbatched(Batchify):
+    """``batch_size=None``: each "batch" is one sample, given to the user's
+    collate_fn alone (not in a list), as torch does without auto-batching."""
+
+    def __init__(self, fn: Callable[..., Any]):
+        self.fn = fn
+
+    def plan(self, samples: Sequence[Any], path: str, planner: _Planner) -> tuple[Any, ...]:
+        if self.fn is default_convert:
+            return default_convert.plan(samples, path, planner)
+        return _describe(self.fn(samples[0]), "batch", planner)
+
+    def __repr__(self) -> str:
+        return f"unbatched({self.fn!r})"
+
+
 default_batchify = _DefaultBatchify()
+default_convert = _Convert()
 
 
 def _stack_field(samples: Sequence[Any], path: str, planner: _Planner) -> _Field:
     first = samples[0]
+    if not isinstance(first, (np.ndarray,) + _SCALAR_TYPES) and is_tensor(first):
+        samples = [tensor_to_numpy(x) if is_tensor(x) else x for x in samples]
+        first = samples[0]
     if not isinstance(first, np.ndarray) and isinstance(first, _SCALAR_TYPES):
         # Scalars: one np.array() call converts the whole column.
         try:
@@ -453,6 +726,16 @@ def _stack_field(samples: Sequence[Any], path: str, planner: _Planner) -> _Field
     return _Field(path, "stack", arrays, shape, dtype)
 
 
+def _as_sample_array(x: Any, i: int, what: str) -> Any:
+    """A sample as the collation kernels take it: torch tensors become numpy
+    arrays (sharing memory where torch allows); None is an error."""
+    if x is None:
+        raise TypeError(f"sample {i} is None; cannot {what} None")
+    if not isinstance(x, np.ndarray) and is_tensor(x):
+        return tensor_to_numpy(x)
+    return x
+
+
 def _cast_sample(x: Any, i: int, dtype: np.dtype) -> np.ndarray:
     if x is None:  # np.asarray(None, float) would silently be nan
         raise TypeError(f"sample {i} is None; cannot pad None")
@@ -462,12 +745,13 @@ def _cast_sample(x: Any, i: int, dtype: np.dtype) -> np.ndarray:
         raise ValueError(f"sample {i} cannot be cast to {dtype}: {e}") from None
 
 
-def _columns(samples: Sequence[Any], width: int, path: str, planner: _Planner) -> list[Any]:
+def _columns(samples: Sequence[Any], width: int, path: str, planner: _Planner,
+             kinds: Any = (tuple, list)) -> list[Any]:
     for i, s in enumerate(samples):
-        if s is None or not isinstance(s, (tuple, list)) or len(s) != width:
-            what = "None" if s is None else (f"length {len(s)}" if isinstance(s, (tuple, list))
-                                             else f"a {type(s).__name__}")
-            raise planner.error(ValueError if isinstance(s, (tuple, list)) else TypeError, path,
+        if s is None or not isinstance(s, kinds) or isinstance(s, (str, bytes)) or len(s) != width:
+            ok = isinstance(s, kinds) and not isinstance(s, (str, bytes))
+            what = "None" if s is None else (f"length {len(s)}" if ok else f"a {type(s).__name__}")
+            raise planner.error(ValueError if ok else TypeError, path,
                                 f"sample {i} is {what}, expected a tuple/list of length {width}")
     return [list(c) for c in zip(*samples)]
 

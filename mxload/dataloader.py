@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 import weakref
 from collections.abc import Callable
+from multiprocessing import context as mp_context
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -13,8 +15,16 @@ import numpy as np
 from ._checkpoint import EpochProgress, check_state
 from ._core import defer_sigint, sigint_safe_finalizer
 from ._cpus import warn_if_oversubscribed
+from ._torch_compat import (
+    PIN_MEMORY_NO_ACCELERATOR,
+    is_torch_iterable_dataset,
+    pin_batch,
+    pinning_device,
+    seed_from_torch,
+    torch_module,
+)
 from ._worker import _SampleSource
-from .batchify import collate, collate_profiled, default_batchify
+from .batchify import _Unbatched, collate, collate_profiled, default_batchify, default_convert
 from .dataset import IterableDataset
 from .sampler import (
     BatchSampler,
@@ -32,77 +42,129 @@ __all__ = ["DataLoader"]
 
 _START_METHODS = ("fork", "spawn", "forkserver")
 
+# torch raises ValueError when these are set on a constructed DataLoader: the
+# epoch machinery was built from them.
+_FROZEN_ATTRIBUTES = frozenset(("batch_size", "batch_sampler", "sampler", "drop_last", "dataset",
+                                "persistent_workers"))
+
 
 def _is_iterable_dataset(dataset: Any) -> bool:
-    if isinstance(dataset, IterableDataset):
+    """Decided as torch does (an instance of its IterableDataset, whose
+    inherited __getitem__ fools duck typing), or mxload's, or any object
+    with __iter__ and no __getitem__."""
+    if isinstance(dataset, IterableDataset) or is_torch_iterable_dataset(dataset):
         return True
     return hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
+
+
+def _is_int(value: Any) -> bool:
+    return not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, np.integer))
+
+
+def _start_method_of(context: Any) -> str:
+    """multiprocessing_context (a start method name or a context object, as
+    torch takes it) as a start method name."""
+    if isinstance(context, str):
+        name = context
+    elif isinstance(context, mp_context.BaseContext):
+        name = context.get_start_method()
+    else:
+        raise TypeError(f"multiprocessing_context must be a start method name or a multiprocessing "
+                        f"context object, got {type(context).__name__}")
+    if name not in _START_METHODS:
+        raise ValueError(f"multiprocessing_context must be one of {_START_METHODS} (or their context "
+                         f"objects), got {name!r}")
+    return name
 
 
 class DataLoader:
     """Loads batches from a dataset, in-process or with worker processes/threads.
 
-    Gluon's signature plus the keywords PyTorch users expect:
-    ``collate_fn`` is an alias of ``batchify_fn`` and ``drop_last=True`` of
-    ``last_batch="discard"``.  Iterating the loader runs one epoch; each batch
-    is a structure of numpy arrays (views of one shared-memory slab when
-    workers made it; ``torch.from_numpy`` makes zero-copy tensors of them).
+    Positional arguments follow Gluon 1.9's DataLoader (its first four --
+    dataset, batch_size, shuffle, sampler -- are also torch's); every other
+    argument of ``torch.utils.data.DataLoader`` (2.x) is accepted by keyword
+    with its torch meaning (the README's migration tables list each one).
+    Iterating the loader runs one epoch; each batch is a structure of numpy
+    arrays (views of one shared-memory slab when workers made it;
+    ``torch.from_numpy`` makes zero-copy tensors of them).
 
     Args:
         dataset: a map-style dataset (``__getitem__`` and ``__len__``, and
             optionally ``__getitems__(indices)``, called once per batch) or an
-            iterable one (:class:`IterableDataset`, or any object with
-            ``__iter__`` and no ``__getitem__``).
-        batch_size (int | None): samples per batch; required unless
-            `batch_sampler` is given.
-        shuffle (bool): draw a new random order every epoch (seeded by
-            `seed`). Default ``False``.
+            iterable one (:class:`IterableDataset`, torch's, or any object
+            with ``__iter__`` and no ``__getitem__``).
+        batch_size (int | None): samples per batch. Default ``1`` (torch's);
+            ``None`` disables batching: each sample is one "batch", passed
+            alone to `collate_fn` (default :data:`mxload.batchify.default_convert`).
+        shuffle (bool): draw a new random order every epoch. Default ``False``.
         sampler: an iterable of indices with ``__len__`` (a
             :mod:`mxload.sampler` sampler or a torch one); exclusive with
             `shuffle`.
         last_batch (str | None): ``"keep"`` (default), ``"discard"`` or
-            ``"rollover"`` (carry the incomplete batch into the next epoch).
+            ``"rollover"`` (carry the incomplete batch into the next epoch
+            when this one is consumed to its end).
         batch_sampler: an iterable of index lists; exclusive with
-            `batch_size`, `shuffle`, `sampler` and `last_batch`.
+            `batch_size`, `shuffle`, `sampler` and `last_batch`/`drop_last`.
         batchify_fn (callable | None): turns a list of samples into a batch;
-            default :func:`mxload.batchify.default_batchify`.
+            default :data:`mxload.batchify.default_batchify`.
         num_workers (int): worker processes (threads with `thread_pool`);
             ``0`` (default) loads in the calling thread.
+        pin_memory (bool): hand out batches in page-locked memory (still
+            numpy arrays) when torch has an accelerator; without one, warn
+            once as torch does. Default ``False``.
+        pin_device_id (int): Gluon's pinned-memory device; accepted (torch
+            pins for its current accelerator). Default ``0``.
         prefetch (int | None): batches in flight across all workers; default
             ``2 * num_workers``.
         thread_pool (bool): workers are threads, not processes. Default ``False``.
         timeout (float | None): seconds to wait for a batch before raising
-            :class:`LoaderTimeoutError`; default ``120``, ``None`` waits
-            forever.
+            :class:`LoaderTimeoutError`; default ``120``; ``0`` or ``None``
+            waits forever.
+        auto_reload (bool): Gluon's: start loading the next epoch as soon as
+            one ends (and the first at construction). Default ``False``.
+        collate_fn (callable | None): torch's name of `batchify_fn`.
+        drop_last (bool | None): torch's; ``True`` is ``last_batch="discard"``.
         worker_init_fn (callable | None): called with the worker id in each
             worker, after seeding.
-        seed (int | None): fixes the shuffle order, the workers' RNG seeds and
-            :func:`mxload.sample_rng`; default a fresh random seed.
+        multiprocessing_context (str | context | None): torch's; a start
+            method name or a ``multiprocessing`` context object (same as
+            `start_method`).
+        generator (torch.Generator | None): seeds the shuffle and the worker
+            seeds, as in torch (exclusive with `seed`).
+        prefetch_factor (int | None): torch's batches in flight per worker
+            (``prefetch = prefetch_factor * num_workers``).
         persistent_workers (bool): keep the workers between epochs (end them
             with :meth:`close` or ``with``). Default ``False``.
+        pin_memory_device (str): torch's deprecated pinning device; ignored
+            with torch's deprecation warning.
         in_order (bool): yield batches in sampler order (default ``True``);
             ``False`` yields them as they complete.
+        seed (int | None): fixes the shuffle order, the workers' RNG seeds and
+            :func:`mxload.sample_rng`; default drawn from `generator`, else
+            from torch's global RNG when the program imported torch, else fresh.
         start_method (str | None): ``"fork"``, ``"spawn"`` or ``"forkserver"``;
             default ``fork`` on Linux.
         max_worker_restarts (int): restart a dead worker and retry its batches
             up to this many times per loader. Default ``0``.
         profile (bool): record per-stage timings in ``loader.profiler``
             (a :class:`Profiler`). Default ``False``.
-        collate_fn (callable | None): keyword-only alias of `batchify_fn`.
-        drop_last (bool | None): keyword-only; ``True`` is
-            ``last_batch="discard"``.
         distributed (bool): shard the data by rank with a
             :class:`mxload.sampler.DistributedSampler`. Default ``False``.
+        try_nopython (bool | None): Gluon 2's; accepted (collation always runs
+            in compiled code).
 
     Raises:
         ValueError: conflicting or out-of-range arguments (the message names them).
-        TypeError: `batchify_fn`, `collate_fn` or `worker_init_fn` is not callable.
+        TypeError: a callable argument is not callable, a batch sampler sits in
+            the fifth (`last_batch`) position, or `generator` is not a torch.Generator.
 
     While iterating, a worker that dies raises :class:`WorkerError`, a missing
     batch :class:`LoaderTimeoutError`, exhausted shared memory
     :class:`SharedMemoryError`; an exception in the dataset is re-raised as its
     own type with the worker's traceback.  More workers than usable CPU cores
-    warns once (``UserWarning``).
+    warns once (``UserWarning``).  Setting `batch_size`, `sampler`,
+    `batch_sampler`, `drop_last`, `dataset` or `persistent_workers` after
+    construction raises ``ValueError``, as in torch.
 
     Example:
         >>> import numpy as np, mxload
@@ -116,57 +178,96 @@ class DataLoader:
         (2, 2) float32 [2, 3]
     """
 
-    def __init__(self, dataset: Any, batch_size: int | None = None, shuffle: bool = False,
+    def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = False,
                  sampler: Any = None, last_batch: str | None = None, batch_sampler: Any = None,
                  batchify_fn: Callable[..., Any] | None = None, num_workers: int = 0,
-                 prefetch: int | None = None, thread_pool: bool = False, timeout: float = 120,
-                 worker_init_fn: Callable[[int], None] | None = None, seed: int | None = None,
-                 persistent_workers: bool = False, in_order: bool = True,
-                 start_method: str | None = None, max_worker_restarts: int = 0,
-                 profile: bool = False, *, collate_fn: Callable[..., Any] | None = None,
-                 drop_last: bool | None = None, distributed: bool = False):
+                 pin_memory: bool = False, pin_device_id: int = 0, prefetch: int | None = None,
+                 thread_pool: bool = False, timeout: float | None = 120, auto_reload: bool = False, *,
+                 collate_fn: Callable[..., Any] | None = None, drop_last: bool | None = None,
+                 worker_init_fn: Callable[[int], None] | None = None,
+                 multiprocessing_context: Any = None, generator: Any = None,
+                 prefetch_factor: int | None = None, persistent_workers: bool = False,
+                 pin_memory_device: str = "", in_order: bool = True, seed: int | None = None,
+                 start_method: str | None = None, max_worker_restarts: int = 0, profile: bool = False,
+                 distributed: bool = False, try_nopython: bool | None = None):
+        self.__dict__["_initialized"] = False
+        if last_batch is not None and not isinstance(last_batch, str):
+            what = type(last_batch).__name__
+            hint = (" torch's DataLoader takes batch_sampler fifth; pass it as batch_sampler=..."
+                    if hasattr(last_batch, "__iter__") else "")
+            raise TypeError(f"the fifth positional argument is last_batch (Gluon's order: dataset, "
+                            f"batch_size, shuffle, sampler, last_batch, batch_sampler, batchify_fn, "
+                            f"num_workers, ...), a string, got a {what}.{hint}")
+        if batch_sampler is not None and not hasattr(batch_sampler, "__iter__"):
+            raise TypeError(f"batch_sampler must be an iterable of index lists, got {batch_sampler!r}; "
+                            f"positional arguments follow Gluon's order (dataset, batch_size, shuffle, "
+                            f"sampler, last_batch, batch_sampler, batchify_fn, num_workers, pin_memory, "
+                            f"pin_device_id, prefetch, thread_pool, timeout): pass torch's by keyword")
         if collate_fn is not None:
             if batchify_fn is not None:
                 raise ValueError("pass either batchify_fn or collate_fn (its alias), not both")
             batchify_fn = collate_fn
+        if batchify_fn is not None and not callable(batchify_fn):
+            raise TypeError(f"batchify_fn must be callable, got {type(batchify_fn).__name__}")
         if drop_last is not None:
             if last_batch is not None and drop_last and last_batch != "discard":
                 raise ValueError(f"drop_last=True conflicts with last_batch={last_batch!r}")
             if drop_last:
                 last_batch = "discard"
-        if batchify_fn is not None and not callable(batchify_fn):
-            raise TypeError(f"batchify_fn must be callable, got {type(batchify_fn).__name__}")
-        self.dataset = dataset
+        if isinstance(num_workers, bool) or not _is_int(num_workers) or num_workers < 0:
+            raise ValueError(f"num_workers must be a non-negative integer (use num_workers=0 to load in "
+                             f"the main process), got {num_workers!r}")
         self.iterable = _is_iterable_dataset(dataset)
+        iterable = self.iterable
+        if iterable and shuffle:
+            raise ValueError(f"shuffle={shuffle!r} cannot be used with an IterableDataset (it decides "
+                             f"its own order)")
+        shuffle = bool(shuffle)
         if distributed:
             clash = [name for name, bad in (("sampler", sampler is not None),
                                             ("batch_sampler", batch_sampler is not None)) if bad]
             if clash:
                 raise ValueError(f"distributed=True is mutually exclusive with {', '.join(clash)} "
                                  f"(pass a DistributedSampler as sampler= instead)")
-            if self.iterable:
+            if iterable:
                 raise ValueError("distributed=True cannot be used with an IterableDataset "
                                  "(shard the stream by rank in the dataset instead)")
 
+        # Seeds: seed=, else torch's generator= (or, when the program uses
+        # torch, torch's global RNG) as torch's DataLoader draws its base
+        # seed, so torch.manual_seed(s) fixes the run as it does with torch.
+        if seed is not None and (not _is_int(seed) or seed < 0):
+            raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
+        if seed is not None and generator is not None:
+            raise ValueError("pass seed or generator, not both (generator seeds the run as seed does)")
+        user_seed = seed
+        if seed is None and (generator is not None or torch_module() is not None):
+            seed = seed_from_torch(generator)
+
+        auto_batching = True
         if batch_sampler is not None:
-            conflicts = [name for name, bad in (("batch_size", batch_size is not None),
-                                                ("shuffle", bool(shuffle)),
+            conflicts = [name for name, bad in (("batch_size", batch_size not in (None, 1)),
+                                                ("shuffle", shuffle),
                                                 ("sampler", sampler is not None),
-                                                ("last_batch", last_batch is not None)) if bad]
+                                                ("drop_last/last_batch", last_batch is not None)) if bad]
             if conflicts:
                 raise ValueError(f"batch_sampler is mutually exclusive with {', '.join(conflicts)}")
-            if self.iterable:
+            if iterable:
                 raise ValueError("batch_sampler cannot be used with an IterableDataset")
+            batch_size = None
         else:
             if batch_size is None:
-                raise ValueError("batch_size must be given unless batch_sampler is")
-            if (isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer))
-                    or batch_size <= 0):
-                raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-            if self.iterable:
-                if sampler is not None or shuffle:
-                    raise ValueError("sampler/shuffle cannot be used with an IterableDataset "
-                                     "(it decides its own order)")
+                # torch: no automatic batching; each sample is one "batch".
+                if last_batch is not None:
+                    raise ValueError("batch_size=None disables automatic batching and is mutually "
+                                     "exclusive with drop_last/last_batch")
+                auto_batching = False
+            elif not _is_int(batch_size) or batch_size <= 0:
+                raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+            if iterable:
+                if sampler is not None:
+                    raise ValueError("sampler cannot be used with an IterableDataset (it decides its own "
+                                     "order)")
                 if last_batch not in (None, "keep", "discard"):
                     raise ValueError(f"last_batch={last_batch!r} is not supported for an "
                                      f"IterableDataset; use 'keep' or 'discard'")
@@ -177,47 +278,71 @@ class DataLoader:
                 if sampler is None and distributed:
                     # Every rank must draw the same order, so no random seed here.
                     sampler = DistributedSampler(len(dataset), shuffle=shuffle,
-                                                 seed=seed if seed is not None else 0,
+                                                 seed=user_seed if user_seed is not None else 0,
                                                  drop_last=last_batch == "discard")
                 elif sampler is None:
                     sampler = (RandomSampler(len(dataset), seed=seed) if shuffle
                                else SequentialSampler(len(dataset)))
-                batch_sampler = BatchSampler(sampler, int(batch_size), last_batch or "keep")
+                batch_sampler = BatchSampler(sampler, int(batch_size or 1), last_batch or "keep")
 
-        if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
-            raise ValueError(f"num_workers must be a non-negative integer, got {num_workers!r}")
-        if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer))
-                                     or prefetch < 1):
+        if prefetch is not None and (not _is_int(prefetch) or prefetch < 1):
             raise ValueError(f"prefetch must be a positive integer or None, got {prefetch!r}")
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+        if prefetch_factor is not None:
+            if num_workers == 0:
+                raise ValueError("prefetch_factor (batches in flight per worker) needs num_workers > 0; "
+                                 "leave it None for num_workers=0")
+            if prefetch is not None:
+                raise ValueError("pass prefetch (batches in flight in all) or prefetch_factor (per "
+                                 "worker, torch's), not both")
+            if not _is_int(prefetch_factor) or prefetch_factor < 1:
+                raise ValueError(f"prefetch_factor must be a positive integer, got {prefetch_factor!r}")
+            prefetch = int(prefetch_factor) * int(num_workers)
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer, np.floating)) \
+                    or timeout < 0 or timeout != timeout:
+                raise ValueError(f"timeout must be a non-negative number of seconds (0 or None: wait "
+                                 f"forever), got {timeout!r}")
+            if timeout == 0:
+                timeout = None   # torch's default: no timeout
+        if multiprocessing_context is not None:
+            context_method = _start_method_of(multiprocessing_context)
+            if start_method is not None and start_method != context_method:
+                raise ValueError(f"start_method={start_method!r} conflicts with multiprocessing_context "
+                                 f"{context_method!r}; pass one of them")
+            start_method = context_method
         if start_method is not None and start_method not in _START_METHODS:
             raise ValueError(f"start_method must be one of {_START_METHODS} or None, got {start_method!r}")
-        if isinstance(max_worker_restarts, bool) or not isinstance(max_worker_restarts, (int, np.integer)) \
-                or max_worker_restarts < 0:
+        if not _is_int(max_worker_restarts) or max_worker_restarts < 0:
             raise ValueError(
                 f"max_worker_restarts must be a non-negative integer, got {max_worker_restarts!r}")
         if worker_init_fn is not None and not callable(worker_init_fn):
             raise TypeError(f"worker_init_fn must be callable, got {type(worker_init_fn).__name__}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
-                                 or seed < 0):
-            raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
+        if not _is_int(pin_device_id) or pin_device_id < 0:
+            raise ValueError(f"pin_device_id must be a non-negative integer, got {pin_device_id!r}")
+        if not isinstance(pin_memory_device, str):
+            raise TypeError(f"pin_memory_device must be a string, got {type(pin_memory_device).__name__}")
         if num_workers == 0:
-            unsupported = [name for name, used in (("persistent_workers", persistent_workers),
-                                                   ("thread_pool", thread_pool),
-                                                   ("max_worker_restarts", max_worker_restarts > 0))
-                           if used]
+            unsupported = [name for name, used in (
+                ("persistent_workers", persistent_workers), ("thread_pool", thread_pool),
+                ("max_worker_restarts", max_worker_restarts > 0),
+                ("multiprocessing_context" if multiprocessing_context is not None else "start_method",
+                 start_method is not None)) if used]
             if unsupported:
                 raise ValueError(f"{', '.join(unsupported)} need num_workers > 0")
 
+        self.dataset = dataset
         self.batch_size = batch_size
         self.last_batch = last_batch or "keep"
         self.batch_sampler = batch_sampler
         self.sampler = getattr(batch_sampler, "sampler", None)  # e.g. loader.sampler.set_epoch(e)
-        self.batchify_fn = batchify_fn if batchify_fn is not None else default_batchify
+        if not auto_batching:
+            self.batchify_fn: Callable[..., Any] = _Unbatched(
+                batchify_fn if batchify_fn is not None else default_convert)
+        else:
+            self.batchify_fn = batchify_fn if batchify_fn is not None else default_batchify
+        # What the workers' streams and the engine group samples by.
+        self._fetch_batch_size = int(batch_size) if batch_size is not None else (0 if auto_batching else 1)
         self.num_workers = int(num_workers)
-        if self.num_workers and not thread_pool:
-            warn_if_oversubscribed(self.num_workers)
         self.prefetch = int(prefetch) if prefetch is not None else 2 * max(self.num_workers, 1)
         self.thread_pool = bool(thread_pool)
         self.timeout = timeout
@@ -229,6 +354,18 @@ class DataLoader:
         self.start_method = start_method
         self.max_worker_restarts = int(max_worker_restarts)
         self.profile = bool(profile)
+        # torch's read-only view of the same settings.
+        self.collate_fn = batchify_fn if batchify_fn is not None else (
+            default_batchify if auto_batching else default_convert)
+        self.generator = generator
+        self.multiprocessing_context = multiprocessing_context
+        self.prefetch_factor = (None if self.num_workers == 0
+                                else max(1, self.prefetch // self.num_workers))
+        self.pin_memory = bool(pin_memory)
+        self.pin_memory_device = pin_memory_device
+        self.pin_device_id = int(pin_device_id)
+        self.auto_reload = bool(auto_reload)
+        self.try_nopython = try_nopython
         self.epoch = 0
         self._engine: Any = None          # persistent workers' engine
         self._live_iter: weakref.ref[_InProcessIterator | EpochIterator] | None = None   # the newest
@@ -239,10 +376,30 @@ class DataLoader:
         self._stats: dict[str, int] = {}
         self._progress: EpochProgress | None = None   # the latest epoch's (for state_dict)
         self._resume: dict[str, Any] | None = None              # load_state_dict() waiting for __iter__
+        self._pin_checked = False
+        self._pin_device: str | None = None
+        self._len_reported: int | None = None   # len(loader) of an IterableDataset, for the overrun warning
+        self._prefetched: Any = None            # auto_reload: the next epoch, already loading
         self.profiler: Any = None
         if self.profile:
             from .profiler import Profiler
             self.profiler = Profiler()
+        self._initialized = True
+        if self.num_workers and not self.thread_pool:
+            warn_if_oversubscribed(self.num_workers)
+        if self.auto_reload:
+            self._prefetched = self._start_iter()
+
+    @property
+    def drop_last(self) -> bool:
+        """torch's name: whether an incomplete last batch is dropped."""
+        return self.last_batch == "discard"
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _FROZEN_ATTRIBUTES and self.__dict__.get("_initialized"):
+            raise ValueError(f"{name} attribute should not be set after DataLoader is initialized "
+                             f"(build a new DataLoader instead)")
+        super().__setattr__(name, value)
 
     # ------------------------------------------------------------------
 
@@ -253,15 +410,29 @@ class DataLoader:
             return epoch_batches()
         return [np.asarray(b, dtype=np.int64) for b in self.batch_sampler]
 
-    def __iter__(self) -> _InProcessIterator | EpochIterator:
+    def __iter__(self) -> Any:
         """A new epoch.  Iterators are independent, as in torch (zip(loader,
         loader) pairs two epochs; each has its own workers), except with
         persistent workers: their one engine serves the newest iterator, and
         an older one still in progress raises RuntimeError when used again
         rather than share (and silently lose) its batches."""
+        prefetched, self._prefetched = self._prefetched, None
+        if prefetched is not None:
+            return prefetched   # auto_reload: this epoch started loading when the last one ended
+        return self._start_iter()
+
+    def _start_iter(self) -> Any:
         previous = self._live_iter() if self._live_iter is not None else None
         if previous is not None and self.persistent_workers:
             previous.supersede()
+        if self.pin_memory and not self._pin_checked:
+            self._pin_checked = True
+            self._pin_device = pinning_device()
+            if self.pin_memory_device:
+                warnings.warn("pin_memory_device is deprecated, the current accelerator will be used as the "
+                              f"device,ignore pin_memory_device='{self.pin_memory_device}'.", stacklevel=3)
+            if self._pin_device is None:
+                warnings.warn(PIN_MEMORY_NO_ACCELERATOR, stacklevel=3)
         self._progress = self._new_progress()
         if self.num_workers == 0:
             it: _InProcessIterator | EpochIterator = _InProcessIterator(self)
@@ -271,6 +442,8 @@ class DataLoader:
         self.epoch += 1
         self._live_iter = weakref.ref(it)
         self._live_iters = [ref for ref in self._live_iters if ref() is not None] + [self._live_iter]
+        if self._pin_device is not None or self.auto_reload or self.iterable or self._as_tensors:
+            return _LoaderIterator(self, it)
         return it
 
     # ------------------------------------------------------------ checkpoints
@@ -283,8 +456,12 @@ class DataLoader:
         """Progress of the epoch about to start; call before the sampler advances."""
         resume, self._resume = self._resume, None
         state = None if self.iterable else sampler_state(self.batch_sampler)
-        return EpochProgress(self.epoch, state, self._dataset_state(),
-                             resume["done"] if resume is not None else None)
+        progress = EpochProgress(self.epoch, state, self._dataset_state(),
+                                 resume["done"] if resume is not None else None)
+        # A rollover batch sampler passes its leftovers on only when the epoch
+        # is consumed to its end (Gluon's counts after an abandoned epoch).
+        progress.on_complete = getattr(self.batch_sampler, "end_epoch", None)
+        return progress
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's position, at any point of an epoch.
@@ -352,8 +529,9 @@ class DataLoader:
     def __len__(self) -> int:
         if self.iterable:
             n = len(self.dataset)  # TypeError if the stream has no length
-            bs = int(self.batch_size)  # type: ignore[arg-type]  # required unless batch_sampler
-            return n // bs if self.last_batch == "discard" else -(-n // bs)
+            bs = self._fetch_batch_size
+            self._len_reported = n // bs if self.last_batch == "discard" else -(-n // bs)
+            return self._len_reported
         return len(self.batch_sampler)
 
     @property
@@ -370,6 +548,9 @@ class DataLoader:
         """
         return dict(self._stats)
 
+    def _live_iter_now(self) -> Any:
+        return self._live_iter() if self._live_iter is not None else None
+
     @defer_sigint
     def close(self) -> None:
         """End every live iteration and any persistent workers; idempotent.
@@ -382,6 +563,9 @@ class DataLoader:
             ...     for epoch in range(2):
             ...         _ = list(loader)
         """
+        prefetched, self._prefetched = self._prefetched, None
+        if prefetched is not None:
+            prefetched.close()
         for ref in self._live_iters:
             it = ref()
             if it is not None:
@@ -430,7 +614,7 @@ class _InProcessIterator:
         self._profiler = loader.profiler
         t0 = time.monotonic_ns()
         self._discard = 0
-        self._source = _SampleSource(loader.dataset, loader.iterable, int(loader.batch_size or 0),
+        self._source = _SampleSource(loader.dataset, loader.iterable, loader._fetch_batch_size,
                                      loader.last_batch == "discard", loader.seed)
         if loader.iterable:
             self._batches: list[Any] | None = None
@@ -498,6 +682,56 @@ class _InProcessIterator:
         """In-process iterators share nothing: a newer one leaves this one be."""
 
     def __enter__(self) -> _InProcessIterator:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class _LoaderIterator:
+    """What the loader adds around an epoch's iterator, when needed: pinned
+    memory, auto_reload (the next epoch starts loading when this one ends),
+    and torch's warning when an IterableDataset yields more than its len()."""
+
+    def __init__(self, loader: DataLoader, inner: Any):
+        self.loader = loader
+        self.inner = inner
+        self._pin = loader._pin_device is not None
+        self._yielded = 0
+        self._warned = False
+
+    def __iter__(self) -> _LoaderIterator:
+        return self
+
+    def __next__(self) -> Any:
+        loader = self.loader
+        try:
+            batch = next(self.inner)
+        except StopIteration:
+            if loader.auto_reload and loader._prefetched is None and self.inner is loader._live_iter_now():
+                loader._prefetched = loader._start_iter()
+            raise
+        self._yielded += 1
+        reported = loader._len_reported
+        if reported is not None and self._yielded > reported and not self._warned:
+            self._warned = True
+            more = (" With workers, each worker's copy of the dataset must yield its own part of the stream: "
+                    "split it with get_worker_info() (torch's or mxload's)." if loader.num_workers else "")
+            warnings.warn(f"Length of IterableDataset {loader.dataset} was reported to be {reported} batches "
+                          f"(when accessing len(dataloader)), but {self._yielded} batches have been fetched."
+                          + more, stacklevel=2)
+        return pin_batch(batch) if self._pin else batch
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __enter__(self) -> _LoaderIterator:
         return self
 
     def __exit__(self, *exc: Any) -> None:

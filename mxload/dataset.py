@@ -135,6 +135,90 @@ class Dataset:
         _check_fn(fn)
         return self.transform(_TransformFirstClosure(fn), lazy)
 
+    def filter(self, fn: Callable[[Any], Any]) -> Dataset:
+        """A dataset of the samples for which ``fn(sample)`` is true (Gluon's
+        ``Dataset.filter``).  Every sample is read once now to decide; on a
+        lazily transformed dataset fn sees the transformed samples."""
+        _check_fn(fn)
+        keep = [i for i in range(len(self)) if fn(self[i])]
+        return self.sample(keep)
+
+    def shard(self, num_shards: int, index: int) -> Dataset:
+        """Part `index` of `num_shards` contiguous parts of this dataset (Gluon's
+        ``Dataset.shard``): the first ``len % num_shards`` parts get one sample
+        more.  Shard before shuffling so each part is a distinct subset."""
+        num_shards = _as_index(num_shards, "num_shards")
+        index = _as_index(index, "index")
+        if num_shards < 1:
+            raise ValueError(f"num_shards must be a positive integer, got {num_shards}")
+        if not 0 <= index < num_shards:
+            raise ValueError(f"shard index {index} is out of range for num_shards={num_shards}")
+        size, rest = divmod(len(self), num_shards)
+        start = size * index + min(index, rest)
+        return self.sample(range(start, start + size + (index < rest)))
+
+    def take(self, count: int | None) -> Dataset:
+        """The first `count` samples (all of them when count is None or larger
+        than the dataset), as Gluon's ``Dataset.take``."""
+        n = len(self)
+        if count is not None:
+            count = _as_index(count, "count")
+            if count < 0:
+                raise ValueError(f"count must be a non-negative integer or None, got {count}")
+        return self.sample(range(n if count is None else min(count, n)))
+
+    def sample(self, sampler: Any) -> Dataset:
+        """A dataset of the samples at the indices `sampler` yields (a sampler
+        or any iterable of indices), in that order (Gluon's ``Dataset.sample``)."""
+        indices = np.fromiter((operator.index(i) for i in sampler), dtype=np.int64)
+        n = len(self)
+        bad = (indices < 0) | (indices >= n)
+        if bad.any():
+            raise IndexError(f"index {int(indices[np.flatnonzero(bad)[0]])} is out of range for a dataset "
+                             f"of length {n}")
+        if hasattr(self, "__getitems__"):
+            return _SampledBatchDataset(self, indices)
+        return _SampledDataset(self, indices)
+
+
+def _as_index(value: Any, name: str) -> int:
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {value!r}") from None
+
+
+class _SampledDataset(Dataset):
+    """The samples of `data` at `indices` (an int64 array), in that order."""
+
+    def __init__(self, data: Any, indices: np.ndarray):
+        self._data = data
+        self._indices = indices
+
+    def __getitem__(self, idx: SupportsIndex) -> Any:
+        i = operator.index(idx)
+        if not 0 <= i < len(self._indices):
+            raise IndexError(f"index {i} is out of range for a dataset of length {len(self._indices)}")
+        return self._data[int(self._indices[i])]
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def __repr__(self) -> str:
+        return f"{type(self._data).__name__}[{len(self._indices)} of {len(self._data)} samples]"
+
+
+class _SampledBatchDataset(_SampledDataset):
+    # A separate class so that __getitems__ exists only when `data` has one.
+    def __getitems__(self, indices: Any) -> Any:
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= len(self._indices)):
+            bad = int(idx[(idx < 0) | (idx >= len(self._indices))][0])
+            raise IndexError(f"index {bad} is out of range for a dataset of length {len(self._indices)}")
+        return self._data.__getitems__(self._indices[idx])
+
 
 def _check_index(dataset: Dataset, idx: SupportsIndex, length: int) -> int:
     """`idx` as an int in [0, length).  Negative indices are rejected rather

@@ -23,6 +23,8 @@ __all__ = [
     "RandomSampler",
     "BatchSampler",
     "DistributedSampler",
+    "IntervalSampler",
+    "FilterSampler",
 ]
 
 # Converting to Python ints in chunks keeps __iter__ fast (tolist is C-speed)
@@ -189,31 +191,102 @@ def load_sampler_state(sampler: Any, state: Any) -> None:
 
 
 class SequentialSampler(Sampler):
-    """Yields ``0, 1, ..., n-1`` in order, every epoch.
+    """Yields ``start, start + 1, ..., start + n - 1`` in order, every epoch.
 
     Args:
         n (int): the number of samples.
+        start (int): the first index (Gluon 2.x). Default ``0``.
 
     Raises:
-        ValueError: `n` is negative or not an integer.
+        ValueError: `n` or `start` is negative or not an integer.
 
     Example:
         >>> from mxload.sampler import SequentialSampler
-        >>> list(SequentialSampler(4))
-        [0, 1, 2, 3]
+        >>> list(SequentialSampler(4)), list(SequentialSampler(3, start=5))
+        ([0, 1, 2, 3], [5, 6, 7])
     """
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, start: int = 0):
         self._n = _as_length(n)
+        self._start = _as_length(start, "start")
 
     def epoch_indices(self) -> IndexArray:
-        return np.arange(self._n, dtype=np.int64)
+        return np.arange(self._start, self._start + self._n, dtype=np.int64)
 
     def __len__(self) -> int:
         return self._n
 
     def __repr__(self) -> str:
-        return f"SequentialSampler(n={self._n})"
+        return f"SequentialSampler(n={self._n}" + (f", start={self._start})" if self._start else ")")
+
+
+class IntervalSampler(Sampler):
+    """Gluon's IntervalSampler: ``0, interval, 2 * interval, ...`` below
+    `length`; with `rollover` then ``1, 1 + interval, ...`` and so on until
+    every index was visited once.
+
+    Args:
+        length (int): the number of samples.
+        interval (int): the step, in ``[1, length)``.
+        rollover (bool): go on from the skipped indices. Default ``True``.
+
+    Raises:
+        ValueError: `interval` is out of range.
+
+    Example:
+        >>> from mxload.sampler import IntervalSampler
+        >>> list(IntervalSampler(7, 3)), list(IntervalSampler(7, 3, rollover=False))
+        ([0, 3, 6, 1, 4, 2, 5], [0, 3, 6])
+    """
+
+    def __init__(self, length: int, interval: int, rollover: bool = True):
+        self._n = _as_length(length, "length")
+        self._interval = _as_int(interval, "interval")
+        if not 0 < self._interval < self._n:
+            raise ValueError(f"interval must be in [1, length) = [1, {self._n}), got {self._interval}")
+        self._rollover = bool(rollover)
+
+    def epoch_indices(self) -> IndexArray:
+        starts = range(self._interval) if self._rollover else range(1)
+        return np.concatenate([np.arange(s, self._n, self._interval, dtype=np.int64) for s in starts])
+
+    def __len__(self) -> int:
+        return self._n if self._rollover else -(-self._n // self._interval)
+
+    def __repr__(self) -> str:
+        return f"IntervalSampler(length={self._n}, interval={self._interval}, rollover={self._rollover})"
+
+
+class FilterSampler(Sampler):
+    """Gluon's FilterSampler: the indices of the samples of `dataset` for
+    which ``fn(sample)`` is true (decided once, now), in order.
+
+    Args:
+        fn (callable): sample -> bool.
+        dataset: a map-style dataset.
+
+    Raises:
+        TypeError: `fn` is not callable.
+
+    Example:
+        >>> from mxload.sampler import FilterSampler
+        >>> list(FilterSampler(lambda x: x % 2 == 0, [5, 6, 7, 8]))
+        [1, 3]
+    """
+
+    def __init__(self, fn: Any, dataset: Any):
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+        self._indices = np.array([i for i in range(len(dataset)) if fn(dataset[i])], dtype=np.int64)
+
+    def epoch_indices(self) -> IndexArray:
+        return self._indices.copy()
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def __repr__(self) -> str:
+        return f"FilterSampler({len(self._indices)} indices)"
 
 
 class RandomSampler(Sampler):
@@ -310,6 +383,11 @@ class BatchSampler(Sampler):
         self.batch_size = batch_size
         self.last_batch = last_batch
         self._carry = np.empty(0, dtype=np.int64)
+        # Rollover: what this epoch leaves over.  It becomes the carry only
+        # when the epoch is consumed to its end (end_epoch), as in Gluon,
+        # whose generator sets it after its last batch: an abandoned epoch
+        # has used up the old carry and passes nothing on.
+        self._pending: IndexArray | None = None
 
     def epoch_indices(self) -> IndexArray:
         """Return the flat indices covered by the next epoch's batches and advance.
@@ -322,8 +400,9 @@ class BatchSampler(Sampler):
             if self._carry.size:
                 indices = np.concatenate((self._carry, indices))
             n_full = len(indices) // self.batch_size * self.batch_size
+            self._carry = np.empty(0, dtype=np.int64)
             # Copy so the carry does not pin this whole epoch's buffer.
-            self._carry = indices[n_full:].copy()
+            self._pending = indices[n_full:].copy()
             return indices[:n_full]
         if self.last_batch == "discard":
             return indices[:len(indices) // self.batch_size * self.batch_size]
@@ -338,6 +417,12 @@ class BatchSampler(Sampler):
         self._carry = np.asarray(state.get("carry", []), dtype=np.int64)
         load_sampler_state(self.sampler, state.get("sampler"))
 
+    def end_epoch(self) -> None:
+        """The epoch's batches were all consumed: its rollover leftovers open
+        the next epoch (the loader calls this when the last batch is taken)."""
+        if self._pending is not None:
+            self._carry, self._pending = self._pending, None
+
     def epoch_batches(self) -> list[IndexArray]:
         """Return the next epoch's batches as a list of int64 array views and advance."""
         indices = self.epoch_indices()
@@ -345,7 +430,13 @@ class BatchSampler(Sampler):
         return [indices[i:i + bs] for i in range(0, len(indices), bs)]
 
     def __iter__(self) -> Iterator[IndexArray]:
-        return iter(self.epoch_batches())
+        # The batches are drawn now (the epoch advances on iter()); the
+        # rollover carry is passed on only if the iteration runs to its end.
+        return self._consume(self.epoch_batches())
+
+    def _consume(self, batches: list[IndexArray]) -> Iterator[IndexArray]:
+        yield from batches
+        self.end_epoch()
 
     def __len__(self) -> int:
         n = len(self.sampler)

@@ -1,0 +1,164 @@
+"""Interop with PyTorch for code written against torch.utils.data, without
+ever importing torch: torch objects can only exist if the user's program
+already imported torch, so everything here looks torch up in ``sys.modules``
+or recognises its types by duck typing and class names.
+
+One job: translate between torch's data-loading conventions (its dataset
+kinds, tensors, generators, worker info and seeding, pinned memory) and
+mxload's.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+import warnings
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "torch_module", "is_torch_iterable_dataset", "is_tensor", "tensor_to_numpy", "seed_from_torch",
+    "enter_worker", "pin_batch", "pinning_device", "PIN_MEMORY_NO_ACCELERATOR",
+]
+
+# Word for word what torch 2.x warns (DataLoader iterator start) when
+# pin_memory=True finds no accelerator: users grep logs for it.
+PIN_MEMORY_NO_ACCELERATOR = ("'pin_memory' argument is set as true but no accelerator is found, "
+                             "then device pinned memory won't be used.")
+
+
+def torch_module() -> Any:
+    """The torch module if the program imported it, else None (never imports it)."""
+    return sys.modules.get("torch")
+
+
+def _mro_names(obj: Any) -> set[tuple[str, str]]:
+    return {(getattr(c, "__module__", ""), c.__name__) for c in type(obj).__mro__}
+
+
+def is_torch_iterable_dataset(dataset: Any) -> bool:
+    """Whether torch would treat `dataset` as iterable-style: an instance of
+    torch.utils.data.IterableDataset (IterDataPipe included).  torch's
+    IterableDataset inherits a __getitem__ from its Dataset base, so the
+    duck-typed rule (``__iter__`` without ``__getitem__``) misses it."""
+    return any(name == "IterableDataset" and module.startswith("torch.utils.data")
+               for module, name in _mro_names(dataset))
+
+
+def is_tensor(x: Any) -> bool:
+    torch = torch_module()
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def tensor_to_numpy(x: Any) -> np.ndarray:
+    """A torch tensor as a numpy array, sharing memory where torch allows it
+    (CPU, no autograd history): detach() and the DLPack/``numpy()`` exchange
+    copy nothing.  A tensor on a device is copied to the host first, as
+    default_collate's output would have to be before numpy could see it."""
+    t = x.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    try:
+        return np.asarray(t.numpy())
+    except TypeError as e:   # e.g. bfloat16: numpy has no such dtype
+        raise TypeError(f"a torch tensor of dtype {t.dtype} has no numpy equivalent ({e}); convert it "
+                        f"in the dataset (e.g. tensor.float())") from None
+
+
+def seed_from_torch(generator: Any) -> int:
+    """A 63-bit seed drawn from a torch.Generator (or, for None, from torch's
+    global RNG) the way torch's DataLoader draws its base seed: so
+    ``torch.manual_seed(s)`` or ``generator.manual_seed(s)`` fixes the run."""
+    torch = torch_module()
+    if torch is None:
+        raise TypeError(f"generator must be a torch.Generator (torch is not imported), got "
+                        f"{type(generator).__name__}; use seed=<int> instead")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}; "
+                        f"use seed=<int> for an integer seed")
+    value = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+    return value % (2 ** 63)
+
+
+def enter_worker(worker_id: int, num_workers: int, seed: int, dataset: Any, process: bool) -> None:
+    """Make torch's view of this worker match mxload's, when the program uses
+    torch: ``torch.utils.data.get_worker_info()`` returns this worker's id,
+    count, seed and dataset (sharding code written for torch then splits the
+    stream instead of duplicating it), and, in a worker process, torch's RNG
+    is seeded from the worker seed and torch uses one intra-op thread, as in
+    torch's own workers.  Thread workers share the process, whose torch RNG
+    and thread count are the training loop's: those stay untouched, and
+    torch's get_worker_info() (a process global) stays None in them."""
+    torch = torch_module()
+    if torch is None or not process:
+        return
+    try:
+        # torch is loaded; its data package may not be yet.
+        worker_mod: Any = importlib.import_module("torch.utils.data._utils.worker")
+        worker_mod._worker_info = worker_mod.WorkerInfo(id=worker_id, num_workers=num_workers,
+                                                        seed=seed, dataset=dataset)
+        torch.manual_seed(seed)
+        torch.set_num_threads(1)
+    except Exception as e:  # a torch without these internals: mxload's own info still works
+        warnings.warn(f"mxload could not set torch.utils.data.get_worker_info() in worker {worker_id}: "
+                      f"{type(e).__name__}: {e}; use mxload.get_worker_info()", RuntimeWarning, stacklevel=1)
+
+
+# ---------------------------------------------------------------- pinned memory
+
+
+def pinning_device() -> str | None:
+    """The accelerator torch pins for ('cuda', ...), or None if there is none
+    (or torch is not imported: then nothing can use pinned memory anyway)."""
+    torch = torch_module()
+    if torch is None:
+        return None
+    accelerator = getattr(torch, "accelerator", None)
+    try:
+        if accelerator is not None:
+            if not accelerator.is_available():
+                return None
+            current = accelerator.current_accelerator()
+            return None if current is None or current.type == "mps" else str(current.type)
+        return "cuda" if torch.cuda.is_available() else None
+    except Exception:
+        return None
+
+
+def pin_batch(batch: Any) -> Any:
+    """`batch` with every numpy array moved into page-locked (pinned) host
+    memory, still as numpy arrays: each is copied into a tensor from torch's
+    caching pinned-memory allocator and viewed through ``.numpy()``, so
+    ``torch.from_numpy(x)`` is pinned and ``.to('cuda', non_blocking=True)``
+    is a true asynchronous copy.  The pinned block goes back to torch's cache
+    when the array dies, so steady-state batches reuse blocks."""
+    torch = sys.modules["torch"]
+    return _pin(batch, torch)
+
+
+def _pin(x: Any, torch: Any) -> Any:
+    if isinstance(x, np.ndarray):
+        if x.dtype.hasobject or x.dtype.kind in "SUV" or not x.dtype.isnative:
+            return x   # no torch dtype for it: leave it in pageable memory
+        pinned = torch.empty(x.shape, dtype=torch.from_numpy(np.empty(0, x.dtype)).dtype, pin_memory=True)
+        out = pinned.numpy()
+        np.copyto(out, x)
+        return out
+    if isinstance(x, torch.Tensor):
+        return x.pin_memory()
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return type(x)(*(_pin(v, torch) for v in x))
+    if isinstance(x, tuple):
+        return tuple(_pin(v, torch) for v in x)
+    if isinstance(x, list):
+        return [_pin(v, torch) for v in x]
+    if isinstance(x, dict):
+        out_d = x.copy()
+        for k, v in x.items():
+            out_d[k] = _pin(v, torch)
+        return out_d
+    return x
