@@ -38,4 +38,5 @@ run_example() {
 run_example image_folder.py --make-data --epochs 2 --workers 2
 run_example text_pad.py --workers 2
 run_example profile_my_dataset.py --workers 2 --batches 6
+run_example torch_train.py --epochs 2 --workers 2 --samples 1024
 step "docs and examples passed"

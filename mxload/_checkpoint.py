@@ -72,6 +72,8 @@ class EpochProgress:
         """The batch indices of a `total`-batch epoch not taken yet, in order
         (and remember `total`)."""
         self.total = total
+        if self.count >= total:
+            self._completed()   # nothing left (e.g. a rollover epoch too short for one batch)
         return [i for i in range(self.prefix, total) if i not in self.extra]
 
     def state(self, seed: int) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import numpy as np
 
 __all__ = [
     "torch_module", "is_torch_iterable_dataset", "is_tensor", "tensor_to_numpy", "seed_from_torch",
-    "enter_worker", "pin_batch", "pinning_device", "PIN_MEMORY_NO_ACCELERATOR",
+    "enter_worker", "pin_batch", "pinning_device", "to_tensors", "PIN_MEMORY_NO_ACCELERATOR",
 ]
 
 # Word for word what torch 2.x warns (DataLoader iterator start) when
@@ -138,6 +138,35 @@ def pin_batch(batch: Any) -> Any:
     when the array dies, so steady-state batches reuse blocks."""
     torch = sys.modules["torch"]
     return _pin(batch, torch)
+
+
+def to_tensors(batch: Any) -> Any:
+    """`batch` with every numpy array it holds as a torch tensor sharing its
+    memory (``torch.from_numpy``: no copy; the tensor keeps the batch's slab
+    alive).  Arrays torch has no dtype for (strings, non-native byte order)
+    stay numpy arrays; containers keep their types."""
+    torch = sys.modules["torch"]
+    return _tensors(batch, torch)
+
+
+def _tensors(x: Any, torch: Any) -> Any:
+    if isinstance(x, np.ndarray):
+        if x.dtype.hasobject or x.dtype.kind in "SUVMm" or not x.dtype.isnative:
+            return x
+        try:
+            return torch.from_numpy(x)
+        except TypeError:   # a dtype this torch lacks
+            return x
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return type(x)(*(_tensors(v, torch) for v in x))
+    if type(x) in (tuple, list):
+        return type(x)(_tensors(v, torch) for v in x)
+    if isinstance(x, dict):
+        out = x.copy()
+        for k, v in x.items():
+            out[k] = _tensors(v, torch)
+        return out
+    return x
 
 
 def _pin(x: Any, torch: Any) -> Any:

@@ -21,6 +21,7 @@ from ._torch_compat import (
     pin_batch,
     pinning_device,
     seed_from_torch,
+    to_tensors,
     torch_module,
 )
 from ._worker import _SampleSource
@@ -177,6 +178,9 @@ class DataLoader:
         (2, 2) float32 [0, 1]
         (2, 2) float32 [2, 3]
     """
+
+    # mxload.torch.DataLoader hands out torch tensors instead of numpy arrays.
+    _as_tensors = False
 
     def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = False,
                  sampler: Any = None, last_batch: str | None = None, batch_sampler: Any = None,
@@ -697,6 +701,7 @@ class _LoaderIterator:
         self.loader = loader
         self.inner = inner
         self._pin = loader._pin_device is not None
+        self._as_tensors = loader._as_tensors
         self._yielded = 0
         self._warned = False
 
@@ -720,7 +725,9 @@ class _LoaderIterator:
             warnings.warn(f"Length of IterableDataset {loader.dataset} was reported to be {reported} batches "
                           f"(when accessing len(dataloader)), but {self._yielded} batches have been fetched."
                           + more, stacklevel=2)
-        return pin_batch(batch) if self._pin else batch
+        if self._pin:
+            batch = pin_batch(batch)
+        return to_tensors(batch) if self._as_tensors else batch
 
     def __len__(self) -> int:
         return len(self.inner)

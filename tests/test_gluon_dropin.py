@@ -296,3 +296,15 @@ def test_append_in_workers_uses_shared_memory():
     out = list(mxload.DataLoader(ds, 3, batchify_fn=batchify.Append(), num_workers=2))
     assert [[x.tolist() for x in b] for b in out] == [
         [[[0]], [[0, 1]], [[0, 1, 2]]], [[[0, 1, 2, 3]], [[0, 1, 2, 3, 4]], [[0, 1, 2, 3, 4, 5]]]]
+
+
+def test_rollover_epoch_too_short_for_a_batch_carries_its_samples_into_a_checkpoint():
+    # Found by the resume property test: an epoch with no batch is complete at once.
+    loader = mxload.DataLoader(mxload.SimpleDataset([7]), batch_size=2, last_batch="rollover")
+    it = iter(loader)
+    state = loader.state_dict()
+    del it
+    assert state["sampler"]["carry"] == [0]
+    resumed = mxload.DataLoader(mxload.SimpleDataset([7]), batch_size=2, last_batch="rollover")
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == [[7, 7]]

@@ -25,6 +25,7 @@ from torch.utils.data import (  # noqa: E402
     IterableDataset,
     RandomSampler,
     SequentialSampler,
+    StackDataset,
     Subset,
     SubsetRandomSampler,
     TensorDataset,
@@ -297,6 +298,9 @@ def test_tensor_concat_subset_datasets(num_workers):
     assert run(mxload.DataLoader(cat, batch_size=5, num_workers=num_workers)) == [[0, 1, 2, 0, 1]]
     sub = Subset(CountingDataset(), [9, 3, 5])
     assert run(mxload.DataLoader(sub, batch_size=2, num_workers=num_workers)) == [[9, 3], [5]]
+    stack = StackDataset(a=CountingDataset(5), b=td)
+    batch = next(iter(mxload.DataLoader(stack, batch_size=4, num_workers=num_workers)))
+    assert batch["a"].tolist() == [0, 1, 2, 3] and batch["b"][1].tolist() == [0, 10, 20, 30]
 
 
 def test_chain_iterable_style_dataset():
