@@ -138,7 +138,14 @@ class Dataset:
     def filter(self, fn: Callable[[Any], Any]) -> Dataset:
         """A dataset of the samples for which ``fn(sample)`` is true (Gluon's
         ``Dataset.filter``).  Every sample is read once now to decide; on a
-        lazily transformed dataset fn sees the transformed samples."""
+        lazily transformed dataset fn sees the transformed samples.
+
+        Example:
+            >>> from mxload import SimpleDataset
+            >>> evens = SimpleDataset(list(range(10))).filter(lambda x: x % 2 == 0)
+            >>> len(evens), evens[4]
+            (5, 8)
+        """
         _check_fn(fn)
         keep = [i for i in range(len(self)) if fn(self[i])]
         return self.sample(keep)
@@ -146,7 +153,14 @@ class Dataset:
     def shard(self, num_shards: int, index: int) -> Dataset:
         """Part `index` of `num_shards` contiguous parts of this dataset (Gluon's
         ``Dataset.shard``): the first ``len % num_shards`` parts get one sample
-        more.  Shard before shuffling so each part is a distinct subset."""
+        more.  Shard before shuffling so each part is a distinct subset.
+
+        Example:
+            >>> from mxload import SimpleDataset
+            >>> ds = SimpleDataset(list(range(9)))
+            >>> [len(ds.shard(4, i)) for i in range(4)], ds.shard(4, 3)[0]
+            ([3, 2, 2, 2], 7)
+        """
         num_shards = _as_index(num_shards, "num_shards")
         index = _as_index(index, "index")
         if num_shards < 1:
@@ -159,7 +173,13 @@ class Dataset:
 
     def take(self, count: int | None) -> Dataset:
         """The first `count` samples (all of them when count is None or larger
-        than the dataset), as Gluon's ``Dataset.take``."""
+        than the dataset), as Gluon's ``Dataset.take``.
+
+        Example:
+            >>> from mxload import SimpleDataset
+            >>> len(SimpleDataset(list(range(100))).take(10)), len(SimpleDataset([1, 2]).take(None))
+            (10, 2)
+        """
         n = len(self)
         if count is not None:
             count = _as_index(count, "count")
@@ -169,7 +189,14 @@ class Dataset:
 
     def sample(self, sampler: Any) -> Dataset:
         """A dataset of the samples at the indices `sampler` yields (a sampler
-        or any iterable of indices), in that order (Gluon's ``Dataset.sample``)."""
+        or any iterable of indices), in that order (Gluon's ``Dataset.sample``).
+
+        Example:
+            >>> from mxload import SimpleDataset
+            >>> picked = SimpleDataset(["a", "b", "c"]).sample([2, 0])
+            >>> [picked[i] for i in range(len(picked))]
+            ['c', 'a']
+        """
         indices = np.fromiter((operator.index(i) for i in sampler), dtype=np.int64)
         n = len(self)
         bad = (indices < 0) | (indices >= n)
