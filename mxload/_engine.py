@@ -454,7 +454,8 @@ class Engine:
     # ------------------------------------------------------------------ consumer
 
     def next_batch(self) -> Any:
-        """The next batch for the consumer, or _END.  Raises what the epoch hit."""
+        """The next batch for the consumer, a _Failure (the dataset or collation
+        raised for that batch), or _END.  Raises what ended the epoch."""
         if os.getpid() != self._pid:
             raise RuntimeError(
                 f"this iterator's workers belong to process {self._pid}, not to this forked child "
@@ -489,11 +490,11 @@ class Engine:
                 self._dispatch_more()
             if item is _EXHAUSTED:
                 continue
-            if isinstance(item, _Failure):
-                raise item.error
             if self._discard:
                 self._discard -= 1   # replayed stream batch, already seen before the checkpoint
                 continue
+            if isinstance(item, _Failure):
+                return item   # this batch's error: the consumer raises it, the epoch goes on
             self.stats["batches"] += 1
             return item
 
@@ -1009,6 +1010,18 @@ class EpochIterator:
             self._end()
             raise StopIteration
         self._progress.taken(self.engine.last_index)
+        if isinstance(batch, _Failure):
+            # As torch: an error raised for one batch leaves the epoch running;
+            # the loop may catch it and take the next batches.  The error's
+            # traceback holds this frame: it must reference neither the error
+            # (a cycle, freed only by a gc run) nor this iterator, so that a
+            # loop abandoned by the error still ends the workers at once.
+            error, batch = batch.error, None
+            del self, profiler
+            try:
+                raise error
+            finally:
+                del error
         if profiler is not None:
             profiler.batch_taken(self.engine.last_index, call_ns)
         return batch

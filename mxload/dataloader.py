@@ -657,21 +657,35 @@ class _InProcessIterator:
             raise StopIteration
         profiler = self._profiler
         t0 = time.monotonic_ns()
-        nxt = self._next_samples()
-        if nxt is None:
-            self._progress.finished = True
-            self.close()
-            raise StopIteration
-        idx, samples = nxt
-        if profiler is None:
-            batch = collate(self._batchify, samples, idx)
+        # As torch: an error raised for one batch (dataset or collation) uses
+        # that batch up, so a loop that catches it goes on with the next one.
+        order = self._order
+        if order is None:
+            idx = self._progress.count
         else:
-            t1 = time.monotonic_ns()
-            batch, stats, field_ns = collate_profiled(self._batchify, samples, idx)
-            t2 = time.monotonic_ns()
-            profiler.worker_batch(-1, os.getpid(), idx, t0, t1 - t0, t2 - t1, t2, stats, field_ns,
-                                  transported=False)
-            profiler.batch_taken(idx, t0)
+            idx = order[self._position] if self._position < len(order) else -1
+        try:
+            nxt = self._next_samples()
+            if nxt is None:
+                self._progress.finished = True
+                self.close()
+                raise StopIteration
+            idx, samples = nxt
+            if profiler is None:
+                batch = collate(self._batchify, samples, idx)
+            else:
+                t1 = time.monotonic_ns()
+                batch, stats, field_ns = collate_profiled(self._batchify, samples, idx)
+                t2 = time.monotonic_ns()
+                profiler.worker_batch(-1, os.getpid(), idx, t0, t1 - t0, t2 - t1, t2, stats, field_ns,
+                                      transported=False)
+                profiler.batch_taken(idx, t0)
+        except StopIteration:
+            raise
+        except Exception:
+            self._position += 1
+            self._progress.taken(idx)
+            raise
         self._position += 1
         self._progress.taken(idx)
         return batch
@@ -715,6 +729,9 @@ class _LoaderIterator:
         except StopIteration:
             if loader.auto_reload and loader._prefetched is None and self.inner is loader._live_iter_now():
                 loader._prefetched = loader._start_iter()
+            raise
+        except BaseException:
+            del self, loader   # the traceback must not keep the epoch alive (see EpochIterator.__next__)
             raise
         self._yielded += 1
         reported = loader._len_reported

@@ -456,6 +456,63 @@ def test_error_raised_as_its_type(num_workers):
         next(it)
 
 
+def _drain(it, exc_type):
+    got, errors = [], []
+    while True:
+        try:
+            got.append(np.asarray(next(it)).tolist())
+        except StopIteration:
+            return got, errors
+        except exc_type as e:
+            errors.append(str(e))
+        assert len(errors) <= N, "the iterator does not advance past failing batches"
+
+
+@pytest.mark.parametrize("mode", ["in-process", "processes", "threads"])
+@pytest.mark.parametrize("in_order", [True, False])
+def test_error_then_keep_iterating_gets_every_other_batch(mode, in_order):
+    # torch: an exception raised for one batch leaves the iterator usable; the
+    # loop may catch it and take the remaining batches.
+    kw = {"in-process": {}, "processes": {"num_workers": 2},
+          "threads": {"num_workers": 2, "thread_pool": True}}
+    loader = mxload.DataLoader(FailingDataset(), batch_size=2, in_order=in_order, **kw[mode])
+    got, errors = _drain(iter(loader), KeyError)
+    assert len(errors) == 3 and all("bad sample" in e for e in errors)
+    good = [i for i in range(N) if i // 2 not in (3 // 2, 7 // 2, 13 // 2)]
+    assert sorted(sum(got, [])) == good
+    if in_order:
+        assert sum(got, []) == good
+    # The next epoch is whole again up to its failures.
+    assert len(_drain(iter(loader), KeyError)[0]) == 7
+
+
+@pytest.mark.parametrize("as_tensors", [False, True])
+def test_a_loop_left_by_an_error_ends_its_workers_while_the_error_is_kept(as_tensors):
+    # The error's traceback must not keep the epoch (and its workers) alive.
+    from mxload.torch import DataLoader as TorchFacing
+    cls = TorchFacing if as_tensors else mxload.DataLoader
+    loader = cls(FailingDataset(), batch_size=2, num_workers=2)
+    with pytest.raises(KeyError) as info:
+        for _ in loader:
+            pass
+    assert "bad sample 3" in str(info.value)
+    assert loader._live_iter_now() is None
+
+
+def test_error_counts_as_a_taken_batch_in_checkpoints():
+    loader = mxload.DataLoader(FailingDataset(), batch_size=2, num_workers=2)
+    it = iter(loader)
+    next(it)
+    with pytest.raises(KeyError):
+        next(it)
+    state = loader.state_dict()
+    assert state["done"]["prefix"] == 2
+    del it
+    resumed = mxload.DataLoader(FailingDataset(), batch_size=2, num_workers=2)
+    resumed.load_state_dict(state)
+    assert _drain(iter(resumed), KeyError)[0][0] == [4, 5]
+
+
 def test_pin_memory_without_accelerator_warns_once_as_torch_and_continues():
     if torch.cuda.is_available():
         pytest.skip("an accelerator exists: tests/test_pin_memory.py covers pinning")
