@@ -983,7 +983,11 @@ class EpochIterator:
 
     def __next__(self) -> Any:
         with self._next_lock:
-            return self._next()
+            try:
+                return self._next()
+            except BaseException:
+                del self   # the traceback keeps this frame: it must not keep the iterator (see _next)
+                raise
 
     def _next(self) -> Any:
         if self._closed:
