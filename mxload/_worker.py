@@ -423,7 +423,9 @@ def _serve(config: WorkerConfig, sock: socket.socket, dataset: Any, batchify_fn:
             # Pickle here, inside the try: an unpicklable object in the batch
             # is reported as this batch's error, not as a dead worker.
             data = pickle.dumps(reply + (timings,), protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as e:
+        except BaseException as e:   # sys.exit(), KeyboardInterrupt... out of the
+            # dataset are this batch's failure too (the main process reports them as WorkerError);
+            # nothing else raises them here: SIGINT is ignored, a stop request is a message
             if new_fd >= 0:
                 os.close(new_fd)
             send_frame(sock, ("error", epoch, idx, pack_exception(e)))

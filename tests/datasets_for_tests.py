@@ -4,6 +4,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import signal
+import sys
 import time
 
 import numpy as np
@@ -137,6 +138,10 @@ class MultiArgError(Exception):
         self.detail = detail
 
 
+class CustomBaseException(BaseException):
+    pass
+
+
 class RaisingDataset(mxload.Dataset):
     """Raises `exc_kind` at sample `at`."""
 
@@ -154,6 +159,12 @@ class RaisingDataset(mxload.Dataset):
                 raise ValueError(f"bad sample {i}")
             if self.exc_kind == "key":
                 raise KeyError(f"missing {i}")
+            if self.exc_kind == "exit":
+                sys.exit(3)
+            if self.exc_kind == "interrupt":
+                raise KeyboardInterrupt(f"sample {i}")
+            if self.exc_kind == "base":
+                raise CustomBaseException(f"sample {i}")
             raise MultiArgError(42, f"sample {i} exploded")
         return np.array([i])
 

@@ -309,6 +309,26 @@ def test_dataset_exception_is_reraised_with_context_and_next_epoch_works(start_m
     it.close()
 
 
+@pytest.mark.parametrize("start_method", START_METHODS)
+@pytest.mark.parametrize("exc_kind,name", [
+    ("exit", "SystemExit"), ("interrupt", "KeyboardInterrupt"), ("base", "CustomBaseException")])
+def test_dataset_raising_a_base_exception_is_that_batches_worker_error(start_method, exc_kind, name):
+    """sys.exit(), KeyboardInterrupt or another BaseException out of
+    __getitem__ in a worker process: a WorkerError naming it and the batch (as
+    for an Exception), not "died unexpectedly (exit code 1)" naming neither,
+    and never the BaseException itself, which would end the training program."""
+    loader = mxload.DataLoader(RaisingDataset(at=5, exc_kind=exc_kind), batch_size=2, num_workers=2,
+                               start_method=start_method)
+    with pytest.raises(mxload.WorkerError) as info:
+        list(loader)
+    text = str(info.value)
+    assert name in text and "batch 2" in text and info.value.batch_index == 2, text
+    assert "died" not in text, text
+    it = iter(loader)
+    assert next(it).ravel().tolist() == [0, 1]
+    it.close()
+
+
 def test_multi_argument_exception_becomes_worker_error_naming_it():
     loader = mxload.DataLoader(RaisingDataset(at=3, exc_kind="multi"), batch_size=2, num_workers=1)
     with pytest.raises((mxload.WorkerError, MultiArgError)) as info:
