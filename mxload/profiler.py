@@ -302,7 +302,8 @@ class Profiler:
         self.batches += 1
 
     def _read_cpu(self) -> None:
-        for pid, readings in self._cpu.items():
+        # A snapshot: the fetcher thread adds workers' first readings without the lock.
+        for pid, readings in list(self._cpu.items()):
             cpu = _process_cpu_ns(pid)
             if cpu is not None:
                 readings[1] = cpu
@@ -356,9 +357,10 @@ class Profiler:
             main_cpu = self._main_cpu_ns
             if self._main_cpu_start is not None:
                 main_cpu += time.process_time_ns() - self._main_cpu_start
-            cpu_of_pid = {pid: r[1][0] - r[0][0] for pid, r in self._cpu.items()}
-            waited_of_pid = {pid: r[1][1] - r[0][1] for pid, r in self._cpu.items()}
-            unmeasured_of_pid = {pid: r[2] for pid, r in self._cpu.items()}
+            cpu_readings = list(self._cpu.items())   # see _read_cpu
+            cpu_of_pid = {pid: r[1][0] - r[0][0] for pid, r in cpu_readings}
+            waited_of_pid = {pid: r[1][1] - r[0][1] for pid, r in cpu_readings}
+            unmeasured_of_pid = {pid: r[2] for pid, r in cpu_readings}
             workers = []
             for wid, (busy, n, _first, _last, pid, restarts) in sorted(self.workers.items()):
                 cpu = cpu_of_pid.get(pid) if pid is not None else None

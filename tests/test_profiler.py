@@ -400,3 +400,30 @@ def test_usable_cores_follows_the_affinity_mask_and_workers_beyond_it_warn_once(
     assert message.startswith("This DataLoader will create 3 worker processes in total")
     assert "only 1 CPU cores" in message and "lower num_workers to 1" in message
     assert filename == "<string>"   # points at the user's line, not at mxload
+
+
+def test_report_while_the_fetcher_records_new_workers(monkeypatch):
+    """report() and epoch_ended() run in the training loop while the fetcher thread
+    records batches of workers it has not seen (first CPU readings, without the lock):
+    neither may fail with 'dictionary changed size during iteration'."""
+    import threading
+
+    from mxload import profiler as profiler_module
+
+    monkeypatch.setattr(profiler_module, "_process_cpu_ns", lambda pid: (pid, pid))
+    for _ in range(10):   # one round hits the race about one time in three
+        prof = mxload.Profiler()
+
+        def fetcher(prof=prof):
+            for pid in range(10_000, 13_000):
+                prof.worker_batch(0, pid, pid, time.monotonic_ns(), 1, 1, time.monotonic_ns(), [], [])
+
+        thread = threading.Thread(target=fetcher)
+        thread.start()
+        try:
+            while thread.is_alive():
+                prof.report()
+                prof.epoch_ended()
+        finally:
+            thread.join(timeout=10)
+        assert len(prof._cpu) == 3000
