@@ -353,7 +353,7 @@ class Pad(Batchify):
             target = -(-target // self.round_to) * self.round_to
         others = np.arange(nd) != axis
         one_axis = bool((shapes[:, others] == target[others]).all()) and int(target[axis]) == int(
-            shapes[:, axis].max())
+            shapes[:, axis].max(axis=0))
         if one_axis or any(a.ndim != nd for a in arrays):
             # Ragged along `axis` only (or a dimension mismatch, which the
             # compiled check names): the compiled single-axis kernel.
