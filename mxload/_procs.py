@@ -272,8 +272,12 @@ class Zygote:
         self._replies: dict[int, tuple[Any, ...]] = {}
         self._broken: str | None = None
         self._status: int | None = None   # the zygote's own exit code, once reaped
-        for w in caught:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+        try:
+            for w in caught:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+        except BaseException:   # an error filter: the zygote must not outlive this
+            self.close(time.monotonic() + 1.0)
+            raise
 
     def start(self, worker_id: int, epoch: int, sock: socket.socket) -> ZygoteWorker:
         """Fork a worker that serves `sock` (the caller closes its copy)."""

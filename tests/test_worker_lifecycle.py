@@ -381,7 +381,9 @@ def test_parent_killed_busy_workers_die_within_two_seconds(start_method, from_th
             next(it)
             time.sleep(60)
         if {from_thread!r}:
-            threading.Thread(target=run).start()
+            t = threading.Thread(target=run)
+            t.start()
+            t.join()   # the main thread lives on (Python 3.12 refuses to fork once it has ended)
         else:
             run()
     """)
