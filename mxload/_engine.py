@@ -903,6 +903,8 @@ class Engine:
             self._end_processes(procs, start, deadline)
             if self._zygote is not None:
                 self._zygote.close(deadline)
+                for p in procs:
+                    p.close()   # whatever the zygote did not report, its end ended them too
         # 6. Close sockets and pipes, drop buffered batches, release slabs
         #    (batches the consumer still holds stay valid until it drops them).
         for w in self._workers:
@@ -944,7 +946,10 @@ class Engine:
             remaining = until - time.monotonic()
             if remaining <= 0:
                 return
-            mp_connection.wait([p.sentinel for p in pending], timeout=remaining)
+            ended = set(mp_connection.wait([p.sentinel for p in pending], timeout=remaining))
+            for p in pending:
+                if p.sentinel in ended:
+                    p.join(timeout=max(0.0, until - time.monotonic()))   # its exit status follows
             pending = [p for p in pending if p.exitcode is None]
 
     @staticmethod

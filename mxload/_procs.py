@@ -203,13 +203,15 @@ class ZygoteWorker:
 
     @property
     def exitcode(self) -> int | None:
-        """None while it runs; its exit code (negative: signal) once the
-        zygote has reaped it (reported within moments of its end).  If the
-        zygote died first, the worker's status went to init with it: it
-        ended by the parent-death signal, SIGKILL."""
+        """None while it runs, and until the zygote has reported reaping it
+        (moments after its end; join() waits for that); then its exit code
+        (negative: signal).  Never blocks: shutdown loops over it within its
+        deadline, however late the zygote answers.  If the zygote died first,
+        the worker's status went to init with it: it ended by the
+        parent-death signal, SIGKILL."""
         if not self._ended():
             return None
-        code = self._zygote.exit_code(self.pid, wait_s=0.2)
+        code = self._zygote.exit_code(self.pid, wait_s=0.0)
         if code is None and self._zygote.death() is not None:
             return -signal.SIGKILL
         return code
@@ -304,21 +306,29 @@ class Zygote:
     def exit_code(self, pid: int, wait_s: float) -> int | None:
         """The reported exit code of `pid`, waiting at most wait_s for it."""
         deadline = time.monotonic() + max(0.0, wait_s)
-        with self._lock:
+        # A start() waiting for its reply holds the lock: wait no longer than asked.
+        if not self._lock.acquire(timeout=max(0.0, wait_s)):
+            return self._exits.get(pid)
+        try:
             while pid not in self._exits:
                 if not self._pump(deadline):
                     return None
             return self._exits[pid]
+        finally:
+            self._lock.release()
 
     def death(self, wait_s: float = 0.5) -> str | None:
         """How the zygote ended ("killed by SIGKILL"...), None while it
         serves.  Its workers die with it (parent-death signal) and no worker
         can be started any more.  Waits at most wait_s for its exit status."""
-        with self._lock:
-            while self._broken is None and self._pump(time.monotonic()):
-                pass   # read what is there: its reports, then its hang-up
-            if self._broken is None:
-                return None
+        if self._lock.acquire(timeout=wait_s):
+            try:
+                while self._broken is None and self._pump(time.monotonic()):
+                    pass   # read what is there: its reports, then its hang-up
+            finally:
+                self._lock.release()
+        if self._broken is None:
+            return None
         if self._status is None and self._pidfd >= 0 and select.select([self._pidfd], [], [], wait_s)[0]:
             try:
                 _, status = os.waitpid(self.pid, 0)
@@ -358,6 +368,13 @@ class Zygote:
     def close(self, deadline: float) -> None:
         """End the zygote: it SIGKILLs and reaps every worker still there,
         then exits; SIGKILL it at the deadline.  Reaps it."""
+        sock = self._sock
+        if sock is not None:
+            # Wakes a start() waiting (lock held) for a late reply at once:
+            # it reads the end of the channel, instead of holding the lock,
+            # and this shutdown, for ZYGOTE_REPLY_S.
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         with self._lock:
             sock, self._sock = self._sock, None
         _fds.close_socket(sock)   # the hang-up is the zygote's stop request

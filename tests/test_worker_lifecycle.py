@@ -6,6 +6,7 @@ MXLOAD_CHAOS_SECONDS per start method (default 4; the acceptance run uses 30).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -439,3 +440,29 @@ def test_zygote_killed_is_a_prompt_error_naming_it_and_the_next_epoch_works(rest
         assert_gone(workers + [zygote])
     assert len(list(loader)) == 100
     loader.close()
+
+
+def test_shutdown_keeps_its_deadline_when_the_zygote_does_not_answer():
+    """A stopped (or starved) zygote reports no exit status and answers no
+    start request: shutdown neither waits 0.2 s per look at a worker's exit
+    status nor for a restart's ZYGOTE_REPLY_S, and still ends everything."""
+    loader = mxload.DataLoader(SlowDataset(0.01, n=10_000), batch_size=2, num_workers=4,
+                               max_worker_restarts=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        it = iter(loader)
+        next(it)
+        zygote = it.engine.zygote_pid
+        pids = [w.pid for w in it.engine._workers]
+        os.kill(zygote, signal.SIGSTOP)
+        try:
+            os.kill(pids[0], signal.SIGKILL)   # its restart waits for the zygote
+            time.sleep(0.5)
+            start = time.monotonic()
+            it.close()
+            elapsed = time.monotonic() - start
+        finally:
+            with contextlib.suppress(ProcessLookupError):   # shutdown ended it
+                os.kill(zygote, signal.SIGCONT)
+    assert elapsed < 1.0 + 0.5, f"shutdown took {elapsed:.2f} s"
+    assert_gone(pids + [zygote])
