@@ -375,7 +375,7 @@ def test_parent_killed_busy_workers_die_within_two_seconds(start_method, from_th
     proc = _popen(f"""
         def run():
             global it
-            loader = mxload.DataLoader(SlowDataset(0.5, n=10_000), batch_size=2, num_workers=3,
+            loader = mxload.DataLoader(SlowDataset(3.0, n=10_000), batch_size=2, num_workers=3,
                                        start_method={start_method!r}, timeout=None)
             it = iter(loader)
             print(" ".join(str(w.pid) for w in it.engine._workers), flush=True)
