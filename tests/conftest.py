@@ -50,6 +50,27 @@ def descendant_pids() -> set:
     return found
 
 
+def process_alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def assert_gone(pids, within: float = 2.0) -> None:
+    """Every pid is gone (exited, reaped or a zombie) within `within` s."""
+    deadline = time.monotonic() + within
+    alive = list(pids)
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if process_alive(p)]
+        if not alive:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"processes still alive after {within} s: {alive}")
+
+
 def open_fds() -> set:
     return set(os.listdir("/proc/self/fd"))
 

@@ -18,7 +18,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import descendant_pids, shm_entries
+from conftest import assert_gone, descendant_pids, shm_entries
 from datasets_for_tests import (
     DictDataset,
     DyingDataset,
@@ -41,25 +41,6 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 def worker_pids(it):
     return [w.pid for w in it.engine._workers]
-
-
-def assert_gone(pids, within=2.0):
-    """Every pid is gone (reaped or never our child any more) within `within` s."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        alive = [p for p in pids if os.path.exists(f"/proc/{p}") and _state(p) != "Z"]
-        if not alive:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"processes still alive after {within} s: {alive}")
-
-
-def _state(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
 
 
 # ---------------------------------------------------------------- shutdown paths

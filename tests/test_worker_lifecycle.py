@@ -19,6 +19,7 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import assert_gone, process_alive
 from datasets_for_tests import PayloadDataset, SlowDataset, TupleDataset
 
 import mxload
@@ -55,25 +56,6 @@ def _ppid(pid: int) -> int | None:
         return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def assert_gone(pids, within=2.0):
-    deadline = time.monotonic() + within
-    alive = list(pids)
-    while time.monotonic() < deadline:
-        alive = [p for p in pids if _alive(p)]
-        if not alive:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"processes still alive after {within} s: {alive}")
-
-
 class Killer(threading.Thread):
     """For `seconds`, SIGKILLs a random live worker of `engine` every
     min_s..max_s seconds."""
@@ -98,7 +80,7 @@ class Killer(threading.Thread):
             if not handles:
                 continue
             pid = self.rng.choice(handles).pid
-            if _ppid(pid) in parents and _alive(pid):   # still a worker: never a reused pid
+            if _ppid(pid) in parents and process_alive(pid):   # still a worker: never a reused pid
                 try:
                     os.kill(pid, signal.SIGKILL)
                     self.kills += 1
@@ -313,7 +295,7 @@ def test_a_restart_still_starting_when_the_epoch_ends_is_stopped(start_method):
         assert loader.stats["worker_restarts"] == 1
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:
-        left = {p for p in _all_pids() if _ppid(p) == server and _alive(p)} - served_before
+        left = {p for p in _all_pids() if _ppid(p) == server and process_alive(p)} - served_before
         if not left:
             break
         time.sleep(0.05)
