@@ -1,32 +1,25 @@
-"""DataLoader: checks its arguments, builds the batch sampler and picks an
-iterator (in-process, or the multi-worker engine in ``_engine``)."""
+"""DataLoader: turns its arguments into LoaderOptions (``_options``, where
+every check lives), builds the batch sampler and picks an iterator
+(in-process, or the multi-worker engine in ``_engine``)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import warnings
 import weakref
 from collections.abc import Callable
-from multiprocessing import context as mp_context
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 import numpy as np
 
 from ._checkpoint import EpochProgress, check_state
 from ._core import defer_sigint, sigint_safe_finalizer
 from ._cpus import warn_if_oversubscribed
-from ._torch_compat import (
-    PIN_MEMORY_NO_ACCELERATOR,
-    is_torch_iterable_dataset,
-    pin_batch,
-    pinning_device,
-    seed_from_torch,
-    to_tensors,
-    torch_module,
-)
+from ._options import LoaderOptions
+from ._torch_compat import PIN_MEMORY_NO_ACCELERATOR, pin_batch, pinning_device, to_tensors
 from ._worker import _SampleSource
-from .batchify import _Unbatched, collate, collate_profiled, default_batchify, default_convert
-from .dataset import IterableDataset
+from .batchify import collate, collate_profiled
 from .sampler import (
     BatchSampler,
     DistributedSampler,
@@ -41,41 +34,57 @@ if TYPE_CHECKING:
 
 __all__ = ["DataLoader"]
 
-_START_METHODS = ("fork", "spawn", "forkserver")
-
 # torch raises ValueError when these are set on a constructed DataLoader: the
 # epoch machinery was built from them.
 _FROZEN_ATTRIBUTES = frozenset(("batch_size", "batch_sampler", "sampler", "drop_last", "dataset",
                                 "persistent_workers"))
 
-
-def _is_iterable_dataset(dataset: Any) -> bool:
-    """Decided as torch does (an instance of its IterableDataset, whose
-    inherited __getitem__ fools duck typing), or mxload's, or any object
-    with __iter__ and no __getitem__."""
-    if isinstance(dataset, IterableDataset) or is_torch_iterable_dataset(dataset):
-        return True
-    return hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
+_T = TypeVar("_T")
 
 
-def _is_int(value: Any) -> bool:
-    return not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, np.integer))
+class _Option(Generic[_T]):
+    # A DataLoader attribute that is one of its LoaderOptions.  Setting one
+    # (torch allows it for all but the frozen attributes) replaces
+    # loader._options, so the next epoch runs with the new value; the value is
+    # not checked again, as torch does not check it either.  No docstring:
+    # an instance would show it as every option attribute's documentation.
+
+    def __init__(self, field: str | None = None):
+        self._field = field or ""
+
+    def __set_name__(self, owner: type[Any], name: str) -> None:
+        self._field = self._field or name
+
+    @overload
+    def __get__(self, loader: None, owner: type[Any]) -> _Option[_T]: ...
+    @overload
+    def __get__(self, loader: DataLoader, owner: type[Any]) -> _T: ...
+
+    def __get__(self, loader: DataLoader | None, owner: type[Any]) -> _T | _Option[_T]:
+        if loader is None:
+            return self
+        return cast(_T, getattr(loader._options, self._field))
+
+    def __set__(self, loader: DataLoader, value: _T) -> None:
+        changes: dict[str, Any] = {self._field: value}
+        loader._options = dataclasses.replace(loader._options, **changes)
 
 
-def _start_method_of(context: Any) -> str:
-    """multiprocessing_context (a start method name or a context object, as
-    torch takes it) as a start method name."""
-    if isinstance(context, str):
-        name = context
-    elif isinstance(context, mp_context.BaseContext):
-        name = context.get_start_method()
-    else:
-        raise TypeError(f"multiprocessing_context must be a start method name or a multiprocessing "
-                        f"context object, got {type(context).__name__}")
-    if name not in _START_METHODS:
-        raise ValueError(f"multiprocessing_context must be one of {_START_METHODS} (or their context "
-                         f"objects), got {name!r}")
-    return name
+def _make_batch_sampler(options: LoaderOptions) -> Any:
+    """The batch sampler of a map-style dataset: the user's, or one over
+    the user's sampler, or over a sequential/random/distributed one; None
+    for a stream (it batches itself)."""
+    if options.batch_sampler is not None or options.iterable:
+        return options.batch_sampler
+    sampler = options.sampler
+    n = len(options.dataset) if sampler is None else 0
+    if sampler is None and options.distributed:
+        # Every rank must draw the same order, so never a fresh seed here.
+        sampler = DistributedSampler(n, shuffle=options.shuffle, seed=options.distributed_seed,
+                                     drop_last=options.drop_last)
+    elif sampler is None:
+        sampler = RandomSampler(n, seed=options.seed) if options.shuffle else SequentialSampler(n)
+    return BatchSampler(sampler, options.batch_size or 1, options.last_batch)
 
 
 class DataLoader:
@@ -182,6 +191,34 @@ class DataLoader:
     # mxload.torch.DataLoader hands out torch tensors instead of numpy arrays.
     _as_tensors = False
 
+    # The settings, read from (and set into) self._options.
+    dataset = _Option[Any]()
+    batch_size = _Option[int | None]()
+    last_batch = _Option[str]()
+    batchify_fn = _Option[Callable[..., Any]]()
+    collate_fn = _Option[Callable[..., Any]]()
+    num_workers = _Option[int]()
+    prefetch = _Option[int]()
+    prefetch_factor = _Option[int | None]()
+    thread_pool = _Option[bool]()
+    timeout = _Option[float | None]()
+    worker_init_fn = _Option[Callable[[int], None] | None]()
+    seed = _Option[int]()
+    persistent_workers = _Option[bool]()
+    in_order = _Option[bool]()
+    start_method = _Option[str | None]()
+    max_worker_restarts = _Option[int]()
+    profile = _Option[bool]()
+    generator = _Option[Any]()
+    multiprocessing_context = _Option[Any]()
+    pin_memory = _Option[bool]()
+    pin_memory_device = _Option[str]()
+    pin_device_id = _Option[int]()
+    auto_reload = _Option[bool]()
+    try_nopython = _Option[bool | None]()
+    iterable = _Option[bool]()
+    _fetch_batch_size = _Option[int]("fetch_batch_size")
+
     def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = False,
                  sampler: Any = None, last_batch: str | None = None, batch_sampler: Any = None,
                  batchify_fn: Callable[..., Any] | None = None, num_workers: int = 0,
@@ -195,181 +232,17 @@ class DataLoader:
                  start_method: str | None = None, max_worker_restarts: int = 0, profile: bool = False,
                  distributed: bool = False, try_nopython: bool | None = None):
         self.__dict__["_initialized"] = False
-        if last_batch is not None and not isinstance(last_batch, str):
-            what = type(last_batch).__name__
-            hint = (" torch's DataLoader takes batch_sampler fifth; pass it as batch_sampler=..."
-                    if hasattr(last_batch, "__iter__") else "")
-            raise TypeError(f"the fifth positional argument is last_batch (Gluon's order: dataset, "
-                            f"batch_size, shuffle, sampler, last_batch, batch_sampler, batchify_fn, "
-                            f"num_workers, ...), a string, got a {what}.{hint}")
-        if batch_sampler is not None and not hasattr(batch_sampler, "__iter__"):
-            raise TypeError(f"batch_sampler must be an iterable of index lists, got {batch_sampler!r}; "
-                            f"positional arguments follow Gluon's order (dataset, batch_size, shuffle, "
-                            f"sampler, last_batch, batch_sampler, batchify_fn, num_workers, pin_memory, "
-                            f"pin_device_id, prefetch, thread_pool, timeout): pass torch's by keyword")
-        if collate_fn is not None:
-            if batchify_fn is not None:
-                raise ValueError("pass either batchify_fn or collate_fn (its alias), not both")
-            batchify_fn = collate_fn
-        if batchify_fn is not None and not callable(batchify_fn):
-            raise TypeError(f"batchify_fn must be callable, got {type(batchify_fn).__name__}")
-        if drop_last is not None:
-            if last_batch is not None and drop_last and last_batch != "discard":
-                raise ValueError(f"drop_last=True conflicts with last_batch={last_batch!r}")
-            if drop_last:
-                last_batch = "discard"
-        if isinstance(num_workers, bool) or not _is_int(num_workers) or num_workers < 0:
-            raise ValueError(f"num_workers must be a non-negative integer (use num_workers=0 to load in "
-                             f"the main process), got {num_workers!r}")
-        self.iterable = _is_iterable_dataset(dataset)
-        iterable = self.iterable
-        if iterable and shuffle:
-            raise ValueError(f"shuffle={shuffle!r} cannot be used with an IterableDataset (it decides "
-                             f"its own order)")
-        shuffle = bool(shuffle)
-        if distributed:
-            clash = [name for name, bad in (("sampler", sampler is not None),
-                                            ("batch_sampler", batch_sampler is not None)) if bad]
-            if clash:
-                raise ValueError(f"distributed=True is mutually exclusive with {', '.join(clash)} "
-                                 f"(pass a DistributedSampler as sampler= instead)")
-            if iterable:
-                raise ValueError("distributed=True cannot be used with an IterableDataset "
-                                 "(shard the stream by rank in the dataset instead)")
-
-        # Seeds: seed=, else torch's generator= (or, when the program uses
-        # torch, torch's global RNG) as torch's DataLoader draws its base
-        # seed, so torch.manual_seed(s) fixes the run as it does with torch.
-        if seed is not None and (not _is_int(seed) or seed < 0):
-            raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
-        if seed is not None and generator is not None:
-            raise ValueError("pass seed or generator, not both (generator seeds the run as seed does)")
-        user_seed = seed
-        if seed is None and (generator is not None or torch_module() is not None):
-            seed = seed_from_torch(generator)
-
-        auto_batching = True
-        if batch_sampler is not None:
-            conflicts = [name for name, bad in (("batch_size", batch_size not in (None, 1)),
-                                                ("shuffle", shuffle),
-                                                ("sampler", sampler is not None),
-                                                ("drop_last/last_batch", last_batch is not None)) if bad]
-            if conflicts:
-                raise ValueError(f"batch_sampler is mutually exclusive with {', '.join(conflicts)}")
-            if iterable:
-                raise ValueError("batch_sampler cannot be used with an IterableDataset")
-            batch_size = None
-        else:
-            if batch_size is None:
-                # torch: no automatic batching; each sample is one "batch".
-                if last_batch is not None:
-                    raise ValueError("batch_size=None disables automatic batching and is mutually "
-                                     "exclusive with drop_last/last_batch")
-                auto_batching = False
-            elif not _is_int(batch_size) or batch_size <= 0:
-                raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
-            if iterable:
-                if sampler is not None:
-                    raise ValueError("sampler cannot be used with an IterableDataset (it decides its own "
-                                     "order)")
-                if last_batch not in (None, "keep", "discard"):
-                    raise ValueError(f"last_batch={last_batch!r} is not supported for an "
-                                     f"IterableDataset; use 'keep' or 'discard'")
-            else:
-                if sampler is not None and shuffle:
-                    raise ValueError("shuffle=True is mutually exclusive with sampler "
-                                     "(shuffle with a RandomSampler instead)")
-                if sampler is None and distributed:
-                    # Every rank must draw the same order, so no random seed here.
-                    sampler = DistributedSampler(len(dataset), shuffle=shuffle,
-                                                 seed=user_seed if user_seed is not None else 0,
-                                                 drop_last=last_batch == "discard")
-                elif sampler is None:
-                    sampler = (RandomSampler(len(dataset), seed=seed) if shuffle
-                               else SequentialSampler(len(dataset)))
-                batch_sampler = BatchSampler(sampler, int(batch_size or 1), last_batch or "keep")
-
-        if prefetch is not None and (not _is_int(prefetch) or prefetch < 1):
-            raise ValueError(f"prefetch must be a positive integer or None, got {prefetch!r}")
-        if prefetch_factor is not None:
-            if num_workers == 0:
-                raise ValueError("prefetch_factor (batches in flight per worker) needs num_workers > 0; "
-                                 "leave it None for num_workers=0")
-            if prefetch is not None:
-                raise ValueError("pass prefetch (batches in flight in all) or prefetch_factor (per "
-                                 "worker, torch's), not both")
-            if not _is_int(prefetch_factor) or prefetch_factor < 1:
-                raise ValueError(f"prefetch_factor must be a positive integer, got {prefetch_factor!r}")
-            prefetch = int(prefetch_factor) * int(num_workers)
-        if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer, np.floating)) \
-                    or timeout < 0 or timeout != timeout:
-                raise ValueError(f"timeout must be a non-negative number of seconds (0 or None: wait "
-                                 f"forever), got {timeout!r}")
-            if timeout == 0:
-                timeout = None   # torch's default: no timeout
-        if multiprocessing_context is not None:
-            context_method = _start_method_of(multiprocessing_context)
-            if start_method is not None and start_method != context_method:
-                raise ValueError(f"start_method={start_method!r} conflicts with multiprocessing_context "
-                                 f"{context_method!r}; pass one of them")
-            start_method = context_method
-        if start_method is not None and start_method not in _START_METHODS:
-            raise ValueError(f"start_method must be one of {_START_METHODS} or None, got {start_method!r}")
-        if not _is_int(max_worker_restarts) or max_worker_restarts < 0:
-            raise ValueError(
-                f"max_worker_restarts must be a non-negative integer, got {max_worker_restarts!r}")
-        if worker_init_fn is not None and not callable(worker_init_fn):
-            raise TypeError(f"worker_init_fn must be callable, got {type(worker_init_fn).__name__}")
-        if not _is_int(pin_device_id) or pin_device_id < 0:
-            raise ValueError(f"pin_device_id must be a non-negative integer, got {pin_device_id!r}")
-        if not isinstance(pin_memory_device, str):
-            raise TypeError(f"pin_memory_device must be a string, got {type(pin_memory_device).__name__}")
-        if num_workers == 0:
-            unsupported = [name for name, used in (
-                ("persistent_workers", persistent_workers), ("thread_pool", thread_pool),
-                ("max_worker_restarts", max_worker_restarts > 0),
-                ("multiprocessing_context" if multiprocessing_context is not None else "start_method",
-                 start_method is not None)) if used]
-            if unsupported:
-                raise ValueError(f"{', '.join(unsupported)} need num_workers > 0")
-
-        self.dataset = dataset
-        self.batch_size = batch_size
-        self.last_batch = last_batch or "keep"
-        self.batch_sampler = batch_sampler
-        self.sampler = getattr(batch_sampler, "sampler", None)  # e.g. loader.sampler.set_epoch(e)
-        if not auto_batching:
-            self.batchify_fn: Callable[..., Any] = _Unbatched(
-                batchify_fn if batchify_fn is not None else default_convert)
-        else:
-            self.batchify_fn = batchify_fn if batchify_fn is not None else default_batchify
-        # What the workers' streams and the engine group samples by.
-        self._fetch_batch_size = int(batch_size) if batch_size is not None else (0 if auto_batching else 1)
-        self.num_workers = int(num_workers)
-        self.prefetch = int(prefetch) if prefetch is not None else 2 * max(self.num_workers, 1)
-        self.thread_pool = bool(thread_pool)
-        self.timeout = timeout
-        self.worker_init_fn = worker_init_fn
-        self.seed = (int(seed) if seed is not None
-                     else int(cast(int, np.random.SeedSequence().entropy) % (2 ** 63)))
-        self.persistent_workers = bool(persistent_workers)
-        self.in_order = bool(in_order)
-        self.start_method = start_method
-        self.max_worker_restarts = int(max_worker_restarts)
-        self.profile = bool(profile)
-        # torch's read-only view of the same settings.
-        self.collate_fn = batchify_fn if batchify_fn is not None else (
-            default_batchify if auto_batching else default_convert)
-        self.generator = generator
-        self.multiprocessing_context = multiprocessing_context
-        self.prefetch_factor = (None if self.num_workers == 0
-                                else max(1, self.prefetch // self.num_workers))
-        self.pin_memory = bool(pin_memory)
-        self.pin_memory_device = pin_memory_device
-        self.pin_device_id = int(pin_device_id)
-        self.auto_reload = bool(auto_reload)
-        self.try_nopython = try_nopython
+        self._options = LoaderOptions.from_arguments(
+            dataset, batch_size, shuffle, sampler, last_batch, batch_sampler, batchify_fn, num_workers,
+            pin_memory, pin_device_id, prefetch, thread_pool, timeout, auto_reload, collate_fn=collate_fn,
+            drop_last=drop_last, worker_init_fn=worker_init_fn,
+            multiprocessing_context=multiprocessing_context, generator=generator,
+            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device, in_order=in_order, seed=seed, start_method=start_method,
+            max_worker_restarts=max_worker_restarts, profile=profile, distributed=distributed,
+            try_nopython=try_nopython)
+        self.batch_sampler = _make_batch_sampler(self._options)
+        self.sampler = getattr(self.batch_sampler, "sampler", None)  # e.g. loader.sampler.set_epoch(e)
         self.epoch = 0
         self._engine: Any = None          # persistent workers' engine
         self._live_iter: weakref.ref[_InProcessIterator | EpochIterator] | None = None   # the newest
@@ -397,7 +270,7 @@ class DataLoader:
     @property
     def drop_last(self) -> bool:
         """torch's name: whether an incomplete last batch is dropped."""
-        return self.last_batch == "discard"
+        return self._options.drop_last
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _FROZEN_ATTRIBUTES and self.__dict__.get("_initialized"):

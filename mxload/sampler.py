@@ -17,6 +17,8 @@ from typing import Any, Protocol, cast
 import numpy as np
 import numpy.typing as npt
 
+from ._checks import check_int
+
 __all__ = [
     "Sampler",
     "SequentialSampler",
@@ -41,31 +43,6 @@ class SizedIndices(Protocol):
 
     def __iter__(self) -> Iterator[Any]: ...
     def __len__(self) -> int: ...
-
-
-def _as_int(value: Any, name: str) -> int:
-    """Return ``value`` as a Python int; bools and floats are rejected."""
-    if isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an integer, got {value!r}") from None
-
-
-def _as_length(n: int, name: str = "n") -> int:
-    n = _as_int(n, name)
-    if n < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {n}")
-    return n
-
-
-def _as_seed(seed: int) -> int:
-    seed = _as_int(seed, "seed")
-    if seed < 0:
-        # SeedSequence only accepts non-negative entropy.
-        raise ValueError(f"seed must be a non-negative integer, got {seed}")
-    return seed
 
 
 def _int_from_env(var: str, default: int) -> int:
@@ -207,8 +184,8 @@ class SequentialSampler(Sampler):
     """
 
     def __init__(self, n: int, start: int = 0):
-        self._n = _as_length(n)
-        self._start = _as_length(start, "start")
+        self._n = check_int("n", n, 0)
+        self._start = check_int("start", start, 0)
 
     def epoch_indices(self) -> IndexArray:
         return np.arange(self._start, self._start + self._n, dtype=np.int64)
@@ -240,8 +217,8 @@ class IntervalSampler(Sampler):
     """
 
     def __init__(self, length: int, interval: int, rollover: bool = True):
-        self._n = _as_length(length, "length")
-        self._interval = _as_int(interval, "interval")
+        self._n = check_int("length", length, 0)
+        self._interval = check_int("interval", interval)
         if not 0 < self._interval < self._n:
             raise ValueError(f"interval must be in [1, length) = [1, {self._n}), got {self._interval}")
         self._rollover = bool(rollover)
@@ -314,16 +291,14 @@ class RandomSampler(Sampler):
     """
 
     def __init__(self, n: int, seed: int | None = None):
-        self._n = _as_length(n)
-        self.seed = cast(int, np.random.SeedSequence().entropy) if seed is None else _as_seed(seed)
+        self._n = check_int("n", n, 0)
+        fresh = seed is None
+        self.seed = cast(int, np.random.SeedSequence().entropy) if fresh else check_int("seed", seed, 0)
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next epoch use permutation number ``epoch``."""
-        epoch = _as_int(epoch, "epoch")
-        if epoch < 0:
-            raise ValueError(f"epoch must be a non-negative integer, got {epoch}")
-        self.epoch = epoch
+        self.epoch = check_int("epoch", epoch, 0)
 
     def epoch_indices(self) -> IndexArray:
         indices = _permutation(self.seed, self.epoch, self._n)
@@ -366,15 +341,7 @@ class BatchSampler(Sampler):
     def __init__(self, sampler: SizedIndices, batch_size: int, last_batch: str = "keep"):
         if sampler is None:
             raise ValueError("sampler must not be None")
-        if isinstance(batch_size, (bool, np.bool_)):
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        try:
-            batch_size = operator.index(batch_size)
-        except TypeError:
-            raise ValueError(
-                f"batch_size must be a positive integer, got {batch_size!r}") from None
-        if batch_size <= 0:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
+        batch_size = check_int("batch_size", batch_size, 1)
         if not isinstance(last_batch, str) or last_batch not in _LAST_BATCH_MODES:
             raise ValueError(
                 f"last_batch must be one of {', '.join(map(repr, _LAST_BATCH_MODES))}; "
@@ -510,11 +477,11 @@ class DistributedSampler(Sampler):
 
     def __init__(self, n: int, num_replicas: int | None = None, rank: int | None = None,
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False):
-        self._n = _as_length(n)
+        self._n = check_int("n", n, 0)
         group = _torch_process_group() if num_replicas is None or rank is None else None
         # Name where a bad value came from, so a broken launcher env is obvious.
         if num_replicas is not None:
-            num_replicas = _as_int(num_replicas, "num_replicas")
+            num_replicas = check_int("num_replicas", num_replicas)
             r_src = ""
         elif group is not None:
             num_replicas = group[0]
@@ -531,7 +498,7 @@ class DistributedSampler(Sampler):
             rank = _int_from_env("RANK", 0)
             k_src = " (from RANK)" if "RANK" in os.environ else ""
         else:
-            rank = _as_int(rank, "rank")
+            rank = check_int("rank", rank)
             k_src = ""
         if not 0 <= rank < num_replicas:
             raise ValueError(
@@ -540,7 +507,7 @@ class DistributedSampler(Sampler):
         self.num_replicas = num_replicas
         self.rank = rank
         self.shuffle = bool(shuffle)
-        self.seed = _as_seed(seed)
+        self.seed = check_int("seed", seed, 0)  # SeedSequence takes no negative entropy
         self.drop_last = bool(drop_last)
         self.epoch = 0
         if self.drop_last:
@@ -556,10 +523,7 @@ class DistributedSampler(Sampler):
         (which draws the epoch's indices in ``iter()``).  The epoch then
         advances by one after each epoch, as without ``set_epoch``.
         """
-        epoch = _as_int(epoch, "epoch")
-        if epoch < 0:
-            raise ValueError(f"epoch must be a non-negative integer, got {epoch}")
-        self.epoch = epoch
+        self.epoch = check_int("epoch", epoch, 0)
 
     def epoch_indices(self) -> IndexArray:
         if self.shuffle:

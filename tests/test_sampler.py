@@ -113,7 +113,7 @@ def test_random_bad_epoch():
     s = RandomSampler(10, seed=0)
     with pytest.raises(ValueError, match="epoch must be a non-negative integer, got -1"):
         s.set_epoch(-1)
-    with pytest.raises(ValueError, match="epoch must be an integer"):
+    with pytest.raises(ValueError, match="epoch must be a non-negative integer, got 1.0"):
         s.set_epoch(1.0)
 
 

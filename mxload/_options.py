@@ -1,0 +1,315 @@
+"""LoaderOptions: every DataLoader argument, checked once, as one frozen value.
+
+``DataLoader.__init__`` hands its arguments as given to
+:meth:`LoaderOptions.from_arguments`, then builds the batch sampler from the
+result; the runtime reads the loader's settings from its LoaderOptions and
+from nothing else.  Every argument check lives here.  They run in a fixed
+order (argument kinds first, then conflicts between arguments, then ranges)
+and the first problem found is the one reported, so a call with several
+mistakes always names the same one.
+
+Integers are checked by :func:`mxload._checks.check_int` (one rule and one
+message style for every integer argument of the package).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from multiprocessing import context as mp_context
+from typing import Any, cast
+
+import numpy as np
+
+from ._checks import check_int
+from ._torch_compat import is_torch_iterable_dataset, seed_from_torch, torch_module
+from .batchify import _Unbatched, default_batchify, default_convert
+from .dataset import IterableDataset
+
+__all__ = ["LoaderOptions", "START_METHODS", "is_iterable_dataset"]
+
+START_METHODS = ("fork", "spawn", "forkserver")
+
+_POSITIONAL_ORDER = ("dataset, batch_size, shuffle, sampler, last_batch, batch_sampler, batchify_fn, "
+                     "num_workers, pin_memory, pin_device_id, prefetch, thread_pool, timeout")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoaderOptions:
+    """A DataLoader's settings after every check: what the runtime runs on.
+
+    The fields are the DataLoader's arguments (torch's aliases resolved, so
+    ``collate_fn`` is in `batchify_fn`, ``drop_last`` in `last_batch`,
+    ``multiprocessing_context`` in `start_method`, ``prefetch_factor`` in
+    `prefetch`), plus what follows from them (`iterable`, `auto_batching`,
+    `fetch_batch_size`, the drawn `seed`).  Build it with
+    :meth:`from_arguments`; ``dataclasses.replace`` makes a changed copy
+    without checking (what a DataLoader attribute set after construction
+    does, as torch allows for all but its frozen ones).
+    """
+
+    dataset: Any                                  # the user's dataset: any object
+    iterable: bool                                # iterable-style (the dataset decides the order)
+    batch_size: int | None                        # as given; None: a batch_sampler, or no batching
+    auto_batching: bool                           # False: batch_size=None, each sample is one "batch"
+    fetch_batch_size: int                         # samples a stream groups into a batch (0: none)
+    shuffle: bool
+    sampler: Any                                  # the user's sampler, or None
+    batch_sampler: Any                            # the user's batch sampler, or None
+    last_batch: str                               # "keep" | "discard" | "rollover"
+    batchify_fn: Callable[..., Any]               # what collates (wrapped when auto_batching is False)
+    collate_fn: Callable[..., Any]                # torch's read-only view: the function, unwrapped
+    num_workers: int
+    prefetch: int                                 # batches in flight across all workers
+    prefetch_factor: int | None                   # torch's read-only view (per worker; None without workers)
+    thread_pool: bool
+    timeout: float | None                         # seconds; None waits forever
+    worker_init_fn: Callable[[int], None] | None
+    seed: int                                     # the run's seed (given, drawn from torch, or fresh)
+    distributed: bool
+    distributed_seed: int                         # the shuffle seed every rank shares: never a fresh one
+    generator: Any                                # torch.Generator or None, kept for torch's view
+    multiprocessing_context: Any                  # as given (a name or a context), kept for torch's view
+    start_method: str | None                      # None: the platform's default
+    persistent_workers: bool
+    in_order: bool
+    max_worker_restarts: int
+    profile: bool
+    pin_memory: bool
+    pin_device_id: int
+    pin_memory_device: str
+    auto_reload: bool
+    try_nopython: bool | None
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether an incomplete last batch is dropped (torch's name)."""
+        return self.last_batch == "discard"
+
+    @classmethod
+    def from_arguments(
+            cls, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = False, sampler: Any = None,
+            last_batch: str | None = None, batch_sampler: Any = None,
+            batchify_fn: Callable[..., Any] | None = None, num_workers: int = 0, pin_memory: bool = False,
+            pin_device_id: int = 0, prefetch: int | None = None, thread_pool: bool = False,
+            timeout: float | None = 120, auto_reload: bool = False, *,
+            collate_fn: Callable[..., Any] | None = None, drop_last: bool | None = None,
+            worker_init_fn: Callable[[int], None] | None = None, multiprocessing_context: Any = None,
+            generator: Any = None, prefetch_factor: int | None = None, persistent_workers: bool = False,
+            pin_memory_device: str = "", in_order: bool = True, seed: int | None = None,
+            start_method: str | None = None, max_worker_restarts: int = 0, profile: bool = False,
+            distributed: bool = False, try_nopython: bool | None = None) -> LoaderOptions:
+        """Check DataLoader's arguments (its signature and defaults) and resolve them.
+
+        Raises ValueError or TypeError naming the argument, what it allows
+        and what it got, as documented on :class:`mxload.DataLoader`.
+        """
+        _check_kinds(last_batch, batch_sampler, batchify_fn, collate_fn)
+        batchify_fn = collate_fn if collate_fn is not None else batchify_fn
+        if drop_last is not None:
+            if last_batch is not None and drop_last and last_batch != "discard":
+                raise ValueError(f"drop_last=True conflicts with last_batch={last_batch!r}")
+            if drop_last:
+                last_batch = "discard"
+        num_workers = check_int("num_workers", num_workers, 0,
+                                hint=" (use num_workers=0 to load in the main process)")
+        iterable = is_iterable_dataset(dataset)
+        if iterable and shuffle:
+            raise ValueError(f"shuffle={shuffle!r} cannot be used with an IterableDataset (it decides "
+                             f"its own order)")
+        shuffle = bool(shuffle)
+        if distributed:
+            _check_distributed(iterable, sampler, batch_sampler)
+        given_seed = None if seed is None else check_int("seed", seed, 0, or_none=True)
+        run_seed = _run_seed(given_seed, generator)
+        auto_batching = _check_batching(iterable, batch_size, shuffle, sampler, batch_sampler, last_batch)
+        if batch_sampler is not None:
+            batch_size = None
+        prefetch = _check_prefetch(prefetch, prefetch_factor, num_workers)
+        timeout = _check_timeout(timeout)
+        start_method = _check_start_method(start_method, multiprocessing_context)
+        max_worker_restarts = check_int("max_worker_restarts", max_worker_restarts, 0)
+        if worker_init_fn is not None and not callable(worker_init_fn):
+            raise TypeError(f"worker_init_fn must be callable, got {type(worker_init_fn).__name__}")
+        pin_device_id = check_int("pin_device_id", pin_device_id, 0)
+        if not isinstance(pin_memory_device, str):
+            raise TypeError(f"pin_memory_device must be a string, got {type(pin_memory_device).__name__}")
+        if num_workers == 0:
+            _check_no_worker_options(persistent_workers, thread_pool, max_worker_restarts,
+                                     multiprocessing_context, start_method)
+
+        collate = batchify_fn if batchify_fn is not None else (
+            default_batchify if auto_batching else default_convert)
+        resolved_prefetch = prefetch if prefetch is not None else 2 * max(num_workers, 1)
+        return cls(
+            dataset=dataset, iterable=iterable, batch_size=batch_size, auto_batching=auto_batching,
+            # What a stream (and the engine) groups samples by: 0 lets the batch sampler decide.
+            fetch_batch_size=int(batch_size) if batch_size is not None else (0 if auto_batching else 1),
+            shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler, last_batch=last_batch or "keep",
+            batchify_fn=collate if auto_batching else _Unbatched(collate), collate_fn=collate,
+            num_workers=num_workers, prefetch=resolved_prefetch,
+            prefetch_factor=None if num_workers == 0 else max(1, resolved_prefetch // num_workers),
+            thread_pool=bool(thread_pool), timeout=timeout, worker_init_fn=worker_init_fn,
+            seed=run_seed if run_seed is not None else _fresh_seed(),
+            distributed=bool(distributed), distributed_seed=given_seed if given_seed is not None else 0,
+            generator=generator, multiprocessing_context=multiprocessing_context, start_method=start_method,
+            persistent_workers=bool(persistent_workers), in_order=bool(in_order),
+            max_worker_restarts=max_worker_restarts, profile=bool(profile), pin_memory=bool(pin_memory),
+            pin_device_id=pin_device_id, pin_memory_device=pin_memory_device, auto_reload=bool(auto_reload),
+            try_nopython=try_nopython)
+
+
+def is_iterable_dataset(dataset: Any) -> bool:
+    """Decided as torch does (an instance of its IterableDataset, whose
+    inherited __getitem__ fools duck typing), or mxload's, or any object
+    with __iter__ and no __getitem__."""
+    if isinstance(dataset, IterableDataset) or is_torch_iterable_dataset(dataset):
+        return True
+    return hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
+
+
+def _check_kinds(last_batch: Any, batch_sampler: Any, batchify_fn: Any, collate_fn: Any) -> None:
+    """The arguments whose kind betrays torch's positional order passed to
+    Gluon's, and the collation function."""
+    if last_batch is not None and not isinstance(last_batch, str):
+        hint = (" torch's DataLoader takes batch_sampler fifth; pass it as batch_sampler=..."
+                if hasattr(last_batch, "__iter__") else "")
+        raise TypeError(f"the fifth positional argument is last_batch (Gluon's order: dataset, batch_size, "
+                        f"shuffle, sampler, last_batch, batch_sampler, batchify_fn, num_workers, ...), a "
+                        f"string, got a {type(last_batch).__name__}.{hint}")
+    if batch_sampler is not None and not hasattr(batch_sampler, "__iter__"):
+        raise TypeError(f"batch_sampler must be an iterable of index lists, got {batch_sampler!r}; "
+                        f"positional arguments follow Gluon's order ({_POSITIONAL_ORDER}): pass torch's "
+                        f"by keyword")
+    if collate_fn is not None and batchify_fn is not None:
+        raise ValueError("pass either batchify_fn or collate_fn (its alias), not both")
+    fn = collate_fn if collate_fn is not None else batchify_fn
+    if fn is not None and not callable(fn):
+        raise TypeError(f"batchify_fn must be callable, got {type(fn).__name__}")
+
+
+def _check_distributed(iterable: bool, sampler: Any, batch_sampler: Any) -> None:
+    clash = [name for name, bad in (("sampler", sampler is not None),
+                                    ("batch_sampler", batch_sampler is not None)) if bad]
+    if clash:
+        raise ValueError(f"distributed=True is mutually exclusive with {', '.join(clash)} "
+                         f"(pass a DistributedSampler as sampler= instead)")
+    if iterable:
+        raise ValueError("distributed=True cannot be used with an IterableDataset "
+                         "(shard the stream by rank in the dataset instead)")
+
+
+def _run_seed(seed: int | None, generator: Any) -> int | None:
+    """seed=, else torch's generator= (or, when the program uses torch,
+    torch's global RNG) as torch's DataLoader draws its base seed, so
+    torch.manual_seed(s) fixes the run as it does with torch; None: neither
+    (a fresh seed is drawn)."""
+    if seed is not None:
+        if generator is not None:
+            raise ValueError("pass seed or generator, not both (generator seeds the run as seed does)")
+        return seed
+    if generator is not None or torch_module() is not None:
+        return seed_from_torch(generator)
+    return None
+
+
+def _fresh_seed() -> int:
+    return int(cast(int, np.random.SeedSequence().entropy) % 2 ** 63)
+
+
+def _check_batching(iterable: bool, batch_size: Any, shuffle: bool, sampler: Any, batch_sampler: Any,
+                    last_batch: str | None) -> bool:
+    """The batching arguments together; returns whether batches are made
+    automatically (False: batch_size=None, each sample is its own batch)."""
+    if batch_sampler is not None:
+        conflicts = [name for name, bad in (("batch_size", batch_size not in (None, 1)),
+                                            ("shuffle", shuffle),
+                                            ("sampler", sampler is not None),
+                                            ("drop_last/last_batch", last_batch is not None)) if bad]
+        if conflicts:
+            raise ValueError(f"batch_sampler is mutually exclusive with {', '.join(conflicts)}")
+        if iterable:
+            raise ValueError("batch_sampler cannot be used with an IterableDataset")
+        return True
+    auto_batching = batch_size is not None
+    if batch_size is None:
+        # torch: no automatic batching; each sample is one "batch".
+        if last_batch is not None:
+            raise ValueError("batch_size=None disables automatic batching and is mutually exclusive with "
+                             "drop_last/last_batch")
+    else:
+        check_int("batch_size", batch_size, 1, or_none=True)
+    if iterable:
+        if sampler is not None:
+            raise ValueError("sampler cannot be used with an IterableDataset (it decides its own order)")
+        if last_batch not in (None, "keep", "discard"):
+            raise ValueError(f"last_batch={last_batch!r} is not supported for an IterableDataset; use 'keep' "
+                             f"or 'discard'")
+    elif sampler is not None and shuffle:
+        raise ValueError("shuffle=True is mutually exclusive with sampler (shuffle with a RandomSampler "
+                         "instead)")
+    return auto_batching
+
+
+def _check_prefetch(prefetch: Any, prefetch_factor: Any, num_workers: int) -> int | None:
+    """Batches in flight in all, from prefetch or torch's per-worker
+    prefetch_factor; None: the default (two per worker)."""
+    if prefetch is not None:
+        prefetch = check_int("prefetch", prefetch, 1, or_none=True)
+    if prefetch_factor is None:
+        return cast(int | None, prefetch)
+    if num_workers == 0:
+        raise ValueError("prefetch_factor (batches in flight per worker) needs num_workers > 0; leave it "
+                         "None for num_workers=0")
+    if prefetch is not None:
+        raise ValueError("pass prefetch (batches in flight in all) or prefetch_factor (per worker, "
+                         "torch's), not both")
+    return check_int("prefetch_factor", prefetch_factor, 1) * num_workers
+
+
+def _check_timeout(timeout: Any) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer, np.floating)) \
+            or timeout < 0 or timeout != timeout:
+        raise ValueError(f"timeout must be a non-negative number of seconds (0 or None: wait forever), "
+                         f"got {timeout!r}")
+    return None if timeout == 0 else cast(float, timeout)   # 0 is torch's "no timeout"
+
+
+def _check_start_method(start_method: Any, multiprocessing_context: Any) -> str | None:
+    if multiprocessing_context is not None:
+        context_method = _start_method_of(multiprocessing_context)
+        if start_method is not None and start_method != context_method:
+            raise ValueError(f"start_method={start_method!r} conflicts with multiprocessing_context "
+                             f"{context_method!r}; pass one of them")
+        return context_method
+    if start_method is not None and start_method not in START_METHODS:
+        raise ValueError(f"start_method must be one of {START_METHODS} or None, got {start_method!r}")
+    return cast(str | None, start_method)
+
+
+def _start_method_of(context: Any) -> str:
+    """multiprocessing_context (a start method name or a context object, as
+    torch takes it) as a start method name."""
+    if isinstance(context, str):
+        name = context
+    elif isinstance(context, mp_context.BaseContext):
+        name = context.get_start_method()
+    else:
+        raise TypeError(f"multiprocessing_context must be a start method name or a multiprocessing "
+                        f"context object, got {type(context).__name__}")
+    if name not in START_METHODS:
+        raise ValueError(f"multiprocessing_context must be one of {START_METHODS} (or their context "
+                         f"objects), got {name!r}")
+    return name
+
+
+def _check_no_worker_options(persistent_workers: bool, thread_pool: bool, max_worker_restarts: int,
+                             multiprocessing_context: Any, start_method: str | None) -> None:
+    unsupported = [name for name, used in (
+        ("persistent_workers", persistent_workers), ("thread_pool", thread_pool),
+        ("max_worker_restarts", max_worker_restarts > 0),
+        ("multiprocessing_context" if multiprocessing_context is not None else "start_method",
+         start_method is not None)) if used]
+    if unsupported:
+        raise ValueError(f"{', '.join(unsupported)} need num_workers > 0")

@@ -1,0 +1,148 @@
+"""LoaderOptions (every DataLoader argument checked once, in mxload._options)
+and check_int (the one integer check of the package's public arguments)."""
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+
+import numpy as np
+import pytest
+
+import mxload
+from mxload import batchify
+from mxload._checks import check_int
+from mxload._options import LoaderOptions
+from mxload.sampler import BatchSampler, SequentialSampler
+
+DATA = mxload.SimpleDataset(list(range(10)))
+
+
+class Stream(mxload.IterableDataset):
+    def __iter__(self):
+        return iter(range(5))
+
+
+# ------------------------------------------------------------------ check_int
+
+
+@pytest.mark.parametrize("value", [3, np.int64(3), np.uint8(3)])
+def test_check_int_accepts_python_and_numpy_integers(value):
+    out = check_int("n", value, 1)
+    assert out == 3 and type(out) is int
+
+
+@pytest.mark.parametrize("value", [True, np.bool_(False), 2.0, 2.5, "2", None, np.float32(1)])
+def test_check_int_refuses_bools_floats_and_strings(value):
+    with pytest.raises(ValueError, match=rf"^n must be an integer, got {value!r}$".replace("(", r"\(")
+                       .replace(")", r"\)")):
+        check_int("n", value)
+
+
+@pytest.mark.parametrize("minimum,allowed", [(0, "a non-negative integer"), (1, "a positive integer"),
+                                             (2, "an integer >= 2"), (-1, "an integer >= -1")])
+def test_check_int_names_the_argument_what_is_allowed_and_the_value(minimum, allowed):
+    assert check_int("k", minimum, minimum) == minimum
+    with pytest.raises(ValueError, match=f"^k must be {allowed}, got {minimum - 1}$"):
+        check_int("k", minimum - 1, minimum)
+    with pytest.raises(ValueError, match=f"^k must be {allowed} or None \\(hint\\), got 'x'$"):
+        check_int("k", "x", minimum, or_none=True, hint=" (hint)")
+
+
+# Every integer argument of DataLoader, refused in the one message style.
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(batch_size=0), "batch_size must be a positive integer or None, got 0"),
+    (dict(batch_size=2.0), "batch_size must be a positive integer or None, got 2.0"),
+    (dict(num_workers=-1), "num_workers must be a non-negative integer (use num_workers=0 to load in the "
+                           "main process), got -1"),
+    (dict(num_workers=True), "num_workers must be a non-negative integer (use num_workers=0 to load in the "
+                             "main process), got True"),
+    (dict(prefetch=0), "prefetch must be a positive integer or None, got 0"),
+    (dict(num_workers=1, prefetch_factor=0), "prefetch_factor must be a positive integer, got 0"),
+    (dict(seed=-3), "seed must be a non-negative integer or None, got -3"),
+    (dict(seed=1.5), "seed must be a non-negative integer or None, got 1.5"),
+    (dict(max_worker_restarts=-1), "max_worker_restarts must be a non-negative integer, got -1"),
+    (dict(pin_device_id=np.bool_(True)),
+     f"pin_device_id must be a non-negative integer, got {np.bool_(True)!r}"),
+])
+def test_every_integer_argument_is_refused_in_one_style(kwargs, message):
+    with pytest.raises(ValueError) as info:
+        LoaderOptions.from_arguments(DATA, **kwargs)
+    assert str(info.value) == message
+    with pytest.raises(ValueError) as info:   # the DataLoader reports exactly what the options do
+        mxload.DataLoader(DATA, **kwargs)
+    assert str(info.value) == message
+
+
+def test_sampler_integers_use_the_same_check():
+    with pytest.raises(ValueError, match="^batch_size must be a positive integer, got 0$"):
+        BatchSampler(SequentialSampler(3), 0)
+    with pytest.raises(ValueError, match="^n must be a non-negative integer, got 2.5$"):
+        SequentialSampler(2.5)
+
+
+# ------------------------------------------------------------------ resolved values
+
+
+def test_defaults_are_resolved():
+    o = LoaderOptions.from_arguments(DATA)
+    assert (o.batch_size, o.fetch_batch_size, o.last_batch, o.drop_last) == (1, 1, "keep", False)
+    assert o.batchify_fn is batchify.default_batchify and o.collate_fn is batchify.default_batchify
+    assert (o.num_workers, o.prefetch, o.prefetch_factor, o.timeout) == (0, 2, None, 120)
+    assert o.auto_batching and not o.iterable and not o.shuffle
+    assert isinstance(o.seed, int) and 0 <= o.seed < 2 ** 63 and o.distributed_seed == 0
+
+
+def test_torch_aliases_are_resolved():
+    fn = batchify.Stack()
+    spawn = multiprocessing.get_context("spawn")
+    o = LoaderOptions.from_arguments(DATA, batch_size=3, collate_fn=fn, drop_last=True, num_workers=2,
+                                     prefetch_factor=3, multiprocessing_context=spawn, timeout=0)
+    assert o.batchify_fn is fn and o.collate_fn is fn
+    assert o.last_batch == "discard" and o.drop_last
+    assert (o.prefetch, o.prefetch_factor) == (6, 3)
+    assert o.start_method == "spawn" and o.timeout is None   # 0 is torch's "no timeout"
+
+
+def test_batching_modes():
+    unbatched = LoaderOptions.from_arguments(DATA, batch_size=None)
+    assert not unbatched.auto_batching and unbatched.fetch_batch_size == 1
+    assert unbatched.collate_fn is batchify.default_convert
+    assert unbatched.batchify_fn is not batchify.default_convert   # wrapped: one sample, not a list
+    sampled = LoaderOptions.from_arguments(DATA, batch_sampler=[[0, 1], [2]])
+    assert sampled.batch_size is None and sampled.fetch_batch_size == 0 and sampled.auto_batching
+    stream = LoaderOptions.from_arguments(Stream(), batch_size=2)
+    assert stream.iterable and stream.fetch_batch_size == 2
+
+
+def test_seeds():
+    assert LoaderOptions.from_arguments(DATA, seed=np.int64(7)).seed == 7
+    o = LoaderOptions.from_arguments(DATA, seed=7, distributed=True)
+    assert (o.seed, o.distributed_seed) == (7, 7)
+    with pytest.raises(ValueError, match="pass seed or generator, not both"):
+        LoaderOptions.from_arguments(DATA, seed=1, generator=object())
+
+
+def test_options_are_frozen():
+    o = LoaderOptions.from_arguments(DATA, num_workers=1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        o.num_workers = 2   # type: ignore[misc]
+
+
+def test_loader_attributes_read_and_replace_the_options():
+    loader = mxload.DataLoader(DATA, batch_size=5, num_workers=1, timeout=30)
+    before = loader._options
+    assert loader.num_workers == 1 and loader.timeout == 30 and loader.prefetch == 2
+    loader.num_workers = 0     # torch allows it: the next epoch runs in-process
+    assert loader._options is not before and loader._options.num_workers == 0 and before.num_workers == 1
+    assert [b.tolist() for b in loader] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    with pytest.raises(ValueError, match="batch_size attribute should not be set"):
+        loader.batch_size = 3
+    assert loader._options.batch_size == 5
+
+
+def test_checks_run_in_a_fixed_order():
+    # Several mistakes: the first check (an argument's kind) is the one reported.
+    with pytest.raises(TypeError, match="batchify_fn must be callable"):
+        LoaderOptions.from_arguments(DATA, batch_size=0, num_workers=-1, batchify_fn=3)
+    with pytest.raises(ValueError, match="num_workers"):
+        LoaderOptions.from_arguments(DATA, batch_size=0, num_workers=-1)
