@@ -3,7 +3,7 @@
     python bench/loader.py [--quick] [--repeats N] [--workloads images dict16 ...]
                            [--workers 0 2] [--batches N] [--touch one|pages]
 
-For every workload (mxload/synthetic.py) and worker count, both loaders iterate
+For every workload (mxload/synthetic.py; jpeg when pillow is installed) and worker count, both loaders iterate
 the *same* dataset object.  Each repeat builds a fresh loader and iterator,
 takes a fixed number of batches and closes the iterator; the configurations
 are run round-robin (rotating order) so drift on a noisy machine hits them
@@ -14,7 +14,9 @@ alike.  Reported, as medians over the repeats:
 * b/s, MB/s: steady-state batches and bytes (sum of ``nbytes`` of the batch's
   arrays/tensors) per second after the first batch;
 * x torch: mxload b/s / torch b/s at the same worker count;
-* x 0w: this loader's b/s / its own b/s with 0 workers;
+* x 0w: this loader's b/s / its own b/s with 0 workers (targets: >= 1 on
+  every workload, >= 1.3 for the vectorised ``__getitems__`` gather and
+  >= 1.8, i.e. 90% of the ideal 2x on 2 cores, for decode-bound jpeg);
 * other load: cores used by *other* processes on the machine during the
   runs (from /proc/stat minus this process tree); above ~0.2 the numbers
   are contaminated (``--wait-quiet S`` waits for a quiet machine first).
@@ -54,11 +56,30 @@ BATCHES = {
     "tabular-getitems": (190, 60),
     "dict16": (75, 35),
     "augment": (60, 16),
+    "jpeg": (40, 12),
 }
 QUICK_SCALE = 0.5
 
 # Targets: minimum mxload/torch b/s ratio with 2 workers.
-TARGETS = {"images": 3.0, "tabular": 3.0, "tabular-getitems": 3.0, "dict16": 4.0, "augment": 1.2}
+TARGETS = {"images": 8.0, "tabular": 5.0, "tabular-getitems": 3.0, "dict16": 8.0, "augment": 1.2}
+# Minimum mxload b/s with the most workers over its own 0-worker b/s (issue 14):
+# workers must never lose to in-process loading; a vectorised gather must gain
+# 1.3x, and a decode-bound dataset on 2 cores 90% of the ideal 2x.
+W_TARGETS = {"tabular-getitems": 1.3, "jpeg": 1.8}
+
+
+def _available_workloads() -> dict[str, Any]:
+    """Every workload this environment can build (jpeg needs pillow)."""
+    out = dict(D.WORKLOADS)
+    try:
+        import PIL  # noqa: F401
+        out.update(D.EXTRA_WORKLOADS)
+    except ImportError:
+        pass
+    return out
+
+
+ALL = _available_workloads()
 
 
 # ---------------------------------------------------------------- batch walking
@@ -177,7 +198,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help=f"smaller datasets ({QUICK_SCALE:g} of full), fewer batches, 2 repeats by default")
     p.add_argument("--repeats", type=int, default=None, help="repeats per configuration (default 7, quick 2)")
-    p.add_argument("--workloads", nargs="+", default=list(D.WORKLOADS), choices=list(D.WORKLOADS))
+    p.add_argument("--workloads", nargs="+", default=list(ALL), choices=list(ALL))
     p.add_argument("--workers", nargs="+", type=int, default=[0, 2])
     p.add_argument("--batches", type=int, default=None, help="batches per repeat (default per workload)")
     p.add_argument("--touch", choices=("one", "pages"), default="one")
@@ -196,7 +217,7 @@ def build_datasets(names: list[str], scale: float) -> dict[str, Any]:
                 tab = D.make("tabular", scale)
             out[name] = tab if name == "tabular" else D.tabular_getitems(tab)
         else:
-            out[name] = D.make(name, scale)
+            out[name] = ALL[name].make(scale)
     return out
 
 
@@ -229,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[tuple[str, str, int], list] = {}
     for name in args.workloads:
         ds = datasets[name]
-        wl = D.WORKLOADS[name]
+        wl = ALL[name]
         n_full = len(ds) // wl.batch_size   # full batches only
         want = args.batches or BATCHES.get(name, (100, 30))[1 if args.quick else 0]
         n_batches = max(2, min(want, n_full))
@@ -281,10 +302,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"(want >= {TARGETS[name]:g}x) {'ok' if ok else 'MISSED'}")
         if 0 in args.workers:
             ratio = mx / med[(name, "mxload", 0)][1]
-            ok = ratio >= 1.0
+            want = W_TARGETS.get(name, 1.0)
+            ok = ratio >= want
             verdicts.append(ok)
             print(f"# target {name}: mxload {top} workers / 0 workers {ratio:.2f}x "
-                  f"(want >= 1x) {'ok' if ok else 'MISSED'}")
+                  f"(want >= {want:g}x) {'ok' if ok else 'MISSED'}")
     print(f"# total {time.perf_counter() - t_start:.0f} s; "
           f"{sum(verdicts)}/{len(verdicts)} targets met")
     return 0

@@ -21,6 +21,14 @@ augment             images + random flip + normalise to      32
                     float32 (224, 224, 3), done in numpy
 ==================  =======================================  =====
 
+``EXTRA_WORKLOADS`` need a package beyond numpy (the benches use them; the
+``python -m mxload bench`` demo does not):
+
+==================  =======================================  =====
+jpeg                a (256, 320) JPEG decoded with pillow,   32
+                    cropped to (224, 224, 3) uint8 + label
+==================  =======================================  =====
+
 The images come from a small pool (64 distinct images, sample i is image
 i % 64): the pooled array itself is returned, since both loaders copy while
 collating.  ``scale`` (0 < scale <= 1) shrinks the number of samples for
@@ -39,7 +47,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ImageDataset", "TabularDataset", "Dict16Dataset", "AugmentDataset",
-    "tabular_getitems", "Workload", "WORKLOADS", "make", "make_workload",
+    "JpegDataset", "tabular_getitems", "Workload", "WORKLOADS", "EXTRA_WORKLOADS", "make",
+    "make_workload",
 ]
 
 IMAGE_SHAPE = (224, 224, 3)
@@ -104,6 +113,44 @@ class TabularDataset:
         return self.x[i], int(self.y[i])
 
 
+class JpegDataset:
+    """`n` samples of ((224, 224, 3) uint8 crop of a decoded JPEG, int label):
+    a decode-bound per-sample workload.  Sample i decodes encoded image
+    i % `pool` (each about 40 kB, a (256, 320) gradient plus noise, quality
+    90) with pillow and crops it at an offset derived from i, so every loader
+    and worker does the same work.  Needs pillow (imported when first used)."""
+
+    def __init__(self, n: int = 4_096, pool: int = 16, seed: int = 3):
+        import io
+
+        from PIL import Image
+        rng = _rng(seed)
+        self.n = int(n)
+        yy, xx = np.mgrid[0:256, 0:320]
+        self.encoded = []
+        for k in range(pool):
+            base = np.stack([(xx + yy + 7 * k) % 256, (2 * xx + k) % 256, (3 * yy) % 256], -1)
+            noisy = np.clip(base + rng.integers(-30, 30, base.shape), 0, 255).astype(np.uint8)
+            buf = io.BytesIO()
+            Image.fromarray(noisy).save(buf, "JPEG", quality=90)
+            self.encoded.append(buf.getvalue())
+        self.labels = rng.integers(0, 1000, size=self.n).tolist()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        import io
+
+        from PIL import Image
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        with Image.open(io.BytesIO(self.encoded[i % len(self.encoded)])) as im:
+            pixels = np.asarray(im.convert("RGB"))
+        top, left = (i * 7) % (pixels.shape[0] - 223), (i * 13) % (pixels.shape[1] - 223)
+        return pixels[top:top + 224, left:left + 224], self.labels[i]
+
+
 def tabular_getitems(base: TabularDataset) -> ArrayDataset:
     """mxload.ArrayDataset over `base`'s arrays (vectorised ``__getitems__``).
 
@@ -163,11 +210,21 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
 ]}
 
 
+EXTRA_WORKLOADS: dict[str, Workload] = {w.name: w for w in [
+    Workload("jpeg", 32, 4_096, JpegDataset,
+             "a (256, 320) JPEG decoded with pillow and cropped to (224, 224, 3) uint8 + int label"),
+]}
+
+
+def _workload(name: str) -> Workload:
+    return WORKLOADS[name] if name in WORKLOADS else EXTRA_WORKLOADS[name]
+
+
 def make(name: str, scale: float = 1.0) -> Any:
     """Build workload `name`'s dataset with `scale` of its full size."""
-    return WORKLOADS[name].make(scale)
+    return _workload(name).make(scale)
 
 
 def make_workload(name: str, scale: float = 1.0) -> tuple[Any, ...]:
     """(dataset, batch size) of workload `name`."""
-    return WORKLOADS[name].make(scale), WORKLOADS[name].batch_size
+    return _workload(name).make(scale), _workload(name).batch_size
