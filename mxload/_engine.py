@@ -474,7 +474,8 @@ class Engine:
                 waited = f"batch {idx}" if self.in_order else "any batch"
                 stopped = any(s.startswith("stopped") for _, _, s in states)
                 raise LoaderTimeoutError(
-                    f"no {waited} within timeout={self.timeout} s; workers (id, pid, state): {states}. "
+                    f"no {waited} within timeout={self.timeout} s{self._whereabouts(idx)}; "
+                    f"workers (id, pid, state): {states}. "
                     + ("A stopped worker runs again after SIGCONT (kill -CONT PID). " if stopped else "")
                     + "A worker may be stuck in __getitem__; raise `timeout` if batches are "
                     "legitimately slow") from None
@@ -497,6 +498,19 @@ class Engine:
                 return item   # this batch's error: the consumer raises it, the epoch goes on
             self.stats["batches"] += 1
             return item
+
+    def _whereabouts(self, idx: int) -> str:
+        """Where the awaited batch is: which worker holds its task, or why none does."""
+        if not self.in_order:
+            return ""
+        with self._lock:
+            holders = [w for w in self._workers if (self.epoch, idx) in w.outstanding]
+            fetcher = self._fetcher
+        if not self.use_threads and (fetcher is None or not fetcher.is_alive()):
+            return " (the fetcher thread is not running)"
+        if not holders:
+            return " (no worker holds its task: mxload lost track of it; please report this as a bug)"
+        return "".join(f" (its task is with worker {w.worker_id}, pid {w.pid})" for w in holders)
 
     def _finished(self) -> bool:
         with self._lock:

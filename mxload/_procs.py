@@ -453,8 +453,25 @@ def _detach_stdin() -> None:
         pass
 
 
+def die_with_parent(parent_pid: int) -> None:
+    """Make this process die when `parent_pid`, whose only thread forked it,
+    dies (Linux: the kernel's parent-death signal).  The parent may have died
+    before the signal was armed, leaving us an orphan nothing would ever
+    end: then end now."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            PR_SET_PDEATHSIG = 1
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except Exception:
+            pass   # the check below still catches a parent already gone
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
 def _serve_zygote(sock: socket.socket, entry: Callable[[int, int, socket.socket], None]) -> None:
     children: dict[int, int] = {}   # pidfd -> pid
+    zygote_pid = os.getpid()
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN)
     try:
@@ -482,7 +499,7 @@ def _serve_zygote(sock: socket.socket, entry: Callable[[int, int, socket.socket]
                     send_frame(sock, ("failed", worker_id, str(e)))
                     continue
                 if pid == 0:
-                    _worker_child(entry, worker_id, epoch, worker_sock, sock, list(children))
+                    _worker_child(entry, worker_id, epoch, worker_sock, sock, list(children), zygote_pid)
                 worker_sock.close()
                 pidfd = os.pidfd_open(pid)
                 children[pidfd] = pid
@@ -498,9 +515,11 @@ def _serve_zygote(sock: socket.socket, entry: Callable[[int, int, socket.socket]
 
 
 def _worker_child(entry: Callable[[int, int, socket.socket], None], worker_id: int, epoch: int,
-                  worker_sock: socket.socket, control: socket.socket, pidfds: list[int]) -> NoReturn:
+                  worker_sock: socket.socket, control: socket.socket, pidfds: list[int],
+                  zygote_pid: int) -> NoReturn:
     code = 0
     try:
+        die_with_parent(zygote_pid)
         control.close()   # only the zygote may hold it: the main process's death must hang it up
         for fd in pidfds:
             os.close(fd)

@@ -27,7 +27,6 @@ import select
 import signal
 import socket
 import struct
-import sys
 import threading
 import time
 import traceback
@@ -125,20 +124,6 @@ def _seed_worker(config: WorkerConfig, epoch: int) -> None:
     if _process_info is not None:
         _process_info = dataclasses.replace(_process_info, seed=seed)
         enter_worker(config.worker_id, config.num_workers, seed, _process_info.dataset, process=True)
-
-
-def _set_parent_death_signal() -> None:
-    """Linux: get SIGKILL when the thread that forked us dies (only used where
-    that thread is a single-threaded process's only one: the zygote)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except Exception:
-        pass  # the parent-pid watchdog still covers us
 
 
 def pack_exception(exc: BaseException) -> tuple[Any, ...]:
@@ -247,9 +232,7 @@ def worker_process_main(config: WorkerConfig, sock: socket.socket) -> None:
     # since then is discarded here, never delivered.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    if config.zygote_child:
-        _set_parent_death_signal()
-    else:
+    if not config.zygote_child:   # a zygote child was armed by the zygote (_procs.die_with_parent)
         _watch_main_process(sock)
     global _process_info
     payload = config.payload

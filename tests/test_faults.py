@@ -348,7 +348,8 @@ def test_timeout_names_batch_and_live_workers():
     next(it)
     t0 = time.monotonic()
     with pytest.raises(mxload.LoaderTimeoutError,
-                       match=r"batch 1 within timeout=0.5 s.*\(0, \d+, 'alive'\)") as info:
+                       match=r"batch 1 within timeout=0.5 s \(its task is with worker 1, pid \d+\).*"
+                             r"\(0, \d+, 'alive'\)") as info:
         next(it)
     assert 0.4 < time.monotonic() - t0 < 2.0
     assert isinstance(info.value, TimeoutError)

@@ -384,6 +384,40 @@ def test_parent_killed_busy_workers_die_within_two_seconds(start_method, from_th
         proc.stderr.close()
 
 
+def test_a_worker_whose_zygote_died_before_it_armed_the_death_signal_ends_itself():
+    """The zygote can die between forking a worker and the worker arming its
+    parent-death signal: armed too late, the signal never comes, so the worker
+    checks its parent right after arming it."""
+    proc = _popen("""
+        from mxload._procs import die_with_parent
+        zygote = os.fork()
+        if zygote == 0:
+            zygote_pid = os.getpid()
+            worker = os.fork()
+            if worker == 0:
+                time.sleep(1.0)   # the zygote dies meanwhile
+                die_with_parent(zygote_pid)
+                time.sleep(60)    # an orphan that no signal would ever end
+                os._exit(0)
+            print(worker, flush=True)
+            os._exit(0)
+        os.waitpid(zygote, 0)
+        time.sleep(60)
+    """)
+    worker = None
+    try:
+        worker = int(proc.stdout.readline())
+        assert process_alive(worker)
+        assert_gone([worker], within=5.0)
+    finally:
+        if worker is not None and process_alive(worker):
+            os.kill(worker, signal.SIGKILL)   # the orphan this test exists to prevent
+        proc.kill()
+        proc.wait(5)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
 def test_workers_started_from_a_thread_outlive_it():
     """A persistent loader whose first epoch ran in a ThreadPoolExecutor thread
     (which exits): the next epoch still has its workers."""
