@@ -11,8 +11,8 @@ except ImportError as _error:
 from . import batchify, sampler
 from ._info import show_config
 from ._rng import sample_rng
+from ._runtime.worker import WorkerInfo, get_worker_info
 from ._version import __version__
-from ._worker import WorkerInfo, get_worker_info
 from .dataloader import DataLoader
 from .dataset import ArrayDataset, Dataset, IterableDataset, SimpleDataset
 from .errors import LoaderTimeoutError, SharedMemoryError, WorkerError

@@ -1,15 +1,13 @@
 """DataLoader: turns its arguments into LoaderOptions (``_options``, where
-every check lives), builds the batch sampler and picks an iterator
-(in-process, or the multi-worker engine in ``_engine``)."""
+every check lives), builds the batch sampler, and starts each epoch on the
+runtime (``_runtime/epoch.py``: in-process, or on the multi-worker engine)."""
 from __future__ import annotations
 
 import dataclasses
-import os
-import time
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
+from typing import Any, Generic, TypeVar, cast, overload
 
 import numpy as np
 
@@ -17,9 +15,9 @@ from ._checkpoint import EpochProgress, check_state
 from ._core import defer_sigint, sigint_safe_finalizer
 from ._cpus import warn_if_oversubscribed
 from ._options import LoaderOptions
+from ._runtime.engine import Engine
+from ._runtime.epoch import EpochIterator, start_epoch
 from ._torch_compat import PIN_MEMORY_NO_ACCELERATOR, pin_batch, pinning_device, to_tensors
-from ._worker import _SampleSource
-from .batchify import collate, collate_profiled
 from .sampler import (
     BatchSampler,
     DistributedSampler,
@@ -28,9 +26,6 @@ from .sampler import (
     load_sampler_state,
     sampler_state,
 )
-
-if TYPE_CHECKING:
-    from ._engine import EpochIterator
 
 __all__ = ["DataLoader"]
 
@@ -244,12 +239,12 @@ class DataLoader:
         self.batch_sampler = _make_batch_sampler(self._options)
         self.sampler = getattr(self.batch_sampler, "sampler", None)  # e.g. loader.sampler.set_epoch(e)
         self.epoch = 0
-        self._engine: Any = None          # persistent workers' engine
-        self._live_iter: weakref.ref[_InProcessIterator | EpochIterator] | None = None   # the newest
+        self._engine: Engine | None = None          # persistent workers' engine
+        self._live_iter: weakref.ref[EpochIterator] | None = None   # the newest
         # Plain weak references, not a WeakSet: a WeakSet's callback would run
         # Python code as an iterator dies, after its finalizer, where a
         # Ctrl-C the finalizer made pending again would be swallowed.
-        self._live_iters: list[weakref.ref[_InProcessIterator | EpochIterator]] = []
+        self._live_iters: list[weakref.ref[EpochIterator]] = []
         self._stats: dict[str, int] = {}
         self._progress: EpochProgress | None = None   # the latest epoch's (for state_dict)
         self._resume: dict[str, Any] | None = None              # load_state_dict() waiting for __iter__
@@ -279,6 +274,12 @@ class DataLoader:
         super().__setattr__(name, value)
 
     # ------------------------------------------------------------------
+
+    def _use_engine(self, engine: Engine) -> None:
+        """The engine of the epoch starting: its stats are ours; persistent workers' is kept."""
+        self._stats = engine.stats
+        if self.persistent_workers:
+            self._engine = engine
 
     def _epoch_batches(self) -> list[Any]:
         """This epoch's batches of indices (advances the sampler's epoch)."""
@@ -311,11 +312,9 @@ class DataLoader:
             if self._pin_device is None:
                 warnings.warn(PIN_MEMORY_NO_ACCELERATOR, stacklevel=3)
         self._progress = self._new_progress()
-        if self.num_workers == 0:
-            it: _InProcessIterator | EpochIterator = _InProcessIterator(self)
-        else:
-            from ._engine import start_epoch
-            it = start_epoch(self)
+        it = start_epoch(self._options, self.epoch, None if self.iterable else self._epoch_batches,
+                         self._progress, self.profiler, self._engine, self.persistent_workers, self.__len__,
+                         self._use_engine)
         self.epoch += 1
         self._live_iter = weakref.ref(it)
         self._live_iters = [ref for ref in self._live_iters if ref() is not None] + [self._live_iter]
@@ -475,108 +474,6 @@ class DataLoader:
     def __repr__(self) -> str:
         return (f"DataLoader(dataset={type(self.dataset).__name__}, batch_size={self.batch_size}, "
                 f"num_workers={self.num_workers}, thread_pool={self.thread_pool})")
-
-
-class _InProcessIterator:
-    """num_workers=0: fetch and collate in the calling thread."""
-
-    def __init__(self, loader: DataLoader):
-        self.loader = loader
-        self._batchify = loader.batchify_fn
-        self._epoch = loader.epoch
-        progress = loader._progress
-        assert progress is not None
-        self._progress: EpochProgress = progress
-        self._position = 0
-        self._profiler = loader.profiler
-        t0 = time.monotonic_ns()
-        self._discard = 0
-        self._source = _SampleSource(loader.dataset, loader.iterable, loader._fetch_batch_size,
-                                     loader.last_batch == "discard", loader.seed)
-        if loader.iterable:
-            self._batches: list[Any] | None = None
-            self._order: list[int] | None = None
-            self._discard = self._progress.count   # resumed: replay the stream, drop what was seen
-        else:
-            self._batches = loader._epoch_batches()
-            self._order = self._progress.remaining(len(self._batches))
-        self._done = False
-        if self._profiler is not None:
-            self._profiler.epoch_started(time.monotonic_ns() - t0, 0)
-
-    def __iter__(self) -> _InProcessIterator:
-        return self
-
-    def __len__(self) -> int:
-        if self._order is None:
-            return len(self.loader)
-        return len(self._order)
-
-    def _next_samples(self) -> Any:
-        """(batch index, samples), or None at the end."""
-        if self._order is not None:
-            if self._position >= len(self._order):
-                return None
-            idx = self._order[self._position]
-            return idx, self._source.samples(self._epoch, self._batches[idx])  # type: ignore[index]
-        while True:
-            samples = self._source.samples(self._epoch, None)
-            if samples is None or not self._discard:
-                return None if samples is None else (self._progress.count, samples)
-            self._discard -= 1
-
-    def __next__(self) -> Any:
-        if self._done:
-            raise StopIteration
-        profiler = self._profiler
-        t0 = time.monotonic_ns()
-        # As torch: an error raised for one batch (dataset or collation) uses
-        # that batch up, so a loop that catches it goes on with the next one.
-        order = self._order
-        if order is None:
-            idx = self._progress.count
-        else:
-            idx = order[self._position] if self._position < len(order) else -1
-        try:
-            nxt = self._next_samples()
-            if nxt is None:
-                self._progress.finished = True
-                self.close()
-                raise StopIteration
-            idx, samples = nxt
-            if profiler is None:
-                batch = collate(self._batchify, samples, idx)
-            else:
-                t1 = time.monotonic_ns()
-                batch, stats, field_ns = collate_profiled(self._batchify, samples, idx)
-                t2 = time.monotonic_ns()
-                profiler.worker_batch(-1, os.getpid(), idx, t0, t1 - t0, t2 - t1, t2, stats, field_ns,
-                                      transported=False)
-                profiler.batch_taken(idx, t0)
-        except StopIteration:
-            raise
-        except Exception:
-            self._position += 1
-            self._progress.taken(idx)
-            raise
-        self._position += 1
-        self._progress.taken(idx)
-        return batch
-
-    def close(self) -> None:
-        if not self._done and self._profiler is not None:
-            self._profiler.epoch_ended()
-        self._done = True
-        self._source.close()
-
-    def supersede(self) -> None:
-        """In-process iterators share nothing: a newer one leaves this one be."""
-
-    def __enter__(self) -> _InProcessIterator:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 class _LoaderIterator:

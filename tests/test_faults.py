@@ -40,7 +40,7 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def worker_pids(it):
-    return [w.pid for w in it.engine._workers]
+    return it.engine.worker_pids()
 
 
 # ---------------------------------------------------------------- shutdown paths
@@ -406,7 +406,7 @@ def test_parent_killed_workers_exit_and_no_shared_memory_remains(start_method):
                                    start_method={start_method!r})
         it = iter(loader)
         next(it)
-        print(" ".join(str(w.pid) for w in it.engine._workers), flush=True)
+        print(" ".join(str(p) for p in it.engine.worker_pids()), flush=True)
         time.sleep(60)
     """)
     try:
@@ -429,7 +429,7 @@ def test_ctrl_c_reaches_the_training_loop_once_and_workers_stay_quiet(start_meth
         loader = mxload.DataLoader(SlowDataset(5.0, n=100), batch_size=2, num_workers=2,
                                    start_method={start_method!r})
         it = iter(loader)
-        print(" ".join(str(w.pid) for w in it.engine._workers), flush=True)
+        print(" ".join(str(p) for p in it.engine.worker_pids()), flush=True)
         try:
             next(it)   # blocked in the C wait for 10 s
         except KeyboardInterrupt:
@@ -459,7 +459,7 @@ def test_interpreter_exit_with_live_iterator_leaves_nothing(start_method):
                                    start_method={start_method!r}, persistent_workers=True)
         it = iter(loader)
         next(it)
-        print(" ".join(str(w.pid) for w in it.engine._workers), flush=True)
+        print(" ".join(str(p) for p in it.engine.worker_pids()), flush=True)
         # exit without closing anything
     """)
     out, err = proc.communicate(timeout=20)
@@ -473,8 +473,8 @@ def test_interpreter_exit_with_live_iterator_leaves_nothing(start_method):
 def test_failed_slab_allocation_says_shared_memory_ran_out(monkeypatch):
     # Fork workers inherit the patch: every new slab asks for 4 EiB, which
     # cannot be mapped, as when /dev/shm or memory is exhausted.
-    import mxload._worker
-    monkeypatch.setattr(mxload._worker, "slab_size_for", lambda nbytes, current=0: 1 << 62)
+    import mxload._runtime.worker
+    monkeypatch.setattr(mxload._runtime.worker, "slab_size_for", lambda nbytes, current=0: 1 << 62)
     loader = mxload.DataLoader(TupleDataset(8), batch_size=4, num_workers=1, start_method="fork")
     with pytest.raises(mxload.SharedMemoryError,
                        match="(?s)slab failed: out of memory.*cgroup.*not by the size of /dev/shm: "
@@ -547,12 +547,12 @@ def test_a_result_that_cannot_be_unpickled_in_the_main_process_names_batch_and_w
 
 
 def test_a_failure_taking_a_result_in_the_main_process_names_batch_and_worker(monkeypatch):
-    from mxload import _engine
+    from mxload._runtime import fetcher
 
     def broken(layout, buffer, base_offset=0):
         raise OSError("mapping failed")
 
-    monkeypatch.setattr(_engine, "views_from_layout", broken)
+    monkeypatch.setattr(fetcher, "views_from_layout", broken)
     loader = mxload.DataLoader(TupleDataset(8), batch_size=2, num_workers=1)
     with pytest.raises(mxload.WorkerError,
                        match=r"could not take batch 0 from worker 0 \(pid \d+\) in the main process while "
@@ -563,7 +563,7 @@ def test_a_failure_taking_a_result_in_the_main_process_names_batch_and_worker(mo
 def test_timeout_says_a_sigstopped_worker_is_stopped():
     loader = mxload.DataLoader(SlowDataset(0.2, n=20), batch_size=2, num_workers=2, timeout=1.0)
     it = iter(loader)
-    stopped = it.engine._workers[1].pid
+    stopped = it.engine.worker_pids()[1]
     os.kill(stopped, signal.SIGSTOP)   # in the middle of batch 1
     try:
         next(it)

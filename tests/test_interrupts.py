@@ -29,7 +29,7 @@ import os, sys, time, signal, threading
 signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {TESTS_DIR!r})
 import numpy as np, mxload
-from mxload import _engine
+from mxload._runtime import lifecycle, threads
 from datasets_for_tests import SlowDataset, StuckDataset, TupleDataset
 
 
@@ -82,24 +82,24 @@ def test_ctrl_c_inside_the_shutdown_completes_it_then_raises_once(start_method, 
     them within its bound, then one KeyboardInterrupt reaches the code that
     was running: after `break` (the iterator's finalizer) or from close()."""
     out, err, rc = run_child(f"""
-        original = _engine.Engine._end_processes
+        original = lifecycle.Launcher.end_processes
         def ending(self, *args):
             interrupt_self()   # Ctrl-C lands inside the shutdown sequence
             return original(self, *args)
-        _engine.Engine._end_processes = ending
+        lifecycle.Launcher.end_processes = ending
         loader = mxload.DataLoader(StuckDataset(), batch_size=2, num_workers=2, start_method={start_method!r})
         pids = []
         t0 = None
         try:
             if {how!r} == "break":
                 for batch in loader:
-                    pids[:] = [w.pid for w in loader._live_iter().engine._workers]
+                    pids[:] = loader._live_iter().engine.worker_pids()
                     t0 = time.monotonic()
                     break
             else:
                 it = iter(loader)
                 next(it)
-                pids[:] = [w.pid for w in it.engine._workers]
+                pids[:] = it.engine.worker_pids()
                 t0 = time.monotonic()
                 it.close()
             for _ in range(200):   # bytecode between short sleeps: where a pending Ctrl-C is raised
@@ -127,12 +127,12 @@ def test_ctrl_c_during_engine_start_up_leaves_nothing(where):
     KeyboardInterrupt, every worker ended, no thread, pipe or socket left."""
     patch = {
         "after_workers_start": """
-            original = _engine.Engine._start_processes
+            original = lifecycle.Launcher.start_all
             def patched(self, *args):
                 handles = original(self, *args)
                 interrupt_self()
                 return handles
-            _engine.Engine._start_processes = patched
+            lifecycle.Launcher.start_all = patched
             kwargs = {}
         """,
         "fetcher_start": """
@@ -145,11 +145,11 @@ def test_ctrl_c_during_engine_start_up_leaves_nothing(where):
             kwargs = {}
         """,
         "thread_worker_start": """
-            original = _engine.Engine._start_thread_worker
+            original = threads.ThreadTransport.start_thread
             def patched(self, handle):
                 original(self, handle)
                 interrupt_self()
-            _engine.Engine._start_thread_worker = patched
+            threads.ThreadTransport.start_thread = patched
             kwargs = {"thread_pool": True}
         """,
     }[where]

@@ -6,7 +6,7 @@ import os
 import pytest
 from conftest import _snapshot, is_slab_mapping, leftovers
 
-from mxload._slabs import create_shared_fd, map_slab
+from mxload._runtime.slabs import create_shared_fd, map_slab
 
 pytestmark = pytest.mark.timeout(30)
 

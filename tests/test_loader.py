@@ -377,10 +377,10 @@ def test_unpicklable_dataset_with_spawn_names_the_type():
 def test_persistent_workers_survive_epochs_and_close_ends_them():
     with mxload.DataLoader(TupleDataset(20), batch_size=5, num_workers=2, persistent_workers=True) as loader:
         first = run(loader)
-        pids = {w.pid for w in loader._engine._workers}
+        pids = set(loader._engine.worker_pids())
         second = run(loader)
         assert first == second
-        assert {w.pid for w in loader._engine._workers} == pids, "no new processes"
+        assert set(loader._engine.worker_pids()) == pids, "no new processes"
         it = iter(loader)
         next(it)
         del it  # abandoned mid-epoch: workers stay for the next epoch
@@ -434,7 +434,7 @@ def test_fork_is_kept_while_another_loaders_thread_runs():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         it2 = iter(loader)
-    assert it2.engine.start_method == "fork"
+    assert it2.engine.transport.start_method == "fork"
     assert [b[1].tolist() for b in it2] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     it.close()
 

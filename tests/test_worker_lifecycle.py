@@ -70,16 +70,16 @@ class Killer(threading.Thread):
         self.kills = 0
 
     def run(self) -> None:
-        parents = (os.getpid(), self.engine.zygote_pid)
-        if self.engine.start_method == "forkserver":
+        parents = (os.getpid(), self.engine.transport.zygote_pid)
+        if self.engine.transport.start_method == "forkserver":
             from multiprocessing import forkserver
             parents += (forkserver._forkserver._forkserver_pid,)
         end = time.monotonic() + self.seconds
         while not self.stop.wait(self.rng.uniform(self.min_s, self.max_s)) and time.monotonic() < end:
-            handles = [w for w in list(self.engine._workers) if w.alive and w.pid is not None]
-            if not handles:
+            pids = [p for p in self.engine.worker_pids() if p is not None]
+            if not pids:
                 continue
-            pid = self.rng.choice(handles).pid
+            pid = self.rng.choice(pids)
             if _ppid(pid) in parents and process_alive(pid):   # still a worker: never a reused pid
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -140,8 +140,8 @@ def test_workers_dying_together_are_all_restarted(start_method):
         rounds = 12 if start_method == "fork" else 4
         for _ in range(rounds):
             before = loader.stats["worker_restarts"]
-            for w in reversed(list(it.engine._workers)):
-                os.kill(w.pid, signal.SIGKILL)
+            for pid in reversed(it.engine.worker_pids()):
+                os.kill(pid, signal.SIGKILL)
             while loader.stats["worker_restarts"] < before + 4:
                 batch = next(it)
                 assert batch.ravel().tolist() == [2 * idx, 2 * idx + 1]
@@ -287,7 +287,7 @@ def test_a_restart_still_starting_when_the_epoch_ends_is_stopped(start_method):
             warnings.simplefilter("ignore", RuntimeWarning)
             it = iter(loader)
             got = [int(next(it)[0, 0]) for _ in range(10)]
-            victim = it.engine._workers[0].pid
+            victim = it.engine.worker_pids()[0]
             os.kill(victim, signal.SIGKILL)
             time.sleep(0.2)   # the fetcher is now starting its replacement (reading 2 MB first)
             got += [int(b[0, 0]) for b in it]
@@ -345,7 +345,7 @@ def test_a_second_loader_while_another_runs_keeps_fork():
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)   # mxload's own fork never warns
         it2 = iter(second)
-    assert it2.engine.start_method == "fork"
+    assert it2.engine.transport.start_method == "fork"
     assert [b.tolist() for b in it2] == [[0, 3], [6, 9], [12, 15], [18, 21]]
     assert len(list(it1)) == 19
     first.close()
@@ -360,7 +360,7 @@ def test_parent_killed_busy_workers_die_within_two_seconds(start_method, from_th
             loader = mxload.DataLoader(SlowDataset(3.0, n=10_000), batch_size=2, num_workers=3,
                                        start_method={start_method!r}, timeout=None)
             it = iter(loader)
-            print(" ".join(str(w.pid) for w in it.engine._workers), flush=True)
+            print(" ".join(str(p) for p in it.engine.worker_pids()), flush=True)
             next(it)
             time.sleep(60)
         if {from_thread!r}:
@@ -389,7 +389,7 @@ def test_a_worker_whose_zygote_died_before_it_armed_the_death_signal_ends_itself
     parent-death signal: armed too late, the signal never comes, so the worker
     checks its parent right after arming it."""
     proc = _popen("""
-        from mxload._procs import die_with_parent
+        from mxload._runtime.procs import die_with_parent
         zygote = os.fork()
         if zygote == 0:
             zygote_pid = os.getpid()
@@ -443,8 +443,8 @@ def test_zygote_killed_is_a_prompt_error_naming_it_and_the_next_epoch_works(rest
     for _ in range(3):
         it = iter(loader)
         next(it)
-        zygote = it.engine.zygote_pid
-        workers = [w.pid for w in it.engine._workers]
+        zygote = it.engine.transport.zygote_pid
+        workers = it.engine.worker_pids()
         os.kill(zygote, signal.SIGKILL)
         with pytest.raises(mxload.WorkerError) as info:
             for _ in it:
@@ -468,8 +468,8 @@ def test_shutdown_keeps_its_deadline_when_the_zygote_does_not_answer():
         warnings.simplefilter("ignore", RuntimeWarning)
         it = iter(loader)
         next(it)
-        zygote = it.engine.zygote_pid
-        pids = [w.pid for w in it.engine._workers]
+        zygote = it.engine.transport.zygote_pid
+        pids = it.engine.worker_pids()
         os.kill(zygote, signal.SIGSTOP)
         try:
             os.kill(pids[0], signal.SIGKILL)   # its restart waits for the zygote

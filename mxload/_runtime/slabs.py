@@ -12,9 +12,9 @@ import errno
 import os
 import secrets
 
-from . import _fds
-from ._core import Slab
-from .errors import SHARED_MEMORY_ADVICE, SharedMemoryError
+from .._core import Slab
+from ..errors import SHARED_MEMORY_ADVICE, SharedMemoryError
+from . import fds as _fds
 
 _PAGE = 4096
 _GRANULE = 64 * 1024

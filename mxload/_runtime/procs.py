@@ -9,12 +9,12 @@ Process tree with start_method="fork" (the default on Linux)::
              ├──fork──> worker 1       is the zygote's only thread)
              └──fork──> replacement of a dead worker, any time later
 
-    control socket, main <-> zygote (frames of _worker.send_frame):
-      main -> zygote  ("start", worker_id, epoch) carrying the worker's socket end
-      zygote -> main  ("started", worker_id, pid) carrying a pidfd of the worker
-                      ("failed", worker_id, reason)    fork() itself failed
-                      ("exited", pid, exit code)       after the zygote reaped it
-    worker sockets, main <-> each worker: the task protocol (_worker).
+    control socket, main <-> zygote (messages.py):
+      main -> zygote  StartWorker carrying the worker's socket end; Stop
+      zygote -> main  Started carrying a pidfd of the worker
+                      StartFailed                      fork() itself failed
+                      Exited                           after the zygote reaped it
+    worker sockets, main <-> each worker: the task protocol (messages.py).
 
 Why a zygote: every worker and every replacement is a fork of the same
 single-threaded image, taken when the engine started.  Replacements behave
@@ -37,7 +37,7 @@ Its first frame carries multiprocessing's preparation data (sys.path, the
 main module, as multiprocessing's spawn does) and its WorkerConfig.
 forkserver: workers are multiprocessing processes, replacements too.
 spawn and forkserver workers watch their own socket, whose other end only
-the main process holds, and SIGKILL themselves when it hangs up (_worker).
+the main process holds, and SIGKILL themselves when it hangs up (worker.py).
 """
 from __future__ import annotations
 
@@ -55,9 +55,9 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
-from . import _fds
-from ._worker import recv_frame, send_frame
-from .errors import WorkerError
+from ..errors import WorkerError
+from . import fds as _fds
+from . import messages as m
 
 # How long the zygote may take to fork a worker and answer.
 ZYGOTE_REPLY_S = 10.0
@@ -123,10 +123,10 @@ class SpawnedWorker:
         from multiprocessing import spawn, util
         prep = spawn.get_preparation_data(f"mxload-worker-{config.worker_id}")
         prep["authkey"] = bytes(prep["authkey"])   # pickled outside a spawning context
-        self._handover: tuple[Any, ...] | None = (prep, config)
+        self._handover: m.Handover | None = m.Handover(prep, config)
         flags: list[str] = util._args_from_interpreter_flags()  # type: ignore[attr-defined]  # as mp's spawn
-        cmd = [spawn.get_executable(), *flags, "-c",
-               "from mxload._procs import spawned_worker_main; spawned_worker_main()", str(sock.fileno())]
+        entry = "from mxload._runtime.procs import spawned_worker_main; spawned_worker_main()"
+        cmd = [spawn.get_executable(), *flags, "-c", entry, str(sock.fileno())]
         self._popen = subprocess.Popen(cmd, pass_fds=[sock.fileno()], stdin=subprocess.DEVNULL,
                                        process_group=0)
         self.pid = self._popen.pid
@@ -144,8 +144,10 @@ class SpawnedWorker:
         until it reads a large dataset; if it died, its death is reported as
         any worker's (EPIPE here, never a hang)."""
         handover, self._handover = self._handover, None
+        if handover is None:
+            return
         try:
-            send_frame(parent_end, handover)
+            m.send(parent_end, handover)
         except OSError:
             pass
 
@@ -180,9 +182,12 @@ def spawned_worker_main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from multiprocessing import spawn
 
-    from ._worker import worker_process_main
+    from .worker import worker_process_main
     sock = socket.socket(fileno=int(sys.argv[1]))
-    (prep, config), _ = recv_frame(sock)
+    handover, _ = m.recv(sock)
+    if not isinstance(handover, m.Handover):
+        raise m.ProtocolError(f"a spawn worker's first message is a Handover, not {type(handover).__name__}")
+    prep, config = handover
     spawn.prepare(prep)   # sys.path, cwd and the main module, as multiprocessing's spawn does
     worker_process_main(config, sock)
 
@@ -302,7 +307,7 @@ class Zygote:
         self._sock: socket.socket | None = main_end
         self._lock = threading.Lock()
         self._exits: dict[int, int] = {}
-        self._replies: dict[int, tuple[Any, ...]] = {}
+        self._replies: dict[int, tuple[m.Started, int] | m.StartFailed] = {}   # with the pidfd
         self._broken: str | None = None
         self._status: int | None = None   # the zygote's own exit code, once reaped
         try:
@@ -318,7 +323,7 @@ class Zygote:
             if self._sock is None or self._broken is not None:
                 raise WorkerError(f"the worker zygote (pid {self.pid}) is gone: {self._broken or 'closed'}")
             try:
-                send_frame(self._sock, ("start", worker_id, epoch), [sock.fileno()])
+                m.send(self._sock, m.StartWorker(worker_id, epoch), [sock.fileno()])
             except OSError as e:
                 self._broken = f"its control socket failed ({e})"
                 raise WorkerError(f"the worker zygote (pid {self.pid}) is gone: {self._broken}") from e
@@ -330,9 +335,11 @@ class Zygote:
                     raise WorkerError(f"the worker zygote (pid {self.pid}) did not start worker "
                                       f"{worker_id} within {ZYGOTE_REPLY_S} s")
             reply = self._replies.pop(worker_id)
-        if reply[0] == "failed":
-            raise WorkerError(f"the worker zygote could not fork worker {worker_id}: {reply[1]}", worker_id)
-        return ZygoteWorker(self, reply[1], reply[2])
+        if isinstance(reply, m.StartFailed):
+            raise WorkerError(f"the worker zygote could not fork worker {worker_id}: {reply.reason}",
+                              worker_id)
+        started, pidfd = reply
+        return ZygoteWorker(self, started.pid, pidfd)
 
     def exit_code(self, pid: int, wait_s: float) -> int | None:
         """The reported exit code of `pid`, waiting at most wait_s for it."""
@@ -383,17 +390,22 @@ class Zygote:
         if not select.select([sock], [], [], max(0.0, deadline - time.monotonic()))[0]:
             return False
         try:
-            msg, fds = recv_frame(sock)
-        except (EOFError, OSError) as e:
+            msg, fds = m.recv(sock)
+        except (EOFError, OSError, m.ProtocolError) as e:
             self._broken = f"it died ({e})" if not isinstance(e, EOFError) else "it died"
             return False
-        if msg[0] == "exited":
-            self._exits[msg[1]] = msg[2]
-        elif msg[0] == "started":
+        if isinstance(msg, m.Exited):
+            self._exits[msg.pid] = msg.exit_code
+        elif isinstance(msg, m.Started):
             _fds.own(fds[0])
-            self._replies[msg[1]] = ("started", msg[2], fds[0])
+            self._replies[msg.worker_id] = (msg, fds[0])
+        elif isinstance(msg, m.StartFailed):
+            self._replies[msg.worker_id] = msg
         else:
-            self._replies[msg[1]] = ("failed", msg[2])
+            for fd in fds:
+                os.close(fd)
+            self._broken = f"it sent {type(msg).__name__}, not a zygote report"
+            return False
         return True
 
     def close(self, deadline: float) -> None:
@@ -482,21 +494,21 @@ def _serve_zygote(sock: socket.socket, entry: Callable[[int, int, socket.socket]
                     poller.unregister(fd)
                     os.close(fd)
                     _, status = os.waitpid(pid, 0)
-                    send_frame(sock, ("exited", pid, os.waitstatus_to_exitcode(status)))
+                    m.send(sock, m.Exited(pid, os.waitstatus_to_exitcode(status)))
                     continue
                 try:
-                    msg, fds = recv_frame(sock)
+                    msg, fds = m.recv(sock)
                 except (EOFError, OSError):
                     return   # the main process closed or died
-                if msg is None:
-                    return
-                _, worker_id, epoch = msg
+                if not isinstance(msg, m.StartWorker):
+                    return   # Stop
+                worker_id, epoch = msg
                 worker_sock = socket.socket(fileno=fds[0])
                 try:
                     pid = os.fork()
                 except OSError as e:
                     worker_sock.close()
-                    send_frame(sock, ("failed", worker_id, str(e)))
+                    m.send(sock, m.StartFailed(worker_id, str(e)))
                     continue
                 if pid == 0:
                     _worker_child(entry, worker_id, epoch, worker_sock, sock, list(children), zygote_pid)
@@ -504,7 +516,7 @@ def _serve_zygote(sock: socket.socket, entry: Callable[[int, int, socket.socket]
                 pidfd = os.pidfd_open(pid)
                 children[pidfd] = pid
                 poller.register(pidfd, select.POLLIN)
-                send_frame(sock, ("started", worker_id, pid), [pidfd])
+                m.send(sock, m.Started(worker_id, pid), [pidfd])
     finally:
         for pid in children.values():
             with contextlib.suppress(OSError):

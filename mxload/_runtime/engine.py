@@ -1,0 +1,400 @@
+"""The multi-worker engine: the prefetch window, dispatch, consuming from
+the ReorderBuffer, and the failure record.
+
+One Engine owns one transport's workers (transport.py: processes or
+threads) and the ReorderBuffer they fill.  An epoch is iterated through an
+EpochIterator (epoch.py); when it ends, the engine shuts down, unless the
+loader keeps it for persistent workers.
+
+States: RUNNING -> SHUTTING_DOWN -> CLOSED.  ``Engine.shutdown`` is the only
+place that ends workers (lifecycle.shutdown_sequence); every way an
+iteration can end goes through it.
+
+Ctrl-C: the start-up and the shutdown run with SIGINT deferred
+(``_core.defer_sigint``): a Ctrl-C that lands inside them lets them finish,
+so no worker, thread or descriptor is left half made or half ended, and is
+then raised once; one that lands in a finalizer (``__del__`` after
+``break``) is made pending again for the code the finalizer interrupted
+instead of being printed as "Exception ignored".
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import sys
+import threading
+import warnings
+from dataclasses import dataclass
+from multiprocessing import util as mp_util
+from typing import TYPE_CHECKING, Any
+
+from .._core import BufferClosedError, ReorderBuffer, defer_sigint
+from ..errors import LoaderTimeoutError, WorkerError
+from . import messages as m
+from .lifecycle import shutdown_sequence
+from .processes import ProcessTransport
+from .threads import ThreadTransport
+from .transport import Delivery, Transport, WorkerLoss
+from .worker import WorkerConfig
+
+if TYPE_CHECKING:
+    from .._options import LoaderOptions
+    from ..profiler import Profiler
+    from .epoch import EpochPlan
+
+RUNNING, SHUTTING_DOWN, CLOSED = "running", "shutting down", "closed"
+
+
+class BatchFailure:
+    """A batch's error (dataset or collation), in place of the batch: the
+    consumer raises it and the epoch goes on."""
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+class _Marker:
+    def __init__(self, name: str):
+        self._name = name
+
+    def __repr__(self) -> str:
+        return self._name
+
+
+END = _Marker("END")            # the epoch delivered every batch
+CLOSED_BY_OTHER = _Marker("CLOSED")   # shut down meanwhile (close() from another thread)
+_EXHAUSTED = _Marker("EXHAUSTED")     # a worker's stream ended (not a batch)
+_NOT_SENT = _Marker("NOT_SENT")
+
+
+def rebuild_exception(info: m.ExceptionInfo, worker_id: int, pid: int | None,
+                      batch_index: int) -> BaseException:
+    """The consumer-side exception for one raised in a worker: the same type
+    where it can be rebuilt from a message, else WorkerError naming it."""
+    where = (f"loading batch {batch_index}" if batch_index >= 0 else "running worker_init_fn")
+    text = (f"{info.message}\n\nRaised in worker {worker_id} (pid {pid}) while {where}. "
+            f"Worker traceback:\n{info.traceback}")
+    original = None
+    if info.pickled is not None:
+        try:
+            original = pickle.loads(info.pickled)
+        except Exception:
+            original = None
+    if original is not None:
+        try:
+            rebuilt = type(original)(text)
+            # Not SystemExit & co: re-raised here they would end the training program.
+            if isinstance(rebuilt, Exception):
+                return rebuilt  # the text already carries the worker's traceback
+        except Exception:
+            pass
+    err = WorkerError(f"{info.module}.{info.qualname}: {text}", worker_id, pid, None,
+                      batch_index if batch_index >= 0 else None)
+    err.__cause__ = original
+    return err
+
+
+@dataclass
+class _Worker:
+    """The engine's view of one worker (the transport keeps its channel)."""
+    alive: bool = True
+    exhausted: bool = False
+    # (epoch, batch index) -> indices, in dispatch order: what a restart sends again.
+    outstanding: dict[tuple[int, int], Any] = dataclasses.field(default_factory=dict)
+
+
+class Engine:
+    """Workers, reorder buffer and failure record for one loader."""
+
+    def __init__(self, options: LoaderOptions, epoch: int):
+        self.options = options
+        self.prefetch = max(options.prefetch, 1)
+        self.stats: dict[str, int] = {
+            "batches": 0, "slabs_created": 0, "slabs_reused": 0, "slabs_retired": 0,
+            "worker_restarts": 0, "epochs": 0,
+        }
+        self.state = RUNNING
+        self.epoch = epoch
+        self.profiler: Profiler | None = None
+        self._pid = os.getpid()                 # only this process may end the workers
+        self._lock = threading.RLock()          # dispatch, results, the worker table
+        self._shutdown_lock = threading.Lock()
+        self._rb = ReorderBuffer()
+        # Every worker's entry exists before any runs: one may report at once.
+        self._workers = [_Worker() for _ in range(options.num_workers)]
+        self._failure: BaseException | None = None
+        self._restarts = 0
+        self._plan: EpochPlan | None = None
+        self._discard = 0
+        self._next_dispatch = self._yielded = self._in_flight = 0
+        self._finalizer: Any = None
+        config = WorkerConfig(0, options.num_workers, options.seed, epoch,
+                              (options.dataset, options.batchify_fn, options.worker_init_fn),
+                              options.iterable, options.fetch_batch_size, options.drop_last,
+                              zygote_child=False)
+        self.transport: Transport
+        if options.thread_pool:
+            self.transport = ThreadTransport(self, self._lock, [
+                dataclasses.replace(config, worker_id=wid) for wid in range(options.num_workers)])
+        else:
+            self.transport = ProcessTransport(self, self._lock, config, options.start_method, self.stats,
+                                              type(options.dataset).__name__)
+        try:
+            self.transport.start()
+        except BaseException:
+            self.shutdown()
+            raise
+        # Runs at interpreter exit before multiprocessing's own teardown.
+        self._finalizer = mp_util.Finalize(None, self.shutdown, exitpriority=100)
+
+    @property
+    def usable(self) -> bool:
+        """Running, and in the process that created it (a forked child's copy is inert)."""
+        return self.state == RUNNING and os.getpid() == self._pid
+
+    def worker_pids(self) -> list[int | None]:
+        """Each worker's pid (None for a thread), by worker id."""
+        return [self.transport.pid(wid) for wid in range(len(self._workers))]
+
+    @property
+    def total_batches(self) -> int | None:
+        return None if self._plan is None or self._plan.order is None else len(self._plan.order)
+
+    # ------------------------------------------------------------------ epochs and dispatch
+
+    def begin_epoch(self, epoch: int, plan: EpochPlan, profiler: Profiler | None) -> None:
+        """Start delivering `plan` (the batches of epoch `epoch`)."""
+        with self._lock:
+            if self.state != RUNNING:
+                raise RuntimeError(f"the loader's workers are {self.state}")
+            self.epoch = epoch
+            self.profiler = profiler
+            self.stats["epochs"] += 1
+            stale = self._rb.clear()
+            for w in self._workers:
+                w.exhausted = False
+            self._plan = plan
+            self._discard = plan.discard
+            self._next_dispatch = self._yielded = self._in_flight = 0
+            self._dispatch_more()
+        del stale  # recycled slabs of the previous epoch, released outside the lock
+
+    def _pick_worker(self, idx: int) -> int | None:
+        live = [wid for wid, w in enumerate(self._workers) if w.alive and not w.exhausted]
+        if not live:
+            return None
+        # Round-robin by batch index, not least-loaded: which worker loads
+        # which batch (and so which per-worker random stream it sees) must not
+        # depend on timing, nor on where a resumed epoch starts.
+        return live[idx % len(live)]
+
+    def _dispatch_more(self) -> None:
+        plan = self._plan
+        assert plan is not None
+        with self._lock:
+            while self.state == RUNNING and self._in_flight < self.prefetch:
+                if plan.order is not None:
+                    if self._next_dispatch >= len(plan.order):
+                        return
+                    idx = plan.order[self._next_dispatch]
+                    assert plan.batches is not None
+                    indices = plan.batches[idx]
+                else:
+                    idx, indices = self._next_dispatch, None
+                wid = self._pick_worker(idx)
+                if wid is None:
+                    return
+                self._send(wid, idx, indices)
+                self._next_dispatch += 1
+                self._in_flight += 1
+
+    def _send(self, wid: int, idx: int, indices: Any) -> None:
+        self._workers[wid].outstanding[(self.epoch, idx)] = indices
+        self.transport.dispatch(wid, m.Task(self.epoch, idx, indices, profiling=self.profiler is not None))
+
+    # ------------------------------------------------------------------ consumer
+
+    def next_batch(self) -> tuple[int, Any] | _Marker:
+        """(batch index, batch or BatchFailure), END, or CLOSED_BY_OTHER.
+        Raises what ended the epoch."""
+        if os.getpid() != self._pid:
+            raise RuntimeError(
+                f"this iterator's workers belong to process {self._pid}, not to this forked child "
+                f"(pid {os.getpid()}); call iter(loader) again in the child to start its own")
+        timeout = self.options.timeout
+        while True:
+            if self._finished():
+                return END
+            order = self._plan.order if self._plan is not None else None
+            idx = -1
+            try:
+                if self.options.in_order:
+                    idx = order[self._yielded] if order is not None else self._yielded
+                    item = self._rb.get(idx, timeout)
+                else:
+                    idx, item = self._rb.pop_next(timeout)
+            except TimeoutError:
+                raise self._timeout_error(idx) from None
+            except BufferClosedError:
+                if self._failure is not None:
+                    raise self._failure from None
+                return CLOSED_BY_OTHER
+            with self._lock:
+                self._yielded += 1
+                self._in_flight -= 1
+                self._dispatch_more()
+            if item is _EXHAUSTED:
+                continue
+            if self._discard:
+                self._discard -= 1   # replayed stream batch, already seen before the checkpoint
+                continue
+            if not isinstance(item, BatchFailure):
+                self.stats["batches"] += 1
+            return idx, item
+
+    def _timeout_error(self, idx: int) -> LoaderTimeoutError:
+        states = [(wid, self.transport.pid(wid), self.transport.describe(wid))
+                  for wid, w in enumerate(self._workers) if w.alive]
+        waited = f"batch {idx}" if self.options.in_order else "any batch"
+        stopped = any(s.startswith("stopped") for _, _, s in states)
+        return LoaderTimeoutError(
+            f"no {waited} within timeout={self.options.timeout} s{self._whereabouts(idx)}; "
+            f"workers (id, pid, state): {states}. "
+            + ("A stopped worker runs again after SIGCONT (kill -CONT PID). " if stopped else "")
+            + "A worker may be stuck in __getitem__; raise `timeout` if batches are "
+            "legitimately slow")
+
+    def _whereabouts(self, idx: int) -> str:
+        """Where the awaited batch is: which worker holds its task, or why none does."""
+        if not self.options.in_order:
+            return ""
+        with self._lock:
+            holders = [wid for wid, w in enumerate(self._workers) if (self.epoch, idx) in w.outstanding]
+        if not self.transport.receiving:
+            return " (the fetcher thread is not running)"
+        if not holders:
+            return " (no worker holds its task: mxload lost track of it; please report this as a bug)"
+        return "".join(f" (its task is with worker {wid}, pid {self.transport.pid(wid)})" for wid in holders)
+
+    def _finished(self) -> bool:
+        with self._lock:
+            if self._plan is not None and self._plan.order is not None:
+                return self._yielded >= len(self._plan.order)
+            return self._in_flight == 0 and all(w.exhausted or not w.alive for w in self._workers)
+
+    # ------------------------------------------------------------------ results (ResultSink)
+
+    def deliver(self, worker_id: int, result: Delivery) -> None:
+        with self._lock:
+            pid = self.transport.pid(worker_id)
+            if isinstance(result, m.InitFailed):   # worker_init_fn failed: the worker is unusable
+                self.fail(rebuild_exception(result.error, worker_id, pid, -1))
+                return
+            w = self._workers[worker_id]
+            idx = result.batch_index
+            if w.outstanding.pop((result.epoch, idx), _NOT_SENT) is _NOT_SENT or result.epoch != self.epoch:
+                return   # of an abandoned epoch: dropped (its slab returns to the pool)
+            if isinstance(result, m.Loaded):
+                self._store(idx, result.batch)
+                if self.profiler is not None and result.timings is not None:
+                    t = result.timings
+                    self.profiler.worker_batch(worker_id, pid, idx, t.start_ns, t.fetch_ns, t.collate_ns,
+                                               t.sent_ns, t.field_stats, t.field_ns,
+                                               transported=self.transport.transported)
+            elif isinstance(result, m.Exhausted):
+                w.exhausted = True
+                self._store(idx, _EXHAUSTED)
+            else:
+                self._store(idx, BatchFailure(rebuild_exception(result.error, worker_id, pid, idx)))
+
+    def _store(self, idx: int, item: Any) -> None:
+        try:
+            self._rb.put(idx, item)
+        except BufferClosedError:
+            pass  # the epoch already failed or is shutting down: drop it
+
+    def held(self, worker_id: int) -> list[int]:
+        return [i for e, i in self._workers[worker_id].outstanding if e == self.epoch]
+
+    def fail(self, error: BaseException) -> None:
+        """Record a fatal error and wake the consumer with it."""
+        if self._failure is None:
+            self._failure = error
+        self._rb.close(str(error))
+
+    def worker_lost(self, loss: WorkerLoss) -> None:
+        with self._lock:
+            wid = loss.worker_id
+            self._workers[wid].alive = False
+            if self.state != RUNNING:
+                return
+            held = sorted(self.held(wid))
+            first = held[0] if held else None
+            if loss.final is not None:
+                self.fail(loss.error_type(loss.final(held), wid, loss.pid, loss.exitcode, first))
+                return
+            limit = self.options.max_worker_restarts
+            if self._restarts < limit and not self.options.iterable and self.transport.restartable:
+                # A stream's position died with its worker: those are never restarted.
+                self._restarts += 1
+                self.stats["worker_restarts"] += 1
+                if self.profiler is not None:
+                    self.profiler.worker_restarted(wid)
+                warnings.warn(f"mxload worker {wid} (pid {loss.pid}) died ({loss.how}{loss.hint}); "
+                              f"restarting it ({self._restarts}/{limit})", RuntimeWarning, stacklevel=1)
+                self._restart(wid)
+                return
+            self.fail(loss.error_type(
+                f"mxload worker {wid} (pid {loss.pid}) died unexpectedly ({loss.how}){loss.hint} "
+                f"while holding batches {held}" +
+                (f"; max_worker_restarts={limit} exhausted" if limit else ""),
+                wid, loss.pid, loss.exitcode, first))
+
+    def _restart(self, wid: int) -> None:
+        """Replace a lost worker and dispatch its batches again (engine lock held)."""
+        try:
+            if not self.transport.restart(wid, self.epoch):
+                return   # shutting down
+        except Exception as e:
+            self.fail(WorkerError(f"could not restart worker {wid}: {e}", wid))
+            return
+        dead, self._workers[wid] = self._workers[wid], _Worker()
+        for (epoch, idx), indices in sorted(dead.outstanding.items()):
+            if epoch == self.epoch:
+                self._send(wid, idx, indices)
+
+    # ------------------------------------------------------------------ shutdown
+
+    @defer_sigint
+    def shutdown(self) -> None:
+        """End the workers and release everything; idempotent, thread-safe,
+        bounded by lifecycle.SHUTDOWN_DEADLINE_S however stuck the workers
+        are.  In a forked child (a user's os.fork()) the inherited copy is
+        inert: the workers belong to the process that created them.  A
+        Ctrl-C meanwhile is raised once the sequence is complete."""
+        if self.state == CLOSED:
+            return
+        if os.getpid() != self._pid:
+            self.state = CLOSED   # fds.py closed the inherited descriptors at fork
+            return
+        if sys.is_finalizing():
+            return  # the zygote (or each worker's watchdog) sees the sockets hang up
+        with self._shutdown_lock:
+            if self.state == CLOSED:
+                return
+            self.state = SHUTTING_DOWN
+            try:
+                shutdown_sequence(self.transport, self._rb)
+                for w in self._workers:
+                    w.outstanding.clear()
+                    w.alive = False
+            finally:
+                # Whatever happened above, this engine is finished: never run twice.
+                self.state = CLOSED
+                if self._finalizer is not None:
+                    self._finalizer.cancel()
+
+    def __repr__(self) -> str:
+        return f"<mxload Engine {self.state}, {len(self._workers)} workers>"

@@ -1,0 +1,321 @@
+"""One epoch: which batches it delivers (EpochPlan, resumed or not), where
+they are made (in the calling thread, or by the engine's workers), and the
+one EpochIterator the training loop holds, for 0 or N workers."""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .. import batchify as _batchify
+from .._checkpoint import EpochProgress
+from .._core import defer_sigint, sigint_safe_finalizer
+from .engine import END, BatchFailure, Engine, _Marker
+from .source import SampleSource
+
+if TYPE_CHECKING:
+    from .._options import LoaderOptions
+    from ..profiler import Profiler
+
+__all__ = ["EpochIterator", "EpochPlan", "start_epoch"]
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """Which batches an epoch delivers.
+
+    Args:
+        batches: every batch's indices (None: an IterableDataset's stream).
+        order: the batch indices to deliver, in order; a resumed epoch
+            leaves out those already taken (None: a stream).
+        discard: stream batches to drop first (a resumed stream is replayed
+            from its start; these were taken before the checkpoint).
+    """
+    batches: list[Any] | None
+    order: list[int] | None
+    discard: int = 0
+
+    @classmethod
+    def of(cls, batches: list[Any] | None, progress: EpochProgress) -> EpochPlan:
+        """The plan of an epoch of `batches` (None: a stream) given what
+        `progress` (fresh, or loaded from a state_dict) says was taken."""
+        if batches is None:
+            return cls(None, None, progress.count)
+        return cls(batches, progress.remaining(len(batches)), 0)
+
+
+class _Producer(Protocol):
+    """Where an EpochIterator's batches come from."""
+    profiler: Profiler | None
+    # A BaseException out of next_batch (a worker's death, a timeout, a
+    # Ctrl-C) ends the epoch; False: the epoch stays where it was.
+    ends_on_error: bool
+
+    @property
+    def total_batches(self) -> int | None: ...
+    def next_batch(self) -> tuple[int, Any] | _Marker: ...
+    def end(self, release: bool) -> None: ...
+
+
+class InProcessBatches:
+    """num_workers=0: fetch and collate in the calling thread."""
+    # As a plain loop: a Ctrl-C inside the dataset leaves the epoch where it was.
+    ends_on_error = False
+
+    def __init__(self, options: LoaderOptions, epoch: int, plan: EpochPlan, profiler: Profiler | None):
+        self.profiler = profiler
+        self._batchify = options.batchify_fn
+        self._epoch = epoch
+        self._plan = plan
+        self._position = 0                   # in plan.order; for a stream, batches taken
+        self._discard = plan.discard
+        self._source = SampleSource(options.dataset, options.iterable, options.fetch_batch_size,
+                                    options.drop_last, options.seed)
+
+    def next_batch(self) -> tuple[int, Any] | _Marker:
+        """As torch: an error raised for one batch (dataset or collation)
+        uses that batch up, so a loop that catches it goes on with the next one."""
+        order = self._plan.order
+        if order is not None and self._position >= len(order):
+            return END
+        idx = order[self._position] if order is not None else self._plan.discard + self._position
+        t0 = time.monotonic_ns()
+        try:
+            samples = self._samples(idx)
+            if samples is None:
+                return END
+            batch = self._collate(idx, samples, t0)
+        except Exception as e:
+            self._position += 1
+            return idx, BatchFailure(e)
+        self._position += 1
+        return idx, batch
+
+    def _samples(self, idx: int) -> Any:
+        if self._plan.batches is not None:
+            return self._source.samples(self._epoch, self._plan.batches[idx])
+        while self._discard:   # resumed: replay the stream, drop what was seen
+            if self._source.samples(self._epoch, None) is None:
+                return None
+            self._discard -= 1
+        return self._source.samples(self._epoch, None)
+
+    def _collate(self, idx: int, samples: Any, t0: int) -> Any:
+        profiler = self.profiler
+        if profiler is None:
+            return _batchify.collate(self._batchify, samples, idx)
+        t1 = time.monotonic_ns()
+        batch, stats, field_ns = _batchify.collate_profiled(self._batchify, samples, idx)
+        t2 = time.monotonic_ns()
+        profiler.worker_batch(-1, os.getpid(), idx, t0, t1 - t0, t2 - t1, t2, stats, field_ns,
+                              transported=False)
+        return batch
+
+    @property
+    def total_batches(self) -> int | None:
+        return len(self._plan.order) if self._plan.order is not None else None
+
+    def end(self, release: bool) -> None:
+        self._source.close()
+
+
+class _EngineBatches:
+    """N workers: the engine's batches (the engine may outlive the epoch)."""
+    ends_on_error = True
+
+    def __init__(self, engine: Engine, persistent: bool):
+        self.engine = engine
+        self.profiler = engine.profiler
+        self.persistent = persistent
+
+    @property
+    def total_batches(self) -> int | None:
+        return self.engine.total_batches
+
+    def next_batch(self) -> tuple[int, Any] | _Marker:
+        return self.engine.next_batch()
+
+    def end(self, release: bool) -> None:
+        if release or not self.persistent:
+            self.engine.shutdown()
+
+
+class EpochIterator:
+    """What ``iter(loader)`` returns: one epoch of batches.
+
+    Ends its workers (unless persistent) when exhausted, closed, on error, or
+    when garbage-collected: ``for batch in loader: break`` stops the workers
+    at once, because nothing else holds this object strongly."""
+
+    def __init__(self, producer: InProcessBatches | _EngineBatches, progress: EpochProgress,
+                 length: Callable[[], int]):
+        self._producer: _Producer = producer
+        # The engine, with workers (persistent_workers: the loader keeps it too).
+        self.engine: Engine | None = producer.engine if isinstance(producer, _EngineBatches) else None
+        self._progress = progress
+        self._length = length
+        self._closed = False
+        self._superseded = False
+        # Threads sharing this iterator take turns: each batch goes to one of them.
+        self._next_lock = threading.Lock()
+
+    def __iter__(self) -> EpochIterator:
+        return self
+
+    def __len__(self) -> int:
+        """The batches this epoch delivers (a stream: the loader's len())."""
+        total = self._producer.total_batches
+        return total if total is not None else self._length()
+
+    def __next__(self) -> Any:
+        with self._next_lock:
+            try:
+                return self._next()
+            except BaseException:
+                del self   # the traceback keeps this frame: it must not keep the iterator (see _next)
+                raise
+
+    def _next(self) -> Any:
+        if self._closed:
+            if self._superseded:
+                raise RuntimeError(
+                    "this iterator was superseded: a newer iter() of the same DataLoader took over its "
+                    "persistent workers, which serve one epoch at a time. Finish (or close) an epoch "
+                    "before starting the next, or use persistent_workers=False for independent "
+                    "iterators (zip(loader, loader))")
+            raise StopIteration
+        producer = self._producer
+        profiler = producer.profiler
+        call_ns = time.monotonic_ns() if profiler is not None else 0
+        try:
+            got = producer.next_batch()
+        except BaseException:
+            if producer.ends_on_error:   # worker failure, timeout or Ctrl-C: the epoch is over
+                self._end(force=True)
+            raise
+        if got is END:
+            self._progress.finished = True
+            self._end()
+            raise StopIteration
+        if not isinstance(got, tuple):   # CLOSED_BY_OTHER: close() from another thread meanwhile
+            self._end()
+            raise StopIteration
+        idx, batch = got
+        self._progress.taken(idx)
+        if isinstance(batch, BatchFailure):
+            # As torch: an error raised for one batch leaves the epoch running;
+            # the loop may catch it and take the next batches.  The error's
+            # traceback holds this frame: it must reference neither the error
+            # (a cycle, freed only by a gc run) nor this iterator, so that a
+            # loop abandoned by the error still ends the workers at once.
+            error, batch = batch.error, None
+            del self, profiler, producer, got
+            try:
+                raise error
+            finally:
+                del error
+        if profiler is not None:
+            profiler.batch_taken(idx, call_ns)
+        return batch
+
+    @defer_sigint
+    def _end(self, force: bool = False) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._producer.profiler is not None:
+            self._producer.profiler.epoch_ended()
+        self._producer.end(force)
+
+    def supersede(self) -> None:
+        """A newer iterator takes over the persistent engine: if this epoch is
+        still in progress, using this iterator again is an error, not a
+        silent share of the newer epoch's batches."""
+        if not self._closed:
+            self._superseded = True
+            self._end()
+
+    def release_engine_at_end(self) -> None:
+        """The loader is gone: end the workers with this epoch, even if persistent."""
+        producer = self._producer
+        if isinstance(producer, _EngineBatches):
+            producer.persistent = False
+            if self._closed:
+                producer.engine.shutdown()
+
+    @defer_sigint
+    def close(self) -> None:
+        """End this epoch now; without persistent workers, end the workers."""
+        self._end()
+
+    shutdown = close
+
+    def __enter__(self) -> EpochIterator:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _finalize(self) -> None:
+        if sys.is_finalizing():
+            return
+        try:
+            self._end()
+        except Exception:
+            pass
+        # Free what only this iterator kept alive (the engine, its threads and
+        # handles) now, while a Ctrl-C is still held back: a Python finalizer
+        # running after this one would swallow it.
+        self.__dict__.clear()
+
+    __del__ = sigint_safe_finalizer(_finalize)
+
+
+def start_epoch(options: LoaderOptions, epoch: int, batches: Callable[[], list[Any]] | None,
+                progress: EpochProgress, profiler: Profiler | None, engine: Engine | None,
+                persistent: bool, length: Callable[[], int],
+                on_engine: Callable[[Engine], None]) -> EpochIterator:
+    """Start epoch `epoch`: in the calling thread (num_workers=0), or on
+    `engine` (persistent workers) if it is still usable, else on a new one,
+    which `on_engine` receives before anything can interrupt (a persistent
+    engine's owner must learn of it, whatever happens next).  `batches`
+    makes the epoch's batches of indices (None: an IterableDataset);
+    `progress` says which were taken (a resumed epoch) and records those
+    taken from now on; `length` is the loader's len() (a stream's epoch)."""
+    t0 = time.monotonic_ns()
+    plan = EpochPlan.of(batches() if batches is not None else None, progress)
+    t1 = time.monotonic_ns()
+    if options.num_workers == 0:
+        it = EpochIterator(InProcessBatches(options, epoch, plan, profiler), progress, length)
+        if profiler is not None:
+            profiler.epoch_started(time.monotonic_ns() - t0, 0)
+        return it
+    return _start_on_engine(options, epoch, plan, progress, profiler, engine, persistent, length, on_engine,
+                            t1 - t0)
+
+
+@defer_sigint
+def _start_on_engine(options: LoaderOptions, epoch: int, plan: EpochPlan, progress: EpochProgress,
+                     profiler: Profiler | None, engine: Engine | None, persistent: bool,
+                     length: Callable[[], int], on_engine: Callable[[Engine], None],
+                     sampling_ns: int) -> EpochIterator:
+    """All or nothing: a Ctrl-C meanwhile is raised once the iterator
+    exists, whose finalizer then ends a non-persistent engine."""
+    t1 = time.monotonic_ns()
+    created = engine is None or not engine.usable
+    if engine is None or created:
+        engine = Engine(options, epoch)
+    try:
+        on_engine(engine)
+        engine.begin_epoch(epoch, plan, profiler)
+        if profiler is not None:
+            profiler.epoch_started(sampling_ns, time.monotonic_ns() - t1)
+        return EpochIterator(_EngineBatches(engine, persistent), progress, length)
+    except BaseException:
+        if created and not persistent:
+            engine.shutdown()
+        raise

@@ -1,0 +1,339 @@
+"""Worker processes' lives: the start method, starting and restarting them,
+ending them within a deadline, and the numbered shutdown sequence every
+way an iteration ends goes through (``shutdown_sequence``).
+
+Ctrl-C: starting runs with SIGINT deferred (procs.sigint_deferred), so no
+worker is left half made; the engine runs the whole shutdown with SIGINT
+deferred (_core.defer_sigint), so none is left half ended.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import socket
+import sys
+import threading
+import time
+import weakref
+from multiprocessing import connection as mp_connection
+from typing import Any, Protocol
+
+from .._core import ReorderBuffer, Slab
+from . import fds as _fds
+from .procs import SpawnedWorker, Zygote, ZygoteWorker, ensure_fork_server, sigint_deferred
+from .transport import Transport
+from .worker import Payload, WorkerConfig, in_worker_process, worker_process_main
+
+__all__ = ["SHUTDOWN_GRACE_S", "SHUTDOWN_TERMINATE_S", "SHUTDOWN_DEADLINE_S", "Closing", "Launcher",
+           "ProcessHandle", "choose_start_method", "describe_exit", "shutdown_sequence"]
+
+# Shutdown budget: a worker between tasks exits within a few ms of the stop
+# message; one still inside a batch (whose result nobody wants any more) gets
+# SIGTERM after the grace period, SIGKILL after the terminate period; every
+# wait shares the one deadline.
+SHUTDOWN_GRACE_S = 0.02
+SHUTDOWN_TERMINATE_S = 0.5
+SHUTDOWN_DEADLINE_S = 1.0
+
+
+def shutdown_sequence(transport: Transport, buffer: ReorderBuffer) -> None:
+    """End an engine's workers and release everything, within SHUTDOWN_DEADLINE_S
+    however stuck the workers are.  The engine runs it once, Ctrl-C deferred."""
+    start = time.monotonic()
+    deadline = start + SHUTDOWN_DEADLINE_S
+    # 1. Stop the fetcher thread and join it: wake its select() through
+    #    the self-pipe, so it is never left blocked on a worker socket.
+    transport.stop_receiving(deadline)
+    # 2. No worker starts from now on; wait for one under way (a restart),
+    #    which then ends its process itself if we stop waiting first.
+    transport.refuse_starts(deadline)
+    # 3. Wake a consumer blocked in the ReorderBuffer.
+    buffer.close("the loader is shutting down")
+    # 4. Ask every worker to stop.  The stop message never blocks (a
+    #    stuck worker's socket may be full); workers read ahead, so one
+    #    that is between tasks skips its queued work and exits at once.
+    transport.ask_to_stop()
+    # 5. Grace period, then SIGTERM, then SIGKILL, all within the one
+    #    deadline; reap every process (threads: join until the deadline).
+    #    Then the zygote, which kills and reaps whatever is left of its children.
+    transport.end_workers(start, deadline)
+    # 6. Close sockets and pipes, drop buffered batches, release slabs
+    #    (batches the consumer still holds stay valid until it drops them).
+    transport.release()
+    buffer.clear()
+
+
+def choose_start_method(requested: str | None) -> str:
+    if requested is not None:
+        return requested
+    return "fork" if sys.platform.startswith("linux") else mp.get_start_method()
+
+
+def describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"killed by {name}"
+    return f"exit code {exitcode}"
+
+
+# /proc/PID/stat states worth naming when a worker does not answer.
+_PROC_STATES = {"T": "stopped (SIGSTOP or a job-control stop)", "t": "stopped by a debugger",
+                "D": "in uninterruptible I/O", "Z": "exited, not yet reaped"}
+
+
+def process_state(pid: int | None) -> str:
+    """'alive', or why a live worker process cannot be making progress."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "alive"   # no /proc (macOS): nothing more to say
+    return _PROC_STATES.get(state, "alive")
+
+
+class Closing(Exception):
+    """A worker start was refused or undone: the engine is shutting down."""
+
+
+class Process(Protocol):
+    """What the launcher needs of a worker process (multiprocessing.Process,
+    procs.SpawnedWorker, procs.ZygoteWorker)."""
+    sentinel: int
+
+    @property
+    def pid(self) -> int | None: ...
+
+    @property
+    def exitcode(self) -> int | None: ...
+    def join(self, timeout: float | None = None) -> None: ...
+    def terminate(self) -> None: ...
+    def kill(self) -> None: ...
+    def close(self) -> None: ...
+
+
+@dataclasses.dataclass(eq=False)
+class ProcessHandle:
+    """The main process's view of one worker process."""
+    worker_id: int
+    process: Process
+    pid: int | None              # kept: the process object is closed once it is reaped
+    sock: socket.socket | None   # the task socket (messages.py)
+    known_slabs: set[int] = dataclasses.field(default_factory=set)
+    pending_drops: list[int] = dataclasses.field(default_factory=list)
+    # (epoch, batch index) -> the slab the task fills.  Tasks of an abandoned
+    # epoch stay here until their result arrives: the worker may still be
+    # writing into their slab, so it must not be handed out again.
+    slabs: dict[tuple[int, int], Slab | None] = dataclasses.field(default_factory=dict)
+    alive: bool = True
+
+    def close_channel(self) -> None:
+        _fds.close_socket(self.sock)
+        self.sock = None
+
+
+class Pausable(Protocol):
+    def pause(self) -> bool: ...
+    def resume(self) -> None: ...
+
+
+# Every process transport of this process: forking a zygote pauses the
+# others' fetcher threads, so that mxload never forks while a thread of its own runs.
+_running: weakref.WeakSet[Any] = weakref.WeakSet()
+_fork_lock = threading.Lock()
+
+
+def _forget_inherited_workers() -> None:
+    """In a forked child: the launchers' worker processes are the parent's.
+    Take them out of multiprocessing's children, whose exit handler would
+    otherwise terminate them when this child exits."""
+    children = getattr(mp.process, "_children", None)
+    if children is None:
+        return
+    for launcher in list(_launchers):
+        for proc in list(launcher.processes):
+            children.discard(proc)
+
+
+_launchers: weakref.WeakSet[Launcher] = weakref.WeakSet()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_inherited_workers)
+
+
+def _zygote_worker_entry(template: WorkerConfig, worker_id: int, epoch: int, sock: socket.socket) -> None:
+    worker_process_main(dataclasses.replace(template, worker_id=worker_id, epoch=epoch), sock)
+
+
+class Launcher:
+    """Starts one engine's worker processes (and, for fork, the zygote that
+    forks them), replacements too, and ends them."""
+
+    def __init__(self, config: WorkerConfig, start_method: str | None, dataset_type: str, owner: Pausable):
+        self.start_method = choose_start_method(start_method)
+        self._template = config           # payload unpickled; worker_id and epoch set per start
+        self._dataset_type = dataset_type
+        self._owner = owner
+        self._zygote: Zygote | None = None
+        self._spawn_payload: bytes | None = None
+        # Every worker process started and not yet closed, registered under
+        # _start_lock the moment it exists; once closing is set, no start
+        # begins and one that was under way ends its process itself.
+        self.processes: list[Process] = []
+        self._start_lock = threading.Lock()
+        self.closing = False
+        _launchers.add(self)
+
+    @property
+    def zygote_pid(self) -> int | None:
+        return self._zygote.pid if self._zygote is not None else None
+
+    def zygote_death(self) -> str | None:
+        """How the zygote ended, None while it serves (or without one)."""
+        return self._zygote.death() if self._zygote is not None else None
+
+    def _pickled_payload(self) -> bytes:
+        try:
+            return pickle.dumps(self._template.payload, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:
+            raise TypeError(
+                f"the dataset ({self._dataset_type}), batchify_fn or worker_init_fn cannot be pickled "
+                f"for {self.start_method!r} workers: {e}. Make them picklable (module-level "
+                f"functions and classes) or use start_method='fork'") from e
+
+    def start_all(self, num_workers: int, epoch: int) -> list[ProcessHandle]:
+        """The first workers (and, for fork, the zygote that forks them)."""
+        if in_worker_process():
+            raise RuntimeError(
+                "cannot start worker processes inside a mxload worker process; inside a dataset "
+                "use num_workers=0 or thread_pool=True")
+        if self.start_method != "fork":
+            self._spawn_payload = self._pickled_payload()
+        handles: list[ProcessHandle] = []
+        with sigint_deferred():
+            if self.start_method == "fork":
+                template = dataclasses.replace(self._template, epoch=epoch, zygote_child=True)
+                with _fork_lock:
+                    paused = [t for t in list(_running) if t is not self._owner and t.pause()]
+                    try:
+                        self._zygote = Zygote(functools.partial(_zygote_worker_entry, template))
+                    finally:
+                        for t in paused:
+                            t.resume()
+            for wid in range(num_workers):
+                handles.append(self.start(wid, epoch, hand_over=False))
+            for h in handles:
+                if isinstance(h.process, SpawnedWorker) and h.sock is not None:
+                    h.process.hand_over(h.sock)   # all their interpreters start meanwhile
+        return handles
+
+    def start(self, wid: int, epoch: int, hand_over: bool = True) -> ProcessHandle:
+        """Start worker `wid` (at start-up, or replacing a dead one from the
+        fetcher thread); raises Closing once shutdown has begun.  A spawn
+        worker gets its dataset now, or (hand_over=False) from the caller."""
+        parent_end, child_end = socket.socketpair()
+        _fds.own(parent_end)
+        try:
+            with sigint_deferred(), self._start_lock:
+                if self.closing:
+                    raise Closing()
+                proc = self._start_process(wid, epoch, parent_end, child_end, hand_over)
+                if self.closing:
+                    # Shutdown began while this one started and did not wait
+                    # for it: it is not in the list shutdown ends, so end it here.
+                    now = time.monotonic()
+                    self.end_processes([proc], now, now + SHUTDOWN_DEADLINE_S)
+                    raise Closing()
+                self.processes.append(proc)
+        except BaseException:
+            _fds.close_socket(parent_end)
+            raise
+        finally:
+            child_end.close()
+        return ProcessHandle(wid, proc, proc.pid, parent_end)
+
+    def _start_process(self, wid: int, epoch: int, parent_end: socket.socket, child_end: socket.socket,
+                       hand_over: bool) -> Process:
+        if self._zygote is not None:
+            worker: ZygoteWorker = self._zygote.start(wid, epoch, child_end)
+            return worker
+        payload: Payload | bytes = self._spawn_payload or self._pickled_payload()
+        config = dataclasses.replace(self._template, worker_id=wid, epoch=epoch, payload=payload,
+                                     zygote_child=False)
+        if self.start_method == "spawn":
+            spawned = SpawnedWorker(config, child_end)
+            if hand_over:
+                spawned.hand_over(parent_end)
+            return spawned
+        ensure_fork_server()
+        ctx: Any = mp.get_context(self.start_method)  # typeshed's BaseContext lacks Process
+        proc: Process = ctx.Process(target=worker_process_main, args=(config, child_end),
+                                    name=f"mxload-worker-{wid}", daemon=True)
+        proc.start()  # type: ignore[attr-defined]  # multiprocessing.Process
+        return proc
+
+    def forget(self, proc: Process) -> None:
+        """A reaped worker: release its sentinel now (restarts may be many)."""
+        with self._start_lock:
+            if proc in self.processes:
+                self.processes.remove(proc)
+                proc.close()
+
+    def refuse_starts(self, deadline: float) -> list[Process]:
+        """No start begins from now on; wait for one under way.  Returns the processes to end."""
+        self.closing = True
+        locked = self._start_lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
+        procs = list(self.processes)
+        if locked:
+            self._start_lock.release()
+        return procs
+
+    def end_all(self, procs: list[Process], start: float, deadline: float) -> None:
+        """End and reap `procs`, then the zygote with whatever is left of its children."""
+        self.end_processes(procs, start, deadline)
+        if self._zygote is not None:
+            self._zygote.close(deadline)
+            for p in procs:
+                p.close()   # whatever the zygote did not report, its end ended them too
+
+    def end_processes(self, procs: list[Process], start: float, deadline: float) -> None:
+        """Grace, then SIGTERM, then SIGKILL, all within one deadline; reap all."""
+        _wait_exit(procs, start + SHUTDOWN_GRACE_S)
+        alive = [p for p in procs if p.exitcode is None]
+        for p in alive:
+            try:
+                p.terminate()
+            except (OSError, ValueError):
+                pass
+        _wait_exit(alive, min(deadline, start + SHUTDOWN_TERMINATE_S))
+        for p in alive:
+            if p.exitcode is None:
+                try:
+                    p.kill()
+                except (OSError, ValueError):
+                    pass
+        _wait_exit(alive, deadline)
+        for p in procs:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))  # reap: no zombies
+            if p.exitcode is not None:
+                p.close()
+
+
+def _wait_exit(procs: list[Process], until: float) -> None:
+    pending = [p for p in procs if p.exitcode is None]
+    while pending:
+        remaining = until - time.monotonic()
+        if remaining <= 0:
+            return
+        ended = set(mp_connection.wait([p.sentinel for p in pending], timeout=remaining))
+        for p in pending:
+            if p.sentinel in ended:
+                p.join(timeout=max(0.0, until - time.monotonic()))   # its exit status follows
+        pending = [p for p in pending if p.exitcode is None]

@@ -1,0 +1,267 @@
+"""Cross-process format: every message between the main process, the worker
+zygote and the workers (with ``mxload/_collate/layout.py``, which describes a
+batch inside a slab, the only module that defines one).
+
+A frame is a header, the message's fields pickled as a plain tuple, and the
+frame's descriptors (SCM_RIGHTS) attached to the same ``sendmsg``: a message
+and its descriptor arrive together or not at all, and a frame cut short (the
+sender died mid-send) reads as the end of the channel.  The header names the
+message type, so a frame of another program or another mxload version is a
+clear ``ProtocolError`` rather than a tuple decoded by position.
+
+    main -> worker      Task (carrying the task's slab descriptor the first time a
+                        worker is given that slab), Stop
+    worker -> main      Batch (filled into the task's slab), NewSlab (a new slab,
+                        carrying its descriptor), Failed, Exhausted, InitFailed
+    main -> zygote      StartWorker (carrying the worker's socket end), Stop
+    zygote -> main      Started (carrying a pidfd of the worker), StartFailed, Exited
+    main -> spawn worker Handover (once, before its first Task)
+
+Thread workers use the same types in memory (``Loaded`` is their batch, never
+sent).  Timings are on the system-wide monotonic clock (``time.monotonic_ns``).
+"""
+from __future__ import annotations
+
+import array
+import os
+import pickle
+import socket
+import struct
+import traceback
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .slabs import fd_limit_error
+
+__all__ = [
+    "MAGIC", "VERSION", "ProtocolError", "ExceptionInfo", "Timings",
+    "Task", "Stop", "Batch", "NewSlab", "Loaded", "Failed", "Exhausted", "InitFailed",
+    "StartWorker", "Started", "StartFailed", "Exited", "Handover",
+    "Message", "WorkerResult", "send", "send_encoded", "encode", "recv",
+]
+
+MAGIC = b"MX"
+VERSION = 1
+# magic, protocol version, message type tag, payload bytes, descriptors carried.
+_HEADER = struct.Struct("<2sBBIB")
+_MAX_FDS = 1
+
+
+class ProtocolError(Exception):
+    """A frame that is not a message of this protocol (another program, or
+    another mxload version, writes to the channel)."""
+
+
+class ExceptionInfo(NamedTuple):
+    """An exception raised in a worker, as the main process rebuilds it."""
+    module: str
+    qualname: str
+    message: str
+    traceback: str
+    pickled: bytes | None      # the exception itself, when it pickles and unpickles
+
+    @classmethod
+    def of(cls, exc: BaseException) -> ExceptionInfo:
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        blob: bytes | None
+        try:
+            blob = pickle.dumps(exc)
+            pickle.loads(blob)  # some exceptions pickle but cannot be rebuilt
+        except Exception:
+            blob = None
+        return cls(type(exc).__module__, type(exc).__qualname__, str(exc), tb, blob)
+
+
+class Timings(NamedTuple):
+    """Where one batch's time went in its worker (only when profiling)."""
+    start_ns: int
+    fetch_ns: int
+    collate_ns: int
+    sent_ns: int
+    field_stats: list[Any]     # (path, kernel, nbytes, shape, dtype) per field
+    field_ns: list[Any]
+
+
+class Task(NamedTuple):
+    """Load batch `batch_index` of `epoch`.  `indices`: raw little-endian int64
+    bytes across a socket, the index array itself in memory, None for a
+    stream.  `slab_id`/`slab_size`: the pooled slab to fill (None/0: make a
+    new one); the frame carries its descriptor the first time this worker
+    sees it.  `drop_slabs`: slabs the worker should forget (retired)."""
+    epoch: int
+    batch_index: int
+    indices: bytes | np.ndarray | None
+    slab_id: int | None = None
+    slab_size: int = 0
+    drop_slabs: tuple[int, ...] = ()
+    profiling: bool = False
+
+    def index_array(self) -> np.ndarray | None:
+        if isinstance(self.indices, bytes):
+            return np.frombuffer(self.indices, np.int64)
+        return self.indices
+
+
+class Stop(NamedTuple):
+    """End: a worker skips its queued tasks and exits; the zygote kills its workers and exits."""
+
+
+class Batch(NamedTuple):
+    """Batch `batch_index` is in the task's slab (`nbytes` of it; 0: no slab needed)."""
+    epoch: int
+    batch_index: int
+    slab_id: int | None
+    nbytes: int
+    layout: tuple[Any, ...]
+    timings: Timings | None
+
+
+class NewSlab(NamedTuple):
+    """Batch `batch_index` is in a new slab of `size` bytes (the task's was missing
+    or too small), whose descriptor the frame carries."""
+    epoch: int
+    batch_index: int
+    size: int
+    nbytes: int
+    layout: tuple[Any, ...]
+    timings: Timings | None
+
+
+class Loaded(NamedTuple):
+    """A batch ready for the consumer (a thread worker's, in private memory,
+    or a received one as views of its slab).  Never sent."""
+    epoch: int
+    batch_index: int
+    batch: Any                 # the user's structure of arrays
+    timings: Timings | None
+
+
+class Failed(NamedTuple):
+    """The dataset or the collation raised for batch `batch_index`."""
+    epoch: int
+    batch_index: int
+    error: ExceptionInfo
+
+
+class Exhausted(NamedTuple):
+    """This worker's share of an IterableDataset ended before batch `batch_index`."""
+    epoch: int
+    batch_index: int
+
+
+class InitFailed(NamedTuple):
+    """worker_init_fn raised: the worker is unusable."""
+    error: ExceptionInfo
+
+
+class StartWorker(NamedTuple):
+    """Zygote: fork worker `worker_id` for `epoch`, serving the socket the frame carries."""
+    worker_id: int
+    epoch: int
+
+
+class Started(NamedTuple):
+    """Zygote: worker `worker_id` runs as `pid`; the frame carries its pidfd."""
+    worker_id: int
+    pid: int
+
+
+class StartFailed(NamedTuple):
+    """Zygote: fork() failed for worker `worker_id`."""
+    worker_id: int
+    reason: str
+
+
+class Exited(NamedTuple):
+    """Zygote: it reaped worker `pid`, which ended with `exit_code` (negative: signal)."""
+    pid: int
+    exit_code: int
+
+
+class Handover(NamedTuple):
+    """A spawn worker's start: multiprocessing's preparation data (sys.path,
+    the main module) and its WorkerConfig."""
+    preparation: dict[str, Any]
+    config: Any                # worker.WorkerConfig (imported there: it imports this module)
+
+
+Message = (Task | Stop | Batch | NewSlab | Loaded | Failed | Exhausted | InitFailed | StartWorker
+           | Started | StartFailed | Exited | Handover)
+WorkerResult = Batch | NewSlab | Loaded | Failed | Exhausted | InitFailed
+
+# The tag of each type is its position: append new types, never reorder.
+_TYPES: tuple[type[Any], ...] = (Task, Stop, Batch, NewSlab, Loaded, Failed, Exhausted, InitFailed,
+                                 StartWorker, Started, StartFailed, Exited, Handover)
+_TAG = {t: i for i, t in enumerate(_TYPES)}
+
+
+def encode(message: Message, nfds: int = 0) -> bytes:
+    """The frame of `message` (header and payload) for `nfds` descriptors."""
+    data = pickle.dumps(tuple(message), protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(MAGIC, VERSION, _TAG[type(message)], len(data), nfds) + data
+
+
+def send(sock: socket.socket, message: Message, fds: list[int] | tuple[int, ...] = ()) -> None:
+    """Send one message with its descriptors, in one sendmsg."""
+    send_encoded(sock, encode(message, len(fds)), fds)
+
+
+def send_encoded(sock: socket.socket, frame: bytes, fds: list[int] | tuple[int, ...] = ()) -> None:
+    """send() of a frame already encoded (a worker encodes inside its
+    batch's try: an unpicklable object is that batch's error)."""
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    sent = sock.sendmsg([frame], ancillary)
+    if sent < len(frame):   # a signal interrupted a large send: the descriptors went with the first part
+        sock.sendall(memoryview(frame)[sent:])
+
+
+def recv(sock: socket.socket) -> tuple[Message, list[int]]:
+    """One message and the descriptors that came with it.  EOFError if the
+    channel is closed or the frame is cut short; ProtocolError for a frame
+    that is not this protocol's; SharedMemoryError if this process had no
+    room for the descriptors (RLIMIT_NOFILE).  Anything unpickling the
+    payload raises (a class the receiver cannot import) propagates."""
+    fds: list[int] = []
+    try:
+        header = _recv_exact(sock, _HEADER.size, fds, frame_started=False)
+        magic, version, tag, length, nfds = _HEADER.unpack(header)
+        if magic != MAGIC or version != VERSION or tag >= len(_TYPES):
+            raise ProtocolError(
+                f"received a frame that is not an mxload message (header {header!r}; expected magic "
+                f"{MAGIC!r}, protocol version {VERSION}, a type tag below {len(_TYPES)}): the peer is "
+                f"another program, or a worker of another mxload version")
+        data = _recv_exact(sock, length, fds, frame_started=True)
+        if len(fds) != nfds:
+            raise EOFError(f"a frame announced {nfds} descriptors and carried {len(fds)}")
+        fields = pickle.loads(data)
+        kind = _TYPES[tag]
+        if not isinstance(fields, tuple) or len(fields) != len(kind._fields):
+            raise ProtocolError(f"a {kind.__name__} frame carried {type(fields).__name__} "
+                                f"{fields!r:.200}, not the {len(kind._fields)} fields {kind._fields}")
+        message: Message = kind._make(fields)
+        return message, fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def _recv_exact(sock: socket.socket, n: int, fds: list[int], frame_started: bool) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        nbytes, ancillary, flags, _ = sock.recvmsg_into([view[got:]], socket.CMSG_SPACE(4 * _MAX_FDS),
+                                                        socket.MSG_CMSG_CLOEXEC)
+        for level, kind, cdata in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.extend(array.array("i", cdata[:len(cdata) - len(cdata) % 4]))
+        if flags & socket.MSG_CTRUNC:
+            raise fd_limit_error("receiving a shared-memory descriptor")
+        if nbytes == 0:
+            if got or frame_started:
+                raise EOFError("the channel closed in the middle of a message")
+            raise EOFError("the channel is closed")
+        got += nbytes
+    return bytes(buf)

@@ -1,0 +1,165 @@
+"""Worker processes on this machine: one socket per worker for tasks and
+results (messages.py), batches in pooled shared-memory slabs (slabs.py),
+a fetcher thread for the results (fetcher.py), lives managed by the
+launcher (lifecycle.py)."""
+from __future__ import annotations
+
+import signal
+import threading
+
+import numpy as np
+
+from ..errors import SHARED_MEMORY_ADVICE, SharedMemoryError
+from . import lifecycle
+from . import messages as m
+from .fetcher import Fetcher
+from .lifecycle import Closing, Launcher, Process, ProcessHandle, describe_exit, process_state
+from .slabs import SlabPool
+from .transport import ResultSink, Transport, WorkerLoss
+from .worker import WorkerConfig
+
+# Slab descriptors the main process keeps for recycling (beyond this, kept
+# batches cost a mapping each, never a descriptor; see SlabPool).
+MAX_POOLED_SLABS = 64
+
+__all__ = ["MAX_POOLED_SLABS", "ProcessTransport"]
+
+
+class ProcessTransport(Transport):
+
+    def __init__(self, sink: ResultSink, lock: threading.RLock, config: WorkerConfig,
+                 start_method: str | None, stats: dict[str, int], dataset_type: str):
+        super().__init__(sink, lock)
+        self._config = config
+        self.launcher = Launcher(config, start_method, dataset_type, owner=self)
+        self.pool = SlabPool(stats, MAX_POOLED_SLABS)
+        self._handles: list[ProcessHandle] = []
+        self._fetcher: Fetcher | None = None
+        self._ending: list[Process] | None = None   # what refuse_starts left to end
+
+    @property
+    def start_method(self) -> str:
+        """How the workers, and their replacements, are started."""
+        return self.launcher.start_method
+
+    @property
+    def zygote_pid(self) -> int | None:
+        """The pid of the process that forks the workers (start method fork)."""
+        return self.launcher.zygote_pid
+
+    def start(self) -> None:
+        self._handles = self.launcher.start_all(self._config.num_workers, self._config.epoch)
+        self._fetcher = Fetcher(self.sink, self.lock, self.pool, lambda: self._handles, self._on_death)
+        lifecycle._running.add(self)
+        self._fetcher.start()
+
+    def pause(self) -> bool:
+        """Stop the fetcher thread for a moment (another engine forks its zygote)."""
+        return self._fetcher.pause() if self._fetcher is not None else False
+
+    def resume(self) -> None:
+        if self._fetcher is not None:
+            self._fetcher.start()
+
+    def pid(self, worker_id: int) -> int | None:
+        return self._handles[worker_id].pid if worker_id < len(self._handles) else None
+
+    @property
+    def receiving(self) -> bool:
+        return self._fetcher is not None and self._fetcher.running
+
+    def describe(self, worker_id: int) -> str:
+        return process_state(self.pid(worker_id))
+
+    def dispatch(self, worker_id: int, task: m.Task) -> None:
+        handle = self._handles[worker_id]
+        slab = self.pool.acquire()
+        handle.slabs[(task.epoch, task.batch_index)] = slab
+        slab_id = slab.slab_id if slab is not None else None
+        fd_follows = slab is not None and slab_id not in handle.known_slabs
+        drops, handle.pending_drops = handle.pending_drops, []
+        indices = task.indices
+        raw = None if indices is None else np.ascontiguousarray(indices, np.int64).tobytes()
+        wire = m.Task(task.epoch, task.batch_index, raw, slab_id, slab.size if slab is not None else 0,
+                      tuple(drops), task.profiling)
+        try:
+            assert handle.sock is not None
+            m.send(handle.sock, wire, [self.pool.fd(slab.slab_id)] if slab is not None and fd_follows else [])
+            if slab is not None and fd_follows:
+                handle.known_slabs.add(slab.slab_id)
+        except OSError:
+            pass  # the worker is dead; the fetcher reports it
+
+    def _on_death(self, handle: ProcessHandle) -> None:
+        """The fetcher saw `handle`'s worker end (fetcher thread)."""
+        proc = handle.process
+        proc.join(timeout=0.5)
+        exitcode = proc.exitcode
+        how = describe_exit(exitcode)
+        with self.lock:
+            handle.alive = False
+            if exitcode is not None:
+                self.launcher.forget(proc)
+            zygote_death = self.launcher.zygote_death()
+            if zygote_death is not None:
+                zygote = self.launcher.zygote_pid
+
+                def final(held: list[int]) -> str:
+                    # Nothing can fork a replacement, nor any other worker: say why.
+                    return (f"mxload worker {handle.worker_id} (pid {handle.pid}) died ({how}) while holding "
+                            f"batches {held}: the worker zygote (pid {zygote}), which forks this loader's "
+                            f"workers, died ({zygote_death}), and its workers die with it. No worker can be "
+                            f"restarted; iterate the loader again to start new workers")
+                loss = WorkerLoss(handle.worker_id, handle.pid, exitcode, how, final=final)
+            elif exitcode == -signal.SIGBUS:
+                hint = f" (SIGBUS: shared memory ran out; {SHARED_MEMORY_ADVICE})"
+                loss = WorkerLoss(handle.worker_id, handle.pid, exitcode, how, hint, SharedMemoryError)
+            else:
+                loss = WorkerLoss(handle.worker_id, handle.pid, exitcode, how)
+            self.sink.worker_lost(loss)
+
+    def restart(self, worker_id: int, epoch: int) -> bool:
+        dead = self._handles[worker_id]
+        try:
+            new = self.launcher.start(worker_id, epoch)
+        except Closing:
+            return False
+        dead.close_channel()
+        self._handles[worker_id] = new
+        for slab in dead.slabs.values():
+            if slab is not None:
+                self.pool.release(slab)   # its writer is dead
+        dead.slabs.clear()
+        return True
+
+    # ---------------------------------------------------------------- shutdown phases
+
+    def stop_receiving(self, deadline: float) -> None:
+        if self._fetcher is not None:
+            self._fetcher.stop(deadline)
+
+    def refuse_starts(self, deadline: float) -> None:
+        self._ending = self.launcher.refuse_starts(deadline)
+
+    def ask_to_stop(self) -> None:
+        for h in self._handles:
+            try:
+                if h.sock is not None:
+                    h.sock.setblocking(False)
+                    m.send(h.sock, m.Stop())
+            except (OSError, ValueError):
+                pass
+
+    def end_workers(self, start: float, deadline: float) -> None:
+        procs = self._ending if self._ending is not None else list(self.launcher.processes)
+        self.launcher.end_all(procs, start, deadline)
+
+    def release(self) -> None:
+        for h in self._handles:
+            h.close_channel()
+            h.slabs.clear()
+            h.alive = False
+        if self._fetcher is not None:
+            self._fetcher.close()
+        self.pool.close()
+

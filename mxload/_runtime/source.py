@@ -1,0 +1,88 @@
+"""The samples of one batch: the same code in the calling thread
+(num_workers=0), in worker threads and in worker processes."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import _rng
+
+__all__ = ["SampleSource", "fetch_samples"]
+
+
+def fetch_samples(dataset: Any, indices: np.ndarray, seed: int = 0, epoch: int = 0) -> Any:
+    """The samples of one batch: one ``__getitems__`` call where the dataset
+    offers it (torch 2.x protocol), else one ``__getitem__`` per index.
+    Each call runs inside its sample_rng() context (seed, epoch, index)."""
+    getitems = getattr(dataset, "__getitems__", None)
+    try:
+        if getitems is not None:
+            _rng.set_sample(seed, epoch, None)
+            return getitems(indices)
+        samples = []
+        for i in indices.tolist():
+            _rng.set_sample(seed, epoch, i)
+            samples.append(dataset[i])
+        return samples
+    finally:
+        _rng.clear_sample()
+
+
+class _Stream:
+    """Batches drawn from an IterableDataset (this worker's shard)."""
+
+    def __init__(self, dataset: Any, batch_size: int, drop_last: bool):
+        self._it = iter(dataset)
+        self._batch_size = batch_size
+        self._drop_last = drop_last
+        self.exhausted = False
+
+    def next_samples(self) -> list[Any] | None:
+        if self.exhausted:
+            return None
+        samples = []
+        for sample in self._it:
+            samples.append(sample)
+            if len(samples) == self._batch_size:
+                return samples
+        self.exhausted = True
+        if not samples or (self._drop_last and len(samples) < self._batch_size):
+            return None
+        return samples
+
+
+class SampleSource:
+    """Where batches come from: indices into a map-style dataset, or, for an
+    IterableDataset, this worker's stream (restarted each epoch).
+
+    Args:
+        dataset: the user's dataset (this worker's copy).
+        iterable: it is an IterableDataset (a stream).
+        batch_size: samples per batch of a stream.
+        drop_last: a stream's incomplete last batch is dropped.
+        seed: the loader's seed (sample_rng contexts).
+    """
+
+    def __init__(self, dataset: Any, iterable: bool, batch_size: int, drop_last: bool, seed: int):
+        self._dataset = dataset
+        self._iterable = iterable
+        self._batch_size = batch_size
+        self._drop_last = drop_last
+        self._seed = seed
+        self._stream: _Stream | None = None
+        self._stream_epoch: int | None = None
+
+    def samples(self, epoch: int, indices: np.ndarray | None) -> Any:
+        """The samples of one batch, or None when this worker's stream is done."""
+        if not self._iterable:
+            assert indices is not None, "a map-style dataset's batch has indices"
+            return fetch_samples(self._dataset, indices, self._seed, epoch)
+        if self._stream is None or self._stream_epoch != epoch:
+            self._stream = _Stream(self._dataset, self._batch_size, self._drop_last)
+            self._stream_epoch = epoch
+        return self._stream.next_samples()
+
+    def close(self) -> None:
+        """Drop the stream's iterator (an abandoned epoch releases it now)."""
+        self._stream = None

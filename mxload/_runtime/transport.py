@@ -1,0 +1,143 @@
+"""The seam between the engine and its workers: how tasks reach workers and
+results come back.
+
+The engine (engine.py) decides which batch goes to which worker, keeps the
+prefetch window, the reorder buffer and the failure record; a Transport
+moves tasks and results and owns the workers' lives.  Two implement it today,
+``processes.ProcessTransport`` (local processes: sockets, shared-memory slabs,
+a fetcher thread) and ``threads.ThreadTransport``; a remote one (Ray) is one
+more module implementing the same contract.
+"""
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..errors import WorkerError
+from . import messages as m
+
+__all__ = ["Delivery", "ResultSink", "Transport", "WorkerLoss"]
+
+# What a transport hands the engine for one task: the batch (as the consumer
+# will see it), the batch's failure, the end of a stream, or a failed worker_init_fn.
+Delivery = m.Loaded | m.Failed | m.Exhausted | m.InitFailed
+
+
+@dataclass(frozen=True)
+class WorkerLoss:
+    """A worker that ended without being asked to."""
+    worker_id: int
+    pid: int | None
+    exitcode: int | None
+    how: str                                   # "killed by SIGKILL", "exit code 1"...
+    hint: str = ""                             # appended to `how` (e.g. why SIGBUS)
+    error_type: type[WorkerError] = WorkerError
+    # Set when no worker can replace it: the error's text, given the batches it held.
+    final: Callable[[list[int]], str] | None = None
+
+
+class ResultSink(Protocol):
+    """The engine, as a transport sees it.  Every call may come from any
+    thread (a fetcher thread, a worker thread)."""
+
+    def deliver(self, worker_id: int, result: Delivery) -> None:
+        """One task's result, in the order the worker produced them."""
+
+    def worker_lost(self, loss: WorkerLoss) -> None:
+        """A worker ended unasked (called once per worker); the engine
+        restarts it (Transport.restart) or fails the epoch."""
+
+    def fail(self, error: BaseException) -> None:
+        """Something the transport could not attribute to one task ended the epoch."""
+
+    def held(self, worker_id: int) -> list[int]:
+        """The batches of the current epoch given to `worker_id` and not answered, oldest first."""
+
+
+class Transport(ABC):
+    """How tasks reach workers and results come back.
+
+    Contract:
+      * The engine passes its lock (an RLock) at construction; it holds it
+        when it calls ``dispatch``/``restart``, and the transport holds it
+        while it calls the sink (so a result and a dispatch never interleave).
+      * ``start`` makes every worker exist, or raises having ended what it
+        started.  Workers run worker_init_fn and then wait for tasks.
+      * ``dispatch`` never blocks for long; a task for a dead worker is
+        dropped silently (its loss is reported through ``worker_lost``).
+      * Every task gets exactly one result through ``sink.deliver`` unless
+        its worker is lost first; results of an abandoned epoch are still
+        delivered (the engine drops them), so the transport can recycle
+        what they hold.
+      * Shutdown is the numbered sequence of lifecycle.shutdown_sequence,
+        each phase bounded by the deadline it is given: ``stop_receiving``,
+        ``refuse_starts``, ``ask_to_stop``, ``end_workers``, ``release``.
+        None of them raises.
+    """
+
+    #: Results cross a process boundary (the profiler says so).
+    transported: bool = True
+
+    def __init__(self, sink: ResultSink, lock: threading.RLock):
+        self.sink = sink
+        self.lock = lock
+
+    @abstractmethod
+    def start(self) -> None:
+        """Start every worker."""
+
+    @abstractmethod
+    def dispatch(self, worker_id: int, task: m.Task) -> None:
+        """Send `task` to `worker_id` (engine lock held)."""
+
+    @abstractmethod
+    def restart(self, worker_id: int, epoch: int) -> bool:
+        """Replace a lost worker, started exactly as the original was (seeded
+        for `epoch`); its unanswered tasks will get no result (the engine
+        sends them again).  False if shutdown began meanwhile; raises if it
+        cannot start one (engine lock held)."""
+
+    @property
+    def restartable(self) -> bool:
+        """Whether a lost worker can be replaced at all."""
+        return True
+
+    @abstractmethod
+    def pid(self, worker_id: int) -> int | None:
+        """The worker's process id (None for a thread)."""
+
+    @property
+    def receiving(self) -> bool:
+        """Whether results can still arrive (a receiving thread runs)."""
+        return True
+
+    def describe(self, worker_id: int) -> str:
+        """'alive', or why a live worker cannot be making progress (timeout messages)."""
+        return "alive"
+
+    # ---------------------------------------------------------------- shutdown phases
+
+    @abstractmethod
+    def stop_receiving(self, deadline: float) -> None:
+        """No result is delivered from now on (stop and join any receiving thread)."""
+
+    @abstractmethod
+    def refuse_starts(self, deadline: float) -> None:
+        """No worker starts from now on; wait (until `deadline`) for a start under way."""
+
+    @abstractmethod
+    def ask_to_stop(self) -> None:
+        """Ask every worker to stop, without blocking."""
+
+    @abstractmethod
+    def end_workers(self, start: float, deadline: float) -> None:
+        """Wait for the workers to end; force them (SIGTERM, SIGKILL) as the
+        grace periods from `start` pass; never past `deadline`."""
+
+    @abstractmethod
+    def release(self) -> None:
+        """Close channels and free what the transport holds (slabs outlive
+        it while the consumer keeps batches viewing them)."""

@@ -1,0 +1,409 @@
+"""The worker: one task loop for worker processes and worker threads, with
+worker info, seeding, and (processes) the death signal and parent watchdog.
+
+A worker takes Tasks, loads each batch's samples (source.py), collates them
+and answers with one result per task (messages.py).  What differs between a
+process and a thread is only its link to the main process (_ProcessLink,
+_ThreadLink): where tasks come from, where the batch is collated (a
+shared-memory slab, or private memory), how results go back, and which
+exceptions are a batch's failure rather than the worker's end.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import pickle
+import queue
+import random
+import select
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from .. import batchify as _batchify
+from .._core import Slab
+from .._torch_compat import enter_worker
+from . import messages as m
+from .slabs import create_shared_fd, map_slab, slab_size_for
+from .source import SampleSource
+
+__all__ = ["WorkerInfo", "WorkerConfig", "get_worker_info", "worker_seed", "in_worker_process",
+           "worker_process_main", "thread_worker_main"]
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """What :func:`get_worker_info` returns inside a worker.
+
+    Args:
+        id (int): this worker's id, 0 .. num_workers - 1.
+        num_workers (int): how many workers the loader has.
+        seed (int): this worker's seed for this epoch (from the loader's seed,
+            the epoch and the id; ``random`` and numpy's global RNG are
+            already seeded with it).
+        dataset: this worker's copy of the dataset.
+
+    Example:
+        >>> import mxload
+        >>> info = mxload.WorkerInfo(id=0, num_workers=2, seed=7, dataset=None)
+        >>> info.id, info.num_workers
+        (0, 2)
+    """
+    id: int
+    num_workers: int
+    seed: int
+    dataset: Any
+
+
+_process_info: WorkerInfo | None = None
+_thread_info = threading.local()
+
+
+def get_worker_info() -> WorkerInfo | None:
+    """Inside a worker: its id, the number of workers, its seed and its copy of
+    the dataset (use them to shard an IterableDataset).  None elsewhere.
+
+    Returns:
+        WorkerInfo | None: the calling worker's info (process or thread
+        worker); ``None`` in the main process and with ``num_workers=0``.
+
+    Example:
+        >>> import mxload
+        >>> mxload.get_worker_info() is None   # the main process
+        True
+        >>> class WhoLoads(mxload.Dataset):
+        ...     def __len__(self):
+        ...         return 4
+        ...     def __getitem__(self, i):
+        ...         return mxload.get_worker_info().id
+        >>> sorted(int(w) for b in mxload.DataLoader(WhoLoads(), batch_size=2, num_workers=2) for w in b)
+        [0, 0, 1, 1]
+    """
+    info = getattr(_thread_info, "info", None)
+    return info if info is not None else _process_info
+
+
+def worker_seed(seed: int, epoch: int, worker_id: int) -> int:
+    """A 63-bit seed for one worker in one epoch: distinct per worker and per
+    epoch, reproducible from the loader's seed."""
+    state = np.random.SeedSequence([seed, epoch, worker_id]).generate_state(1, np.uint64)
+    return int(state[0]) % (2 ** 63)
+
+
+def in_worker_process() -> bool:
+    """True inside a mxload worker process (which must not start workers itself)."""
+    return _process_info is not None
+
+
+# (dataset, batchify_fn, worker_init_fn): the user's objects every worker gets.
+Payload = tuple[Any, Callable[..., Any], Callable[[int], None] | None]
+
+
+@dataclass
+class WorkerConfig:
+    """Everything a worker needs besides its channel (picklable for spawn)."""
+    worker_id: int
+    num_workers: int
+    seed: int
+    epoch: int
+    payload: Payload | bytes     # or its pickle (spawn, forkserver: pickled once for all workers)
+    iterable: bool
+    batch_size: int              # samples per batch of a stream
+    drop_last: bool
+    # Forked by the zygote: its only thread forked us, so the kernel's parent
+    # death signal is sound (armed there).  Otherwise (spawn, forkserver) the parent is the
+    # main process or the fork server, and a watchdog thread notices the main
+    # process's end of our socket closing instead.
+    zygote_child: bool
+
+    def source(self, dataset: Any) -> SampleSource:
+        return SampleSource(dataset, self.iterable, self.batch_size, self.drop_last, self.seed)
+
+
+R = TypeVar("R")
+
+
+class _Link(Generic[R]):
+    """A worker's side of its transport; `R` is a collated batch ready to send."""
+    # Exceptions out of the dataset or batchify_fn that are one batch's
+    # failure; anything else ends the worker.
+    batch_errors: tuple[type[BaseException], ...] = (Exception,)
+    # Exceptions out of worker_init_fn reported as its failure.
+    init_errors: tuple[type[BaseException], ...] = (Exception,)
+
+    def __init__(self) -> None:
+        self.doing = "running worker_init_fn"    # for the report of a worker that ends
+
+    def next_task(self) -> m.Task | None:
+        """The next task, or None when asked to stop."""
+        raise NotImplementedError
+
+    def reseed(self, epoch: int) -> None:
+        """A task of a new epoch (persistent workers) is about to run."""
+
+    def collate(self, task: m.Task, samples: Any, batchify_fn: Callable[..., Any],
+                t0: int, t1: int) -> R:
+        """Collate a batch (fetched from t0 to t1) into its reply."""
+        raise NotImplementedError
+
+    def send_batch(self, reply: R) -> None:
+        raise NotImplementedError
+
+    def send(self, message: m.Failed | m.Exhausted | m.InitFailed) -> None:
+        raise NotImplementedError
+
+
+def serve(link: _Link[R], worker_id: int, payload: Payload, source: SampleSource, epoch: int) -> None:
+    """The task loop of every worker: run worker_init_fn, then answer each
+    task until asked to stop."""
+    dataset, batchify_fn, worker_init_fn = payload
+    if worker_init_fn is not None:
+        try:
+            worker_init_fn(worker_id)
+        except link.init_errors as e:   # sys.exit() there is a failure to report, too (processes)
+            link.send(m.InitFailed(m.ExceptionInfo.of(e)))
+            return
+    seeded_epoch = epoch
+    while True:
+        link.doing = "waiting for a task"
+        task = link.next_task()
+        if task is None:
+            return
+        if task.epoch != seeded_epoch:   # persistent workers: reseed per epoch, as fresh ones are
+            link.reseed(task.epoch)
+            seeded_epoch = task.epoch
+        link.doing = f"loading batch {task.batch_index}"
+        t0 = time.monotonic_ns()
+        try:
+            samples = source.samples(task.epoch, task.index_array())
+            if samples is None:
+                link.send(m.Exhausted(task.epoch, task.batch_index))
+                continue
+            reply = link.collate(task, samples, batchify_fn, t0, time.monotonic_ns())
+        except link.batch_errors as e:
+            link.send(m.Failed(task.epoch, task.batch_index, m.ExceptionInfo.of(e)))
+            continue
+        link.send_batch(reply)
+
+
+# ---------------------------------------------------------------- worker processes
+
+
+def _seed_global_rngs(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2 ** 32))
+
+
+def _seed_worker(config: WorkerConfig, epoch: int) -> None:
+    """Seed this worker process's global RNGs for `epoch` (and say so in its WorkerInfo)."""
+    global _process_info
+    seed = worker_seed(config.seed, epoch, config.worker_id)
+    _seed_global_rngs(seed)
+    if _process_info is not None:
+        _process_info = dataclasses.replace(_process_info, seed=seed)
+        enter_worker(config.worker_id, config.num_workers, seed, _process_info.dataset, process=True)
+
+
+def _watch_main_process(sock: socket.socket) -> None:
+    """Die at once when the main process does, busy or not: only the main
+    process holds the other end of `sock`, so its death (or its closing the
+    socket at shutdown) hangs the socket up."""
+    def watch() -> None:
+        poller = select.poll()
+        poller.register(sock.fileno(), 0)   # POLLHUP is always reported; no data is consumed
+        while True:
+            for _, event in poller.poll():
+                if event & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="mxload-parent-watchdog", daemon=True).start()
+
+
+def worker_process_main(config: WorkerConfig, sock: socket.socket) -> None:
+    """Entry point of a worker process."""
+    # Ctrl-C goes to the whole process group; the main process owns it and
+    # ends us through the shutdown path, so ignore it (no worker tracebacks).
+    # It arrives blocked (the starting thread blocked it): a Ctrl-C pending
+    # since then is discarded here, never delivered.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    if not config.zygote_child:   # a zygote child was armed by the zygote (procs.die_with_parent)
+        _watch_main_process(sock)
+    global _process_info
+    payload = config.payload
+    if isinstance(payload, bytes):
+        payload = pickle.loads(payload)
+    assert not isinstance(payload, bytes)
+    _process_info = WorkerInfo(config.worker_id, config.num_workers, 0, payload[0])
+    _seed_worker(config, config.epoch)
+    try:
+        serve(_ProcessLink(config, sock), config.worker_id, payload, config.source(payload[0]), config.epoch)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the main process went away: nothing left to serve
+
+
+# A batch encoded for its frame, with the new slab's descriptor (-1: none).
+_Encoded = tuple[bytes, int]
+
+
+class _ProcessLink(_Link[_Encoded]):
+    """A worker process's socket.  Reads ahead, so a stop request queued
+    behind already-dispatched tasks is seen before the next task starts
+    (after `break`, queued work is skipped, not done); maps the slab
+    descriptors that come with their tasks; collates into shared memory."""
+    # sys.exit(), KeyboardInterrupt... out of the dataset are this batch's
+    # failure too (the main process reports them as WorkerError); nothing
+    # else raises them here: SIGINT is ignored, a stop request is a message.
+    batch_errors = (BaseException,)
+    init_errors = (Exception, SystemExit)
+
+    def __init__(self, config: WorkerConfig, sock: socket.socket):
+        super().__init__()
+        self._config = config
+        self._sock = sock
+        self._poller = select.poll()
+        self._poller.register(sock.fileno(), select.POLLIN)
+        self._pending: collections.deque[m.Task] = collections.deque()
+        self._slabs: dict[int, Slab] = {}
+        self._stopped = False
+
+    def _read_one(self) -> None:
+        task, fds = m.recv(self._sock)
+        if not isinstance(task, m.Task):
+            for fd in fds:
+                os.close(fd)
+            if not isinstance(task, m.Stop):
+                raise m.ProtocolError(f"a worker received {type(task).__name__}, not a Task or Stop")
+            self._stopped = True
+            return
+        for dropped in task.drop_slabs:
+            self._slabs.pop(dropped, None)
+        if fds:
+            try:
+                assert task.slab_id is not None
+                self._slabs[task.slab_id] = map_slab(fds[0], task.slab_size, task.slab_id)
+            finally:
+                os.close(fds[0])
+        self._pending.append(task)
+
+    def next_task(self) -> m.Task | None:
+        timeout_ms = 0 if self._pending else -1
+        while not self._stopped:
+            if self._poller.poll(timeout_ms):
+                self._read_one()
+                timeout_ms = 0          # drain whatever else is already here
+                continue
+            if self._pending:
+                return self._pending.popleft()
+            timeout_ms = -1
+        return None
+
+    def reseed(self, epoch: int) -> None:
+        _seed_worker(self._config, epoch)
+
+    def collate(self, task: m.Task, samples: Any, batchify_fn: Callable[..., Any],
+                t0: int, t1: int) -> _Encoded:
+        new_fd = -1
+        try:
+            plan = _batchify.plan_batch(batchify_fn, samples, task.batch_index)
+            slab = self._slabs.get(task.slab_id) if task.slab_id is not None else None
+            fill_ns: list[Any] = []
+            reply: m.Batch | m.NewSlab
+            if plan.nbytes == 0:
+                reply = m.Batch(task.epoch, task.batch_index, task.slab_id, 0, plan.layout(), None)
+            elif slab is not None and slab.size >= plan.nbytes:
+                _, fill_ns = plan.fill(slab)
+                reply = m.Batch(task.epoch, task.batch_index, task.slab_id, plan.nbytes, plan.layout(), None)
+            else:
+                size = slab_size_for(plan.nbytes, slab.size if slab is not None else 0)
+                new_fd = create_shared_fd(size)
+                new_slab = map_slab(new_fd, size, None, populate=True)
+                _, fill_ns = plan.fill(new_slab)
+                del new_slab
+                reply = m.NewSlab(task.epoch, task.batch_index, size, plan.nbytes, plan.layout(), None)
+            if task.profiling:
+                t2 = time.monotonic_ns()
+                stats, field_ns = plan.field_stats(fill_ns)
+                reply = reply._replace(timings=m.Timings(t0, t1 - t0, t2 - t1, time.monotonic_ns(),
+                                                         stats, field_ns))
+            # Encoded here, inside the batch's try: an unpicklable object in
+            # the batch is reported as this batch's error, not as a dead worker.
+            return m.encode(reply, 1 if new_fd >= 0 else 0), new_fd
+        except BaseException:
+            if new_fd >= 0:
+                os.close(new_fd)
+            raise
+
+    def send_batch(self, reply: _Encoded) -> None:
+        frame, new_fd = reply
+        try:
+            m.send_encoded(self._sock, frame, [new_fd] if new_fd >= 0 else [])
+        finally:
+            if new_fd >= 0:
+                os.close(new_fd)
+
+    def send(self, message: m.Failed | m.Exhausted | m.InitFailed) -> None:
+        m.send(self._sock, message)
+
+
+# ---------------------------------------------------------------- worker threads
+
+# The engine's side of a thread worker: results, and the end of a thread
+# that stopped other than by a stop request (worker id, exception, what it was doing).
+Deliver = Callable[[int, m.WorkerResult], None]
+Ended = Callable[[int, BaseException, str], None]
+
+
+class _ThreadLink(_Link[m.Loaded]):
+    """A worker thread's queue of tasks; batches are collated into private
+    memory and handed to the engine from this thread."""
+
+    def __init__(self, worker_id: int, tasks: queue.SimpleQueue[m.Task | m.Stop], deliver: Deliver):
+        super().__init__()
+        self._worker_id = worker_id
+        self._tasks = tasks
+        self._deliver = deliver
+
+    def next_task(self) -> m.Task | None:
+        task = self._tasks.get()
+        return task if isinstance(task, m.Task) else None
+
+    def collate(self, task: m.Task, samples: Any, batchify_fn: Callable[..., Any],
+                t0: int, t1: int) -> m.Loaded:
+        epoch, idx = task.epoch, task.batch_index
+        if not task.profiling:
+            return m.Loaded(epoch, idx, _batchify.collate(batchify_fn, samples, idx), None)
+        batch, stats, field_ns = _batchify.collate_profiled(batchify_fn, samples, idx)
+        t2 = time.monotonic_ns()
+        return m.Loaded(epoch, idx, batch, m.Timings(t0, t1 - t0, t2 - t1, t2, stats, field_ns))
+
+    def send_batch(self, reply: m.Loaded) -> None:
+        self._deliver(self._worker_id, reply)
+
+    def send(self, message: m.Failed | m.Exhausted | m.InitFailed) -> None:
+        self._deliver(self._worker_id, message)
+
+
+def thread_worker_main(config: WorkerConfig, tasks: queue.SimpleQueue[m.Task | m.Stop],
+                       deliver: Deliver, ended: Ended) -> None:
+    """Entry point of a worker thread (thread_pool=True).  A thread that ends
+    other than by a stop request (SystemExit, any BaseException out of user
+    code) tells the engine at once, as a process's death would."""
+    payload = config.payload
+    assert not isinstance(payload, bytes), "thread workers share the objects"
+    seed = worker_seed(config.seed, config.epoch, config.worker_id)
+    _thread_info.info = WorkerInfo(config.worker_id, config.num_workers, seed, payload[0])
+    link = _ThreadLink(config.worker_id, tasks, deliver)
+    try:
+        serve(link, config.worker_id, payload, config.source(payload[0]), config.epoch)
+    except BaseException as e:
+        ended(config.worker_id, e, link.doing)
+    finally:
+        _thread_info.info = None

@@ -1,0 +1,81 @@
+"""Epoch planning (mxload/_runtime/epoch.py): which batches an epoch
+delivers, fresh or resumed from a state_dict, the same for 0 or N workers."""
+import numpy as np
+import pytest
+
+import mxload
+from mxload._checkpoint import EpochProgress
+from mxload._runtime.epoch import EpochPlan
+
+
+def batches(n):
+    return [np.arange(2 * i, 2 * i + 2, dtype=np.int64) for i in range(n)]
+
+
+def test_a_fresh_epoch_delivers_every_batch_in_order():
+    every = batches(5)
+    plan = EpochPlan.of(every, EpochProgress(0, None, None))
+    assert plan.batches is every and plan.order == [0, 1, 2, 3, 4] and plan.discard == 0
+
+
+def test_a_resumed_epoch_leaves_out_exactly_the_batches_taken():
+    progress = EpochProgress(3, None, None, {"prefix": 2, "extra": [4]})
+    plan = EpochPlan.of(batches(6), progress)
+    assert plan.order == [2, 3, 5] and plan.discard == 0
+    assert progress.total == 6
+
+
+def test_a_resumed_stream_is_replayed_dropping_what_was_taken():
+    plan = EpochPlan.of(None, EpochProgress(0, None, None, {"prefix": 3, "extra": [5]}))
+    assert plan.batches is None and plan.order is None and plan.discard == 4
+
+
+def test_an_epoch_whose_batches_were_all_taken_is_empty_and_complete():
+    done = []
+    progress = EpochProgress(0, None, None, {"prefix": 3})
+    progress.on_complete = lambda: done.append(True)
+    plan = EpochPlan.of(batches(3), progress)
+    assert plan.order == [] and progress.complete and done == [True]
+
+
+MODES = [dict(num_workers=0), dict(num_workers=2, thread_pool=True), dict(num_workers=2)]
+
+
+@pytest.mark.parametrize("kwargs", MODES, ids=["in-process", "threads", "processes"])
+def test_a_resumed_epoch_yields_the_rest_and_its_length_counts_them(kwargs):
+    def loader():
+        return mxload.DataLoader(mxload.ArrayDataset(np.arange(22)), batch_size=3, shuffle=True, seed=4,
+                                 **kwargs)
+    first = loader()
+    it = iter(first)
+    assert len(it) == 8
+    taken = [next(it).tolist() for _ in range(3)]
+    state = first.state_dict()
+    rest = [b.tolist() for b in it]
+    assert state["done"] == {"prefix": 3, "extra": []} and len(taken + rest) == 8
+    resumed = loader()
+    resumed.load_state_dict(state)
+    it2 = iter(resumed)
+    assert len(it2) == 5
+    assert [b.tolist() for b in it2] == rest
+
+
+@pytest.mark.parametrize("kwargs", MODES, ids=["in-process", "threads", "processes"])
+def test_a_resumed_stream_yields_the_rest(kwargs):
+    class Stream(mxload.IterableDataset):
+        def __iter__(self):
+            info = mxload.get_worker_info()
+            start, step = (0, 1) if info is None else (info.id, info.num_workers)
+            return iter(np.arange(start, 20, step))
+
+    def loader():
+        return mxload.DataLoader(Stream(), batch_size=4, **kwargs)
+    first = loader()
+    it = iter(first)
+    taken = [next(it).tolist() for _ in range(2)]
+    state = first.state_dict()
+    rest = [b.tolist() for b in it]
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == rest
+    assert sorted(x for b in taken + rest for x in b) == list(range(20))

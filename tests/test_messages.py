@@ -1,0 +1,155 @@
+"""The cross-process protocol (mxload/_runtime/messages.py): every message
+survives a round trip with its descriptors; a cut-short, foreign or
+malformed frame is a clear error, never a tuple decoded by position."""
+import os
+import pickle
+import socket
+import struct
+
+import numpy as np
+import pytest
+
+from mxload._runtime import messages as m
+
+ERROR = m.ExceptionInfo.of(ValueError("bad sample 3"))
+TIMINGS = m.Timings(1, 2, 3, 4, [("x", "stack", 8, (2,), "<f4")], [5])
+LAYOUT = (("f", 0), [(0, (2, 2), "<f4")])
+
+EVERY_MESSAGE = [
+    m.Task(3, 7, np.arange(4, dtype=np.int64).tobytes(), 2, 65536, (0, 1), True),
+    m.Task(0, 0, None),
+    m.Stop(),
+    m.Batch(1, 2, 5, 16, LAYOUT, TIMINGS),
+    m.Batch(1, 2, None, 0, LAYOUT, None),
+    m.NewSlab(1, 3, 65536, 16, LAYOUT, None),
+    m.Loaded(1, 4, {"x": [1, 2]}, TIMINGS),
+    m.Failed(2, 9, ERROR),
+    m.Exhausted(2, 10),
+    m.InitFailed(ERROR),
+    m.StartWorker(1, 4),
+    m.Started(1, 12345),
+    m.StartFailed(1, "fork: out of memory"),
+    m.Exited(12345, -9),
+    m.Handover({"sys_path": ["/x"]}, {"worker_id": 0}),
+]
+
+
+@pytest.fixture
+def pair():
+    a, b = socket.socketpair()
+    yield a, b
+    a.close()
+    b.close()
+
+
+@pytest.mark.parametrize("message", EVERY_MESSAGE, ids=lambda msg: type(msg).__name__)
+def test_every_message_round_trips(pair, message):
+    a, b = pair
+    m.send(a, message)
+    got, fds = m.recv(b)
+    assert type(got) is type(message) and got == message and fds == []
+
+
+def test_a_descriptor_travels_in_the_same_frame_as_its_message(pair):
+    a, b = pair
+    r, w = os.pipe()
+    try:
+        m.send(a, m.NewSlab(0, 1, 65536, 8, LAYOUT, None), [w])
+        m.send(a, m.Stop())
+        got, fds = m.recv(b)
+        assert isinstance(got, m.NewSlab) and len(fds) == 1
+        os.write(fds[0], b"!")   # the received descriptor is the pipe's write end
+        os.close(fds[0])
+        assert os.read(r, 1) == b"!"
+        assert m.recv(b) == (m.Stop(), [])
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_the_index_array_is_the_tasks_indices(pair):
+    a, b = pair
+    indices = np.array([5, 1, 9], dtype=np.int64)
+    m.send(a, m.Task(0, 0, indices.tobytes()))
+    got, _ = m.recv(b)
+    assert isinstance(got, m.Task) and got.index_array().tolist() == [5, 1, 9]
+    assert m.Task(0, 0, indices).index_array() is indices   # threads: the array itself
+
+
+def test_a_worker_exception_keeps_its_type_and_traceback():
+    try:
+        raise KeyError("missing")
+    except KeyError as e:
+        info = m.ExceptionInfo.of(e)
+    assert (info.module, info.qualname, info.message) == ("builtins", "KeyError", "'missing'")
+    assert "raise KeyError" in info.traceback
+    assert isinstance(pickle.loads(info.pickled), KeyError)
+
+
+def test_an_exception_that_cannot_be_rebuilt_is_sent_without_its_pickle():
+    class Local(Exception):   # a local class pickles by a name nobody can import
+        pass
+    info = m.ExceptionInfo.of(Local("x"))
+    assert info.pickled is None and info.qualname.endswith("Local")
+
+
+@pytest.mark.parametrize("cut", [0, 3, "header", "payload"])
+def test_a_frame_cut_short_is_the_end_of_the_channel(pair, cut):
+    a, b = pair
+    frame = m.encode(m.Batch(1, 2, 5, 16, LAYOUT, None))
+    keep = {"header": 9, "payload": len(frame) - 1}.get(cut, cut)
+    a.sendall(frame[:keep])
+    a.close()
+    expected = "channel is closed" if keep == 0 else "closed in the middle of a message"
+    with pytest.raises(EOFError, match=expected):
+        m.recv(b)
+
+
+def test_a_foreign_frame_is_a_clear_protocol_error(pair):
+    a, b = pair
+    a.sendall(b"GET / HTTP/1.1\r\n\r\n")
+    with pytest.raises(m.ProtocolError, match="not an mxload message.*another program, or a worker of "
+                                              "another mxload version"):
+        m.recv(b)
+
+
+def test_a_frame_of_another_protocol_version_is_a_protocol_error(pair):
+    a, b = pair
+    frame = bytearray(m.encode(m.Stop()))
+    frame[2] = m.VERSION + 1
+    a.sendall(bytes(frame))
+    with pytest.raises(m.ProtocolError, match="protocol version"):
+        m.recv(b)
+
+
+def test_an_unknown_message_type_is_a_protocol_error(pair):
+    a, b = pair
+    data = pickle.dumps(())
+    a.sendall(struct.pack("<2sBBIB", m.MAGIC, m.VERSION, 200, len(data), 0) + data)
+    with pytest.raises(m.ProtocolError, match="type tag"):
+        m.recv(b)
+
+
+def test_a_payload_that_does_not_fit_its_type_is_a_protocol_error(pair):
+    a, b = pair
+    frame = m.encode(m.Exhausted(1, 2))
+    data = pickle.dumps((1, 2, 3))   # an Exhausted has two fields
+    a.sendall(frame[:4] + struct.pack("<IB", len(data), 0) + data)
+    with pytest.raises(m.ProtocolError, match=r"Exhausted frame carried tuple .*\('epoch', 'batch_index'\)"):
+        m.recv(b)
+
+
+def test_descriptors_of_a_rejected_frame_are_closed(pair):
+    a, b = pair
+    r, w = os.pipe()
+    try:
+        data = pickle.dumps("not a tuple")
+        frame = struct.pack("<2sBBIB", m.MAGIC, m.VERSION, 3, len(data), 1) + data   # a NewSlab
+        before = set(os.listdir("/proc/self/fd"))
+        m.send_encoded(a, frame, [w])
+        with pytest.raises(m.ProtocolError):
+            m.recv(b)
+        assert set(os.listdir("/proc/self/fd")) <= before
+    finally:
+        os.close(r)
+        os.close(w)
