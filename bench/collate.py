@@ -34,6 +34,7 @@ from _common import fmt_time, header, median, table, time_interleaved  # noqa: E
 
 import mxload  # noqa: E402
 from mxload import batchify as bfy  # noqa: E402
+from mxload._collate.plan import allocate  # noqa: E402
 
 TARGET_BW = 0.80      # images: mxload >= 80% of the copyto bandwidth limit
 TARGET_SPEEDUP = 3.0  # tabular, dict16: mxload >= 3x np.stack
@@ -84,7 +85,7 @@ def bench_one(name: str, samples, repeats: int, warmup: int):
     dst = np.empty(nbytes, np.uint8)
     dst.fill(0)
 
-    prealloc = bfy.allocate(nbytes)
+    prealloc = allocate(nbytes)
     prealloc.fill(0)
     kernel_ns = []
 

@@ -17,7 +17,7 @@ from typing import Any, SupportsIndex
 import numpy as np
 
 from . import _rng
-from .batchify import GatheredSamples
+from ._collate.gathered import GatheredSamples
 
 __all__ = [
     "Dataset",

@@ -10,18 +10,20 @@ import numpy as np
 import pytest
 
 import mxload
+from mxload._collate.layout import views_from_layout
+from mxload._collate.plan import allocate
 from mxload.batchify import (
+    Batchify,
     Dict,
     GatheredSamples,
     List,
     Pad,
+    Planner,
     Stack,
     Tuple,
-    allocate,
     collate,
     default_batchify,
     plan_batch,
-    views_from_layout,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -562,6 +564,69 @@ def test_plain_function_errors_propagate():
         plan_batch(boom, [1])
     with pytest.raises(KeyError, match="from user"):
         Tuple(boom)([(1,)])
+
+
+# ---------------------------------------------------------------------------
+# Planner: what a Batchify subclass's plan() may do with the planner it gets
+
+
+class _Normalised(Batchify):
+    """Scales the samples, then lets Stack plan them (composition)."""
+
+    def plan(self, samples, path, planner):
+        return Stack().plan([np.asarray(s, np.float32) / 2 for s in samples], path, planner)
+
+
+class _Planned(Batchify):
+    """Plans its samples with one call of the planner it gets."""
+
+    def __init__(self, how):
+        self.how = how
+
+    def plan(self, samples, path, planner):
+        if any(s is None for s in samples):
+            raise planner.error(ValueError, path, "a sample is None")
+        return self.how(planner, samples, path)
+
+
+@pytest.mark.parametrize("how,want", [
+    (lambda p, s, path: p.plan(Pad(val=-1), s, path), [[0, 1, 2], [0, -1, -1]]),
+    (lambda p, s, path: p.plan(lambda x: [len(a) for a in x], s, path), [3, 1]),   # plain callable
+    (lambda p, s, path: p.add_array(path, np.array([len(a) for a in s], np.int32)), [3, 1]),
+    (lambda p, s, path: p.add_value(path, {"n": np.array([len(a) for a in s]), "tag": "raw"}),
+     {"n": [3, 1], "tag": "raw"}),
+    (lambda p, s, path: p.add_object(path, "raw"), "raw"),
+])
+def test_planner_public_methods(how, want):
+    samples = [np.arange(3), np.arange(1)]
+    plan = plan_batch(_Planned(how), samples, batch_index=7)
+    buf = allocate(plan.nbytes)
+    plan.fill(buf)
+    out = views_from_layout(pickle.loads(pickle.dumps(plan.layout())), buf)   # as a worker sends it
+    if isinstance(out, dict):
+        out = {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in out.items()}
+    elif isinstance(out, np.ndarray):
+        assert np.shares_memory(out, buf)
+        out = out.tolist()
+    assert out == want
+    assert _Planned(how)(samples) is not None   # the same plan, collated in-process
+    with pytest.raises(ValueError, match=r"^cannot collate batch 7, field sample: a sample is None$"):
+        plan_batch(_Planned(how), [None, np.zeros(1)], batch_index=7)
+
+
+def test_planner_composes_a_builtin():
+    assert_same(_Normalised()([np.ones(2), np.full(2, 4.0)]), np.array([[0.5, 0.5], [2, 2]], np.float32))
+
+
+def test_planner_is_public_in_plan_signatures():
+    import inspect
+    import typing
+
+    import mxload.batchify as bfy
+    hints = typing.get_type_hints(Batchify.plan, vars(bfy))
+    assert hints["planner"] is Planner and "Planner" in bfy.__all__
+    assert Planner.__module__.startswith("mxload.") and not Planner.__name__.startswith("_")
+    assert "planner" in inspect.signature(GatheredSamples.plan_columns).parameters
 
 
 # ---------------------------------------------------------------------------

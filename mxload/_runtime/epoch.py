@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .. import batchify as _batchify
 from .._checkpoint import EpochProgress
+from .._collate import plan as _plan
 from .._core import defer_sigint, sigint_safe_finalizer
 from .engine import END, BatchFailure, Engine, _Marker
 from .source import SampleSource
@@ -107,9 +107,9 @@ class InProcessBatches:
     def _collate(self, idx: int, samples: Any, t0: int) -> Any:
         profiler = self.profiler
         if profiler is None:
-            return _batchify.collate(self._batchify, samples, idx)
+            return _plan.collate(self._batchify, samples, idx)
         t1 = time.monotonic_ns()
-        batch, stats, field_ns = _batchify.collate_profiled(self._batchify, samples, idx)
+        batch, stats, field_ns = _plan.collate_profiled(self._batchify, samples, idx)
         t2 = time.monotonic_ns()
         profiler.worker_batch(-1, os.getpid(), idx, t0, t1 - t0, t2 - t1, t2, stats, field_ns,
                               transported=False)

@@ -11,8 +11,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from .._collate.layout import views_from_layout
 from .._core import BatchOwner, Slab
-from ..batchify import views_from_layout
 from ..errors import SharedMemoryError, WorkerError
 from . import fds as _fds
 from . import messages as m

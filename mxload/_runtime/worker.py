@@ -27,7 +27,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from .. import batchify as _batchify
+from .._collate import plan as _plan
 from .._core import Slab
 from .._torch_compat import enter_worker
 from . import messages as m
@@ -312,7 +312,7 @@ class _ProcessLink(_Link[_Encoded]):
                 t0: int, t1: int) -> _Encoded:
         new_fd = -1
         try:
-            plan = _batchify.plan_batch(batchify_fn, samples, task.batch_index)
+            plan = _plan.plan_batch(batchify_fn, samples, task.batch_index)
             slab = self._slabs.get(task.slab_id) if task.slab_id is not None else None
             fill_ns: list[Any] = []
             reply: m.Batch | m.NewSlab
@@ -379,8 +379,8 @@ class _ThreadLink(_Link[m.Loaded]):
                 t0: int, t1: int) -> m.Loaded:
         epoch, idx = task.epoch, task.batch_index
         if not task.profiling:
-            return m.Loaded(epoch, idx, _batchify.collate(batchify_fn, samples, idx), None)
-        batch, stats, field_ns = _batchify.collate_profiled(batchify_fn, samples, idx)
+            return m.Loaded(epoch, idx, _plan.collate(batchify_fn, samples, idx), None)
+        batch, stats, field_ns = _plan.collate_profiled(batchify_fn, samples, idx)
         t2 = time.monotonic_ns()
         return m.Loaded(epoch, idx, batch, m.Timings(t0, t1 - t0, t2 - t1, t2, stats, field_ns))
 

@@ -1,0 +1,125 @@
+"""A batch's wire layout: how a worker describes the batch it collated into
+a shared-memory slab, and how the consumer rebuilds it as numpy views over
+the same slab, without copying.
+
+Cross-process format: this module and ``mxload/_runtime/messages.py`` are
+the only ones that define a format crossing processes (messages.py frames
+the messages; a batch's message carries its Layout, pickled).  Change one
+of the node kinds below and a worker and its consumer disagree.
+
+A :data:`Layout` is ``(root, specs)``: `root` is the batch's structure (a
+tree of small tuples, cheap to pickle; no array data) and `specs` one
+``(offset, shape, dtype)`` per array field, the offset counted from the
+batch's start in the buffer, the dtype a string (``dtype.str``, far smaller
+and faster to pickle than a dtype object) unless it is structured.
+
+Structure nodes, one constructor each below:
+
+- ``("f", i)``: array field i;
+- ``("t", kind, children)``: a tuple (kind None), a list (kind ``list``) or
+  a namedtuple (kind: its class);
+- ``("d", keys, children)``: a dict;
+- ``("s", template, children)`` / ``("m", template, keys, children)``: a
+  sequence / mapping of another type, rebuilt from a template (an emptied
+  copy of sample 0, or its type), as torch's default_collate keeps them;
+- ``("o", value)``: a Python object passed through as it is.
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "Node", "FieldSpec", "Layout", "field_node", "object_node", "tuple_node", "dict_node",
+    "sequence_node", "mapping_node", "encode", "views_from_layout", "assemble",
+]
+
+Node = tuple[Any, ...]
+FieldSpec = tuple[int, tuple[int, ...], "str | np.dtype[Any]"]
+Layout = tuple[Node, list[FieldSpec]]
+
+
+def field_node(index: int) -> Node:
+    return ("f", index)
+
+
+def object_node(value: Any) -> Node:
+    """`value` (any user object) travels in the layout itself, pickled."""
+    return ("o", value)
+
+
+def tuple_node(kind: type | None, children: list[Node]) -> Node:
+    """kind: None (a tuple), ``list``, or a namedtuple class."""
+    return ("t", kind, children)
+
+
+def dict_node(keys: tuple[Any, ...], children: list[Node]) -> Node:
+    return ("d", keys, children)
+
+
+def sequence_node(template: Any, children: list[Node]) -> Node:
+    """template: a mutable sequence emptied of sample 0's values, or a type
+    called with the list of items."""
+    return ("s", template, children)
+
+
+def mapping_node(template: Any, keys: tuple[Any, ...], children: list[Node]) -> Node:
+    """template: an emptied mapping to update, or a type called with a dict."""
+    return ("m", template, keys, children)
+
+
+def encode(root: Node, fields: Sequence[tuple[int, tuple[int, ...], np.dtype[Any]]]) -> Layout:
+    """The layout of a batch whose array fields are (offset, shape, dtype)."""
+    return (root, [(offset, shape, dtype.str if dtype.fields is None else dtype)
+                   for offset, shape, dtype in fields])
+
+
+def views_from_layout(layout: Layout, buffer: Any, base_offset: int = 0) -> Any:
+    """The batch a layout describes, as numpy views over `buffer` (anything
+    exporting a buffer: a slab, bytes) from `base_offset` on; no copy."""
+    root, specs = layout
+    arrays = [np.ndarray(shape, dtype, buffer=buffer, offset=base_offset + offset)
+              for offset, shape, dtype in specs]
+    return assemble(root, arrays)
+
+
+def assemble(node: Node, arrays: Sequence[Any]) -> Any:
+    """Rebuild a batch's structure from a node and its field arrays."""
+    tag = node[0]
+    if tag == "f":
+        return arrays[node[1]]
+    if tag == "t":
+        kind, children = node[1], node[2]
+        items = [assemble(c, arrays) for c in children]
+        if kind is None:
+            return tuple(items)
+        if kind is list:
+            return items
+        return kind(*items)  # namedtuple
+    if tag == "d":
+        return {k: assemble(c, arrays) for k, c in zip(node[1], node[2])}
+    if tag == "s":
+        return _rebuild_sequence(node[1], [assemble(c, arrays) for c in node[2]])
+    if tag == "m":
+        return _rebuild_mapping(node[1], {k: assemble(c, arrays) for k, c in zip(node[2], node[3])})
+    return node[1]
+
+
+def _rebuild_sequence(template: Any, items: list[Any]) -> Any:
+    if isinstance(template, type):
+        return template(items)
+    clone = copy.copy(template)
+    for i, item in enumerate(items):
+        clone[i] = item
+    return clone
+
+
+def _rebuild_mapping(template: Any, items: dict[Any, Any]) -> Any:
+    if isinstance(template, type):
+        return template(items)
+    clone = copy.copy(template)
+    clone.update(items)
+    return clone

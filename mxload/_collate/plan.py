@@ -1,0 +1,431 @@
+"""Planning and filling a batch: the planner, its fields, BatchPlan, collate.
+
+Every planned batchify function works in two steps so a whole batch is one
+buffer:
+
+1. *plan*: walk the samples' structure, validate every field (the Cython
+   ``stack_check``/``pad_check``), and record each batched field (kernel,
+   inputs, output shape and dtype) with a :class:`Planner`; a
+   :class:`BatchPlan` then places all fields in one 64-byte aligned buffer
+   (the Cython layout planner).
+2. *fill*: run the kernels (the Cython ones with the GIL released) into a
+   caller's buffer: a private allocation in-process (:func:`collate`), a
+   shared-memory slab in a worker.
+
+The batch's structure is recorded as the nodes of :mod:`.layout`, which a
+worker sends to the consumer with :meth:`BatchPlan.layout`.
+"""
+from __future__ import annotations
+
+import math
+import pickle
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import _core
+from .._torch_compat import is_tensor, tensor_to_numpy
+from . import layout
+from .layout import Layout, Node
+
+__all__ = [
+    "Field", "Planner", "Batchify", "BatchPlan", "plan_batch", "collate", "collate_profiled", "allocate",
+    "stack_column", "pad_column", "gather_columns", "SCALAR_TYPES",
+]
+
+# Sample leaves that stack as numbers (numpy scalars included).
+SCALAR_TYPES = (bool, int, float, complex, np.generic)
+
+
+class Field:
+    """One batched array of a plan: how to fill it and what it becomes."""
+
+    __slots__ = ("path", "kernel", "inputs", "shape", "dtype", "axis", "pattern", "nbytes")
+
+    def __init__(self, path: str, kernel: str, inputs: Any, shape: tuple[int, ...], dtype: np.dtype[Any],
+                 axis: int = 0, pattern: bytes = b""):
+        self.path = path
+        # "stack": a list of same-shape arrays; "pad": a list of arrays ragged
+        # along `axis`; "padn": ragged along several axes; "copy": one array;
+        # "take": (source array, indices) gathered along axis 0.
+        self.kernel = kernel
+        self.inputs = inputs
+        self.shape = shape
+        self.dtype = dtype
+        self.axis = axis
+        self.pattern = pattern      # the pad value's bytes, "pad"/"padn"
+        self.nbytes = math.prod(shape) * dtype.itemsize
+
+
+class Planner:
+    """Collects the fields of one batch while batchify functions walk its samples.
+
+    A :class:`Batchify` subclass's ``plan(samples, path, planner)`` gets
+    one and returns the description of its part of the batch (opaque) that
+    one call gives: another batchify function's ``plan`` (or
+    :meth:`plan`), or one of the ``add_*`` methods.  To combine several
+    parts, plan them with :class:`Tuple` or :class:`Dict`.  `path` names the
+    part in error messages (``sample[0]['x']``).
+
+    Args:
+        batch_index (int | None): the batch's index, named in error messages.
+
+    Example:
+        >>> import numpy as np
+        >>> from mxload.batchify import Batchify, Stack
+        >>> class Doubled(Batchify):
+        ...     '''Stack twice each sample.'''
+        ...     def plan(self, samples, path, planner):
+        ...         return Stack().plan([2 * np.asarray(s) for s in samples], path, planner)
+        >>> Doubled()([np.ones(2), np.zeros(2)]).tolist()
+        [[2.0, 2.0], [0.0, 0.0]]
+    """
+
+    __slots__ = ("batch_index", "_fields", "_objects")
+
+    def __init__(self, batch_index: int | None = None):
+        self.batch_index = batch_index
+        self._fields: list[Field] = []
+        self._objects: list[tuple[str, Any]] = []   # (path, value) passed through as objects
+
+    def plan(self, fn: Callable[..., Any], samples: Sequence[Any], path: str) -> Node:
+        """Plan `samples` with batchify function `fn`: a :class:`Batchify`
+        is walked; any other callable runs now and its result is added with
+        :meth:`add_value`."""
+        if isinstance(fn, Batchify):
+            return fn.plan(samples, path, self)
+        return self.add_value(path, fn(samples))
+
+    def add_array(self, path: str, array: np.ndarray[Any, Any]) -> Node:
+        """Copy `array` (numbers, bools or fixed-size strings) into the batch buffer as it is."""
+        return self._add(Field(path, "copy", array, array.shape, array.dtype))
+
+    def add_value(self, path: str, value: Any) -> Node:
+        """Add a finished value (the result of a custom batchify function):
+        its plain numpy arrays are copied into the batch buffer (so they
+        travel through shared memory), tuples, lists, namedtuples and dicts
+        are walked, anything else is passed through as with :meth:`add_object`."""
+        if _buffer_representable(value):
+            return self.add_array(path, value)
+        if isinstance(value, tuple) and hasattr(value, "_fields"):
+            return layout.tuple_node(type(value), [self.add_value(f"{path}.{n}", v)
+                                                   for n, v in zip(value._fields, value)])
+        if type(value) in (tuple, list):
+            return layout.tuple_node(None if type(value) is tuple else list,
+                                     [self.add_value(f"{path}[{i}]", v) for i, v in enumerate(value)])
+        if type(value) is dict:
+            keys = tuple(value.keys())
+            return layout.dict_node(keys, [self.add_value(f"{path}[{k!r}]", value[k]) for k in keys])
+        return self.add_object(path, value)
+
+    def add_object(self, path: str, value: Any) -> Node:
+        """Pass `value` into the batch as it is (across processes: pickled)."""
+        self._objects.append((path, value))
+        return layout.object_node(value)
+
+    def error(self, exc_type: type[Exception], path: str, message: str) -> Exception:
+        """An `exc_type` exception whose message names the batch and the field at `path`."""
+        where = f"batch {self.batch_index}, " if self.batch_index is not None else ""
+        return exc_type(f"cannot collate {where}field {path}: {message}")
+
+    def _add(self, field: Field) -> Node:
+        self._fields.append(field)
+        return layout.field_node(len(self._fields) - 1)
+
+
+def _buffer_representable(value: Any) -> bool:
+    """Whether a view rebuilt from (shape, dtype string) is exactly `value`:
+    a plain ndarray of plain numbers.  Subclasses (masked, record, user
+    arrays with attributes), object arrays and dtypes with metadata would
+    come back as a bare ndarray without them."""
+    return type(value) is np.ndarray and not value.dtype.hasobject and value.dtype.metadata is None
+
+
+class Batchify:
+    """Base class of planned batchify functions; calling one collates a batch.
+
+    Subclasses implement ``plan(samples, path, planner)`` (see
+    :class:`Planner`); compose the built-in ones (:class:`Stack`,
+    :class:`Pad`, :class:`Tuple`, :class:`Dict`, :class:`List`) rather
+    than subclassing.  Any plain callable taking the list of samples also
+    works as a loader's ``batchify_fn``.
+
+    Example:
+        >>> import numpy as np
+        >>> from mxload.batchify import Stack
+        >>> Stack()([np.ones(2), np.zeros(2)]).tolist()
+        [[1.0, 1.0], [0.0, 0.0]]
+    """
+
+    def plan(self, samples: Sequence[Any], path: str, planner: Planner) -> Node:
+        raise NotImplementedError
+
+    def __call__(self, samples: Sequence[Any]) -> Any:
+        return collate(self, samples)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class BatchPlan:
+    """A planned batch: its structure, its fields and their place in one buffer.
+
+    Made by :func:`plan_batch`; the loader's workers fill it into a
+    shared-memory slab.  ``nbytes`` is the buffer size it needs.
+
+    Args:
+        root (tuple): the batch's structure node.
+        fields (list): the planned fields.
+        objects (list): (path, value) of Python objects passed through.
+
+    Example:
+        >>> import numpy as np
+        >>> from mxload.batchify import Stack, plan_batch
+        >>> plan = plan_batch(Stack(), [np.zeros(3, np.float32)] * 4)
+        >>> plan.nbytes >= 4 * 3 * 4
+        True
+    """
+
+    __slots__ = ("root", "fields", "objects", "offsets", "nbytes")
+
+    def __init__(self, root: Node, fields: list[Field], objects: list[tuple[str, Any]]):
+        self.root = root
+        self.fields = fields
+        self.objects = objects
+        offsets, total = _core.plan_layout([f.nbytes for f in fields])
+        self.offsets: list[int] = offsets.tolist()
+        self.nbytes = int(total)
+
+    def fill(self, buffer: Any, base_offset: int = 0) -> tuple[list[np.ndarray[Any, Any]], list[int]]:
+        """Collate every field into `buffer` (anything exporting a writable
+        buffer) starting at `base_offset`.  Returns (views, per-field ns)."""
+        views = []
+        times = []
+        for field, off in zip(self.fields, self.offsets):
+            out = np.ndarray(field.shape, field.dtype, buffer=buffer, offset=base_offset + off)
+            if field.kernel == "stack":
+                ns = _core.stack_fill(field.inputs, out)
+            elif field.kernel == "pad":
+                ns = _core.pad_fill(field.inputs, out, field.axis, field.pattern)
+            elif field.kernel == "padn":
+                ns = _pad_every_axis(field.inputs, out, field.pattern)
+            elif field.kernel == "take":
+                source, indices = field.inputs
+                t0 = time.perf_counter_ns()
+                # mode="clip": the indices are validated, and an unbuffered
+                # take writes straight into the batch buffer.
+                np.take(source, indices, axis=0, out=out, mode="clip")
+                ns = time.perf_counter_ns() - t0
+            else:
+                ns = _core.copy_into(field.inputs, out)
+            views.append(out)
+            times.append(ns)
+        return views, times
+
+    def layout(self) -> Layout:
+        """The batch's wire layout (see :mod:`mxload._collate.layout`):
+        picklable, structure + (offset, shape, dtype) per field, no data."""
+        return layout.encode(self.root, [(o, f.shape, f.dtype) for f, o in zip(self.fields, self.offsets)])
+
+    def field_stats(self, fill_ns: Sequence[int]) -> tuple[list[tuple[Any, ...]], list[int]]:
+        """Per-field records for the profiler: ([(path, kernel, nbytes, shape,
+        dtype)], [ns]) for the kernel fields (with their `fill_ns`) and the
+        objects passed through, which cross processes pickled: their pickling
+        is measured here, so this costs something and runs only when profiling."""
+        stats: list[tuple[Any, ...]] = [(f.path, f.kernel, f.nbytes, f.shape, f.dtype.str)
+                                        for f in self.fields]
+        times = list(fill_ns)
+        for path, value in self.objects:
+            t0 = time.perf_counter_ns()
+            try:
+                size = len(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+            except Exception:
+                size = 0
+            times.append(time.perf_counter_ns() - t0)
+            stats.append((path, "pickled", size, (), type(value).__name__))
+        return stats, times
+
+
+def _pad_every_axis(arrays: list[np.ndarray[Any, Any]], out: np.ndarray[Any, Any], pattern: bytes) -> int:
+    """The "padn" kernel: samples ragged along several axes, each copied into
+    the corner of its row of `out`, the rest filled with the pad value."""
+    t0 = time.perf_counter_ns()
+    out[...] = np.frombuffer(pattern, out.dtype)[0]
+    for i, a in enumerate(arrays):
+        out[(i,) + tuple(slice(0, n) for n in a.shape)] = a
+    return time.perf_counter_ns() - t0
+
+
+def allocate(nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """A private, 64-byte aligned uint8 buffer of `nbytes` bytes."""
+    raw = np.empty(nbytes + _core.ALIGNMENT, np.uint8)
+    start = (-raw.ctypes.data) % _core.ALIGNMENT
+    return raw[start:start + nbytes]
+
+
+# ---------------------------------------------------------------------------
+# Kernel fields, as the built-in batchify functions plan them
+
+
+def stack_column(planner: Planner, samples: Sequence[Any], path: str) -> Node:
+    """Samples (arrays, numbers or tensors of one shape and dtype) stacked
+    on a new axis 0."""
+    first = samples[0]
+    if not isinstance(first, (np.ndarray,) + SCALAR_TYPES) and is_tensor(first):
+        samples = [tensor_to_numpy(x) if is_tensor(x) else x for x in samples]
+        first = samples[0]
+    if not isinstance(first, np.ndarray) and isinstance(first, SCALAR_TYPES):
+        # Scalars: one np.array() call converts the whole column.
+        try:
+            column = np.array(samples)
+        except (ValueError, TypeError):
+            column = None
+        if (column is not None and column.dtype.kind in "SU"
+                and not all(isinstance(s, (str, bytes)) for s in samples)):
+            column = None  # numbers mixed with strings: let stack_check name the dtypes
+        if column is not None and column.ndim == 1 and not column.dtype.hasobject:
+            return planner.add_array(path, column)
+    try:
+        arrays, shape, dtype = _core.stack_check(samples)
+    except (ValueError, TypeError) as e:
+        hint = "; use Pad() for fields of varying shape" if "shape" in str(e) else ""
+        raise planner.error(type(e), path, f"{e}{hint}") from None
+    return planner._add(Field(path, "stack", arrays, shape, dtype))
+
+
+def pad_column(planner: Planner, arrays: list[np.ndarray[Any, Any]], path: str, axis: int, pad_val: Any,
+               round_to: int | None) -> tuple[Node, np.ndarray[Any, Any]]:
+    """Samples padded to the largest extent along every axis (rounded up to
+    a multiple of `round_to`) and stacked; returns the node and each
+    sample's length along `axis`.  Raises ValueError/TypeError with the
+    problem only: the caller names the batch and the field."""
+    first = arrays[0]
+    nd = first.ndim
+    if nd == 0 or not -nd <= axis < nd:
+        # The compiled check words these errors (0-d samples, axis range).
+        _core.pad_check(arrays, axis)
+    axis %= nd
+    shapes = np.array([a.shape if a.ndim == nd else (-1,) * nd for a in arrays], np.int64).reshape(-1, nd)
+    target = shapes.max(axis=0)
+    if round_to is not None:
+        target = -(-target // round_to) * round_to
+    others = np.arange(nd) != axis
+    one_axis = bool((shapes[:, others] == target[others]).all()) and int(target[axis]) == int(
+        shapes[:, axis].max(axis=0))
+    if one_axis or any(a.ndim != nd for a in arrays):
+        # Ragged along `axis` only (or a dimension mismatch, which the
+        # compiled check names): the compiled single-axis kernel.
+        checked, shape, dtype, lengths = _core.pad_check(arrays, axis)
+        pattern = _core.pad_value_bytes(pad_val, dtype)
+        return planner._add(Field(path, "pad", checked, shape, dtype, axis, pattern)), lengths
+    dtype = first.dtype
+    for i, a in enumerate(arrays):
+        if a.dtype != dtype:
+            raise ValueError(f"sample {i} has dtype {a.dtype}, expected {dtype} (the dtype of sample 0)")
+    if dtype.hasobject:
+        raise TypeError(f"sample 0 has dtype {dtype} (Python objects); only fixed-size numeric, bool or "
+                        f"string dtypes can be collated")
+    pattern = _core.pad_value_bytes(pad_val, dtype)
+    shape = (len(arrays),) + tuple(int(n) for n in target)
+    return planner._add(Field(path, "padn", arrays, shape, dtype, axis, pattern)), shapes[:, axis].copy()
+
+
+def gather_columns(planner: Planner, sources: Sequence[Any], indices: np.ndarray[Any, Any], single: bool,
+                   path: str) -> Node | None:
+    """A batch gathered from columns (GatheredSamples): each column's rows
+    at `indices` taken straight into the batch buffer; None if a column is
+    not plainly numeric (the caller then collates sample by sample)."""
+    if not all(isinstance(a, np.ndarray) and not a.dtype.hasobject for a in sources):
+        return None
+    if any(a.ndim == 1 and (a.dtype.kind in "SU" or not a.dtype.isnative) for a in sources):
+        # Their elements are numpy scalars that lose the string width or
+        # byte order, so the per-sample path would give another dtype.
+        return None
+    nodes = [planner._add(Field(path if single else f"{path}[{i}]", "take", (a, indices),
+                                (len(indices),) + a.shape[1:], a.dtype))
+             for i, a in enumerate(sources)]
+    return nodes[0] if single else layout.tuple_node(None, nodes)
+
+
+# ---------------------------------------------------------------------------
+# Plan and collate a batch
+
+
+def plan_batch(batchify_fn: Callable[..., Any], samples: Sequence[Any],
+               batch_index: int | None = None) -> BatchPlan:
+    """Plan one batch: planned batchify functions are walked; any other
+    callable runs now and its result's arrays become copied fields.
+
+    Args:
+        batchify_fn (callable): a :class:`Batchify` or any function of the samples.
+        samples (Sequence): the batch's samples.
+        batch_index (int | None): named in error messages.
+
+    Returns:
+        BatchPlan: the plan (structure, fields, buffer size).
+
+    Raises:
+        ValueError: no samples, or fields that cannot be collated (naming
+            the batch and the field).
+
+    Example:
+        >>> import numpy as np
+        >>> from mxload.batchify import default_batchify, plan_batch
+        >>> plan_batch(default_batchify, [(np.zeros(2), 1)] * 3).nbytes >= 3 * 2 * 8 + 3 * 8
+        True
+    """
+    if len(samples) == 0:
+        raise ValueError(f"cannot collate batch {batch_index}: it has no samples")
+    planner = Planner(batch_index)
+    if isinstance(batchify_fn, Batchify):
+        root = batchify_fn.plan(samples, "sample", planner)
+    else:
+        root = planner.add_value("batch", batchify_fn(samples))
+    return BatchPlan(root, planner._fields, planner._objects)
+
+
+def collate(batchify_fn: Callable[..., Any], samples: Sequence[Any], batch_index: int | None = None) -> Any:
+    """Collate `samples` into one batch held in a single private buffer
+    (what the loader does in-process; workers fill a shared-memory slab).
+
+    Args:
+        batchify_fn (callable): a :class:`Batchify` or any function of the samples.
+        samples (Sequence): the batch's samples.
+        batch_index (int | None): named in error messages.
+
+    Returns:
+        the batch: numpy arrays in the samples' structure.
+
+    Raises:
+        ValueError, TypeError: a field cannot be collated (the message names
+            the batch, the field and the sample that differs).
+
+    Example:
+        >>> import numpy as np
+        >>> from mxload.batchify import collate, default_batchify
+        >>> collate(default_batchify, [{"x": np.ones(2)}, {"x": np.zeros(2)}])["x"].tolist()
+        [[1.0, 1.0], [0.0, 0.0]]
+    """
+    if not isinstance(batchify_fn, Batchify):
+        return batchify_fn(samples)
+    plan = plan_batch(batchify_fn, samples, batch_index)
+    views, _ = plan.fill(allocate(plan.nbytes))
+    return layout.assemble(plan.root, views)
+
+
+def collate_profiled(batchify_fn: Callable[..., Any], samples: Sequence[Any],
+                     batch_index: int | None = None) -> tuple[Any, list[tuple[Any, ...]], list[int]]:
+    """collate() that also returns the per-field (stats, ns) for the profiler.
+    A plain-callable batchify_fn is one opaque field (its own path)."""
+    if not isinstance(batchify_fn, Batchify):
+        t0 = time.perf_counter_ns()
+        batch = batchify_fn(samples)
+        name = getattr(batchify_fn, "__name__", type(batchify_fn).__name__)
+        return batch, [(f"{name}(samples)", "custom", 0, (), type(batch).__name__)], \
+            [time.perf_counter_ns() - t0]
+    plan = plan_batch(batchify_fn, samples, batch_index)
+    views, fill_ns = plan.fill(allocate(plan.nbytes))
+    stats, times = plan.field_stats(fill_ns)
+    return layout.assemble(plan.root, views), stats, times
