@@ -1,8 +1,14 @@
-/* Strided copy and pattern fill used by the collation kernels.
+/* The core's plain-C helpers: no Python object, so they run without the GIL.
+ * Header-only (static), compiled into mxload._core; declared in mxl_c.pxd.
  *
- * Plain C so the hot loops run without the GIL and without any Python object.
- * Header-only (static), compiled into mxload._core.  Callers check that ndim
- * is at most MXL_MAX_DIMS (the odometers' size).
+ *   mxl_monotonic_ns             the clock of the collation kernels' own timings
+ *                                and of the ReorderBuffer's wait deadlines;
+ *   mxl_copy_nd, mxl_fill_nd     strided n-d copy and pattern fill: the inner
+ *                                loops of stack_fill, pad_fill and copy_into.
+ *
+ * mxl_copy_nd and mxl_fill_nd keep their odometer (one index per dimension) in
+ * a stack array of MXL_MAX_DIMS entries, as pad_fill does its pad shape: their
+ * callers refuse arrays with more dimensions first (_check_ndim in collate.pxi).
  */
 #ifndef MXL_COPY_H
 #define MXL_COPY_H

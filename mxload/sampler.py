@@ -2,10 +2,13 @@
 
 Every sampler exposes ``epoch_indices()``, which returns the next epoch's
 indices as a 1-D ``np.int64`` array and advances the epoch.  ``__iter__`` is
-built on top of it.  The loader calls ``epoch_indices()`` directly so that a
-whole epoch of indices is one numpy buffer rather than a large Python list:
-forked workers that touch a list of Python ints write to every object's
-refcount, which un-shares the copy-on-write pages.
+built on top of it.  The loader calls it directly (through
+``BatchSampler.epoch_batches()``), so an epoch is one array made by one numpy
+call (``arange``, ``permutation``), each batch is a view of it, and a batch's
+indices reach its worker as raw int64 bytes with its task: no Python int is
+made per index (an epoch of 10 million samples as a list would be 10 million
+objects, seconds to build and hundreds of MB), and a worker only ever sees
+the indices of the batches it loads.
 """
 
 import operator
