@@ -23,14 +23,14 @@ class Tagged(list):
 
 
 def _fields_and_buffer(arrays):
-    """(offset, shape, dtype) of `arrays` packed into one aligned buffer."""
+    """(fields, offsets) of `arrays` packed into one aligned buffer, and the buffer."""
     buf = allocate(sum(a.nbytes for a in arrays) + 64 * len(arrays))
-    specs, offset = [], 0
+    offsets, offset = [], 0
     for a in arrays:
         np.ndarray(a.shape, a.dtype, buffer=buf, offset=offset)[...] = a
-        specs.append((offset, a.shape, a.dtype))
+        offsets.append(offset)
         offset += -(-a.nbytes // 64) * 64
-    return specs, buf
+    return (arrays, offsets), buf
 
 
 def test_every_node_kind_round_trips_through_pickle():
@@ -47,7 +47,7 @@ def test_every_node_kind_round_trips_through_pickle():
         layout.mapping_node(collections.OrderedDict(), ("z", "y"), [f0, f1]),
         layout.mapping_node(dict, ("w",), [f0]),
     ])
-    wire = pickle.loads(pickle.dumps(layout.encode(root, specs), protocol=pickle.HIGHEST_PROTOCOL))
+    wire = pickle.loads(pickle.dumps(layout.encode(root, *specs), protocol=pickle.HIGHEST_PROTOCOL))
     out = layout.views_from_layout(wire, buf)
     assert type(out) is tuple and len(out) == 8
     np.testing.assert_array_equal(out[0], a)
@@ -66,7 +66,7 @@ def test_dtypes_travel_as_strings_unless_structured():
     rec = np.dtype([("a", np.int32), ("b", np.float64)])
     arrays = [np.zeros(2, ">f8"), np.zeros(2, rec), np.array(["ab", "c"])]
     specs, buf = _fields_and_buffer(arrays)
-    _, wire_specs = layout.encode(layout.tuple_node(None, [layout.field_node(i) for i in range(3)]), specs)
+    _, wire_specs = layout.encode(layout.tuple_node(None, [layout.field_node(i) for i in range(3)]), *specs)
     assert [isinstance(d, str) for _, _, d in wire_specs] == [True, False, True]
     assert wire_specs[1][2] == rec
     out = layout.views_from_layout((layout.tuple_node(None, [layout.field_node(i) for i in range(3)]),

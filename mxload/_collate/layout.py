@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 __all__ = [
-    "Node", "FieldSpec", "Layout", "field_node", "object_node", "tuple_node", "dict_node",
+    "Node", "FieldSpec", "Layout", "ArrayField", "field_node", "object_node", "tuple_node", "dict_node",
     "sequence_node", "mapping_node", "encode", "views_from_layout", "assemble",
 ]
 
@@ -71,10 +71,17 @@ def mapping_node(template: Any, keys: tuple[Any, ...], children: list[Node]) -> 
     return ("m", template, keys, children)
 
 
-def encode(root: Node, fields: Sequence[tuple[int, tuple[int, ...], np.dtype[Any]]]) -> Layout:
-    """The layout of a batch whose array fields are (offset, shape, dtype)."""
-    return (root, [(offset, shape, dtype.str if dtype.fields is None else dtype)
-                   for offset, shape, dtype in fields])
+class ArrayField(Protocol):
+    """What encode() reads of a planned field."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+
+
+def encode(root: Node, fields: Sequence[ArrayField], offsets: Sequence[int]) -> Layout:
+    """The layout of a batch whose array fields are `fields`, at `offsets`."""
+    return (root, [(offset, f.shape, f.dtype.str if f.dtype.fields is None else f.dtype)
+                   for f, offset in zip(fields, offsets)])
 
 
 def views_from_layout(layout: Layout, buffer: Any, base_offset: int = 0) -> Any:

@@ -227,7 +227,7 @@ class BatchPlan:
     def layout(self) -> Layout:
         """The batch's wire layout (see :mod:`mxload._collate.layout`):
         picklable, structure + (offset, shape, dtype) per field, no data."""
-        return layout.encode(self.root, [(o, f.shape, f.dtype) for f, o in zip(self.fields, self.offsets)])
+        return layout.encode(self.root, self.fields, self.offsets)
 
     def field_stats(self, fill_ns: Sequence[int]) -> tuple[list[tuple[Any, ...]], list[int]]:
         """Per-field records for the profiler: ([(path, kernel, nbytes, shape,
@@ -286,7 +286,7 @@ def stack_column(planner: Planner, samples: Sequence[Any], path: str) -> Node:
                 and not all(isinstance(s, (str, bytes)) for s in samples)):
             column = None  # numbers mixed with strings: let stack_check name the dtypes
         if column is not None and column.ndim == 1 and not column.dtype.hasobject:
-            return planner.add_array(path, column)
+            return planner._add(Field(path, "copy", column, column.shape, column.dtype))
     try:
         arrays, shape, dtype = _core.stack_check(samples)
     except (ValueError, TypeError) as e:
