@@ -13,6 +13,7 @@ from ._info import show_config
 from ._rng import sample_rng
 from ._runtime.worker import WorkerInfo, get_worker_info
 from ._version import __version__
+from .backends import RayBackend
 from .dataloader import DataLoader
 from .dataset import ArrayDataset, Dataset, IterableDataset, SimpleDataset
 from .errors import LoaderTimeoutError, SharedMemoryError, WorkerError
@@ -21,5 +22,5 @@ from .profiler import Profiler, Report, profile
 __all__ = [
     "__version__", "DataLoader", "Dataset", "ArrayDataset", "SimpleDataset", "IterableDataset",
     "WorkerError", "LoaderTimeoutError", "SharedMemoryError", "WorkerInfo", "get_worker_info",
-    "batchify", "sampler", "show_config", "Profiler", "Report", "profile", "sample_rng",
+    "batchify", "sampler", "show_config", "Profiler", "Report", "profile", "sample_rng", "RayBackend",
 ]

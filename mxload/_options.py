@@ -22,6 +22,7 @@ import numpy as np
 
 from ._checks import check_int
 from ._torch_compat import is_torch_iterable_dataset, seed_from_torch, torch_module
+from .backends import RayBackend, resolve_backend
 from .batchify import _Unbatched, default_batchify, default_convert
 from .dataset import IterableDataset
 
@@ -79,6 +80,7 @@ class LoaderOptions:
     pin_memory_device: str
     auto_reload: bool
     try_nopython: bool | None
+    backend: RayBackend | None                    # None: local processes (or threads)
 
     @property
     def drop_last(self) -> bool:
@@ -97,7 +99,8 @@ class LoaderOptions:
             generator: Any = None, prefetch_factor: int | None = None, persistent_workers: bool = False,
             pin_memory_device: str = "", in_order: bool = True, seed: int | None = None,
             start_method: str | None = None, max_worker_restarts: int = 0, profile: bool = False,
-            distributed: bool = False, try_nopython: bool | None = None) -> LoaderOptions:
+            distributed: bool = False, try_nopython: bool | None = None,
+            backend: Any = None) -> LoaderOptions:
         """Check DataLoader's arguments (its signature and defaults) and resolve them.
 
         Raises ValueError or TypeError naming the argument, what it allows
@@ -133,9 +136,10 @@ class LoaderOptions:
         pin_device_id = check_int("pin_device_id", pin_device_id, 0)
         if not isinstance(pin_memory_device, str):
             raise TypeError(f"pin_memory_device must be a string, got {type(pin_memory_device).__name__}")
+        ray_backend = _check_backend(backend, thread_pool, multiprocessing_context, start_method)
         if num_workers == 0:
             _check_no_worker_options(persistent_workers, thread_pool, max_worker_restarts,
-                                     multiprocessing_context, start_method)
+                                     multiprocessing_context, start_method, ray_backend is not None)
 
         collate = batchify_fn if batchify_fn is not None else (
             default_batchify if auto_batching else default_convert)
@@ -155,7 +159,7 @@ class LoaderOptions:
             persistent_workers=bool(persistent_workers), in_order=bool(in_order),
             max_worker_restarts=max_worker_restarts, profile=bool(profile), pin_memory=bool(pin_memory),
             pin_device_id=pin_device_id, pin_memory_device=pin_memory_device, auto_reload=bool(auto_reload),
-            try_nopython=try_nopython)
+            try_nopython=try_nopython, backend=ray_backend)
 
 
 def is_iterable_dataset(dataset: Any) -> bool:
@@ -304,9 +308,24 @@ def _start_method_of(context: Any) -> str:
     return name
 
 
+def _check_backend(backend: Any, thread_pool: bool, multiprocessing_context: Any,
+                   start_method: str | None) -> RayBackend | None:
+    ray_backend = resolve_backend(backend)
+    if ray_backend is not None:
+        clash = [name for name, used in (
+            ("thread_pool=True", thread_pool),
+            ("multiprocessing_context" if multiprocessing_context is not None else "start_method",
+             start_method is not None)) if used]
+        if clash:
+            raise ValueError(f"backend={backend!r} runs the workers as Ray actors: it cannot be combined "
+                             f"with {', '.join(clash)}")
+    return ray_backend
+
+
 def _check_no_worker_options(persistent_workers: bool, thread_pool: bool, max_worker_restarts: int,
-                             multiprocessing_context: Any, start_method: str | None) -> None:
+                             multiprocessing_context: Any, start_method: str | None, ray: bool) -> None:
     unsupported = [name for name, used in (
+        ("backend", ray),
         ("persistent_workers", persistent_workers), ("thread_pool", thread_pool),
         ("max_worker_restarts", max_worker_restarts > 0),
         ("multiprocessing_context" if multiprocessing_context is not None else "start_method",

@@ -157,6 +157,10 @@ class DataLoader:
             :class:`mxload.sampler.DistributedSampler`. Default ``False``.
         try_nopython (bool | None): Gluon 2's; accepted (collation always runs
             in compiled code).
+        backend (str | RayBackend | None): where the workers run: ``None``
+            (default) local processes, or threads with `thread_pool`;
+            ``"ray"`` or a :class:`mxload.RayBackend` for Ray actors anywhere
+            in a Ray cluster (the ``mxload[ray]`` extra).
 
     Raises:
         ValueError: conflicting or out-of-range arguments (the message names them).
@@ -225,7 +229,7 @@ class DataLoader:
                  prefetch_factor: int | None = None, persistent_workers: bool = False,
                  pin_memory_device: str = "", in_order: bool = True, seed: int | None = None,
                  start_method: str | None = None, max_worker_restarts: int = 0, profile: bool = False,
-                 distributed: bool = False, try_nopython: bool | None = None):
+                 distributed: bool = False, try_nopython: bool | None = None, backend: Any = None):
         self.__dict__["_initialized"] = False
         self._options = LoaderOptions.from_arguments(
             dataset, batch_size, shuffle, sampler, last_batch, batch_sampler, batchify_fn, num_workers,
@@ -235,7 +239,7 @@ class DataLoader:
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device, in_order=in_order, seed=seed, start_method=start_method,
             max_worker_restarts=max_worker_restarts, profile=profile, distributed=distributed,
-            try_nopython=try_nopython)
+            try_nopython=try_nopython, backend=backend)
         self.batch_sampler = _make_batch_sampler(self._options)
         self.sampler = getattr(self.batch_sampler, "sampler", None)  # e.g. loader.sampler.set_epoch(e)
         self.epoch = 0
@@ -257,7 +261,7 @@ class DataLoader:
             from .profiler import Profiler
             self.profiler = Profiler()
         self._initialized = True
-        if self.num_workers and not self.thread_pool:
+        if self.num_workers and not self.thread_pool and self._options.backend is None:
             warn_if_oversubscribed(self.num_workers)
         if self.auto_reload:
             self._prefetched = self._start_iter()

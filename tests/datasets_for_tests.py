@@ -267,3 +267,47 @@ def _rebuild_only_in_workers(parent: int):
 def batchify_with_object_for(parent: int, samples):
     """A batchify_fn whose batches carry a RebuiltOnlyInWorkers (bind parent with functools.partial)."""
     return {"x": np.stack([s[0] for s in samples]), "obj": RebuiltOnlyInWorkers(parent)}
+
+
+class AugmentedDataset(mxload.Dataset):
+    """Random augmentation from sample_rng() and from the worker's global RNG,
+    with the worker's get_worker_info() (the Ray backend must match local
+    workers bit for bit)."""
+
+    def __init__(self, n: int = 37):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        info = mxload.get_worker_info()
+        who = np.array([-1, -1, -1] if info is None else [info.id, info.num_workers, info.seed], np.int64)
+        return {"x": mxload.sample_rng().random(3).astype(np.float32) + i,
+                "global": np.random.randint(0, 2 ** 31), "worker": who, "label": i}
+
+
+class StartedProbe(mxload.Dataset):
+    """Leaves a file `<dir>/<i>` when it starts loading sample i (counts how far a
+    loader loads ahead of its consumer, wherever its workers run)."""
+
+    def __init__(self, directory: str, n: int = 64):
+        self.directory = directory
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        open(os.path.join(self.directory, str(i)), "w").close()
+        return np.array([i])
+
+
+class PagesDataset(mxload.Dataset):
+    """256 KiB samples filled with their index (batches large enough for Ray's object store)."""
+
+    def __len__(self) -> int:
+        return 48
+
+    def __getitem__(self, i: int):
+        return np.full((256, 1024), i, np.uint8)

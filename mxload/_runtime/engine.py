@@ -135,7 +135,11 @@ class Engine:
                               options.iterable, options.fetch_batch_size, options.drop_last,
                               zygote_child=False)
         self.transport: Transport
-        if options.thread_pool:
+        if options.backend is not None:
+            from .ray_transport import RayTransport  # imports ray: only here
+            self.transport = RayTransport(self, self._lock, config, options.backend,
+                                          type(options.dataset).__name__)
+        elif options.thread_pool:
             self.transport = ThreadTransport(self, self._lock, [
                 dataclasses.replace(config, worker_id=wid) for wid in range(options.num_workers)])
         else:

@@ -37,7 +37,7 @@ from .slabs import fd_limit_error
 __all__ = [
     "MAGIC", "VERSION", "ProtocolError", "ExceptionInfo", "Timings",
     "Task", "Stop", "Batch", "NewSlab", "Loaded", "Failed", "Exhausted", "InitFailed",
-    "StartWorker", "Started", "StartFailed", "Exited", "Handover",
+    "StartWorker", "Started", "StartFailed", "Exited", "Handover", "RemoteBatch", "ActorReady",
     "Message", "WorkerResult", "send", "send_encoded", "encode", "recv",
 ]
 
@@ -186,13 +186,34 @@ class Handover(NamedTuple):
     config: Any                # worker.WorkerConfig (imported there: it imports this module)
 
 
+class RemoteBatch(NamedTuple):
+    """A Ray actor's batch, returned through Ray's object store (not a
+    frame): collated into `buffer`, a uint8 array that the object store
+    carries and the consumer views without a copy (None: no buffer needed)."""
+    epoch: int
+    batch_index: int
+    layout: tuple[Any, ...]
+    buffer: np.ndarray | None
+    timings: Timings | None
+
+
+class ActorReady(NamedTuple):
+    """A Ray actor's answer once it holds the dataset: where it runs (error
+    messages; the profiler reads a worker's CPU time only on its own node),
+    and whether receiving the dataset or worker_init_fn failed."""
+    pid: int
+    node_id: str
+    node_ip: str
+    init_failed: InitFailed | None
+
+
 Message = (Task | Stop | Batch | NewSlab | Loaded | Failed | Exhausted | InitFailed | StartWorker
-           | Started | StartFailed | Exited | Handover)
+           | Started | StartFailed | Exited | Handover | RemoteBatch | ActorReady)
 WorkerResult = Batch | NewSlab | Loaded | Failed | Exhausted | InitFailed
 
 # The tag of each type is its position: append new types, never reorder.
 _TYPES: tuple[type[Any], ...] = (Task, Stop, Batch, NewSlab, Loaded, Failed, Exhausted, InitFailed,
-                                 StartWorker, Started, StartFailed, Exited, Handover)
+                                 StartWorker, Started, StartFailed, Exited, Handover, RemoteBatch, ActorReady)
 _TAG = {t: i for i, t in enumerate(_TYPES)}
 
 

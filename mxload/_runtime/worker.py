@@ -35,7 +35,8 @@ from .slabs import create_shared_fd, map_slab, slab_size_for
 from .source import SampleSource
 
 __all__ = ["WorkerInfo", "WorkerConfig", "get_worker_info", "worker_seed", "in_worker_process",
-           "worker_process_main", "thread_worker_main"]
+           "worker_process_main", "thread_worker_main", "answer",
+           "enter_process", "reseed_process"]
 
 
 @dataclass(frozen=True)
@@ -179,18 +180,24 @@ def serve(link: _Link[R], worker_id: int, payload: Payload, source: SampleSource
         if task.epoch != seeded_epoch:   # persistent workers: reseed per epoch, as fresh ones are
             link.reseed(task.epoch)
             seeded_epoch = task.epoch
-        link.doing = f"loading batch {task.batch_index}"
-        t0 = time.monotonic_ns()
-        try:
-            samples = source.samples(task.epoch, task.index_array())
-            if samples is None:
-                link.send(m.Exhausted(task.epoch, task.batch_index))
-                continue
-            reply = link.collate(task, samples, batchify_fn, t0, time.monotonic_ns())
-        except link.batch_errors as e:
-            link.send(m.Failed(task.epoch, task.batch_index, m.ExceptionInfo.of(e)))
-            continue
-        link.send_batch(reply)
+        answer(link, task, source, batchify_fn)
+
+
+def answer(link: _Link[R], task: m.Task, source: SampleSource, batchify_fn: Callable[..., Any]) -> None:
+    """Load, collate and answer one task: exactly one message through `link`
+    (the task loop above, and a Ray actor's call)."""
+    link.doing = f"loading batch {task.batch_index}"
+    t0 = time.monotonic_ns()
+    try:
+        samples = source.samples(task.epoch, task.index_array())
+        if samples is None:
+            link.send(m.Exhausted(task.epoch, task.batch_index))
+            return
+        reply = link.collate(task, samples, batchify_fn, t0, time.monotonic_ns())
+    except link.batch_errors as e:
+        link.send(m.Failed(task.epoch, task.batch_index, m.ExceptionInfo.of(e)))
+        return
+    link.send_batch(reply)
 
 
 # ---------------------------------------------------------------- worker processes
@@ -226,6 +233,19 @@ def _watch_main_process(sock: socket.socket) -> None:
     threading.Thread(target=watch, name="mxload-parent-watchdog", daemon=True).start()
 
 
+def enter_process(config: WorkerConfig, dataset: Any) -> None:
+    """This process is worker `config.worker_id` (a worker process, or a Ray
+    actor's process): get_worker_info() says so, and its RNGs are seeded."""
+    global _process_info
+    _process_info = WorkerInfo(config.worker_id, config.num_workers, 0, dataset)
+    _seed_worker(config, config.epoch)
+
+
+def reseed_process(config: WorkerConfig, epoch: int) -> None:
+    """A task of a new epoch (persistent workers) is about to run in this worker process."""
+    _seed_worker(config, epoch)
+
+
 def worker_process_main(config: WorkerConfig, sock: socket.socket) -> None:
     """Entry point of a worker process."""
     # Ctrl-C goes to the whole process group; the main process owns it and
@@ -236,13 +256,11 @@ def worker_process_main(config: WorkerConfig, sock: socket.socket) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if not config.zygote_child:   # a zygote child was armed by the zygote (procs.die_with_parent)
         _watch_main_process(sock)
-    global _process_info
     payload = config.payload
     if isinstance(payload, bytes):
         payload = pickle.loads(payload)
     assert not isinstance(payload, bytes)
-    _process_info = WorkerInfo(config.worker_id, config.num_workers, 0, payload[0])
-    _seed_worker(config, config.epoch)
+    enter_process(config, payload[0])
     try:
         serve(_ProcessLink(config, sock), config.worker_id, payload, config.source(payload[0]), config.epoch)
     except (EOFError, BrokenPipeError, ConnectionResetError):

@@ -1,0 +1,446 @@
+"""Ray actors as a loader's workers (backend="ray"): the Transport for them.
+
+Tasks are actor calls (``LoaderActor.load``, ray_actor.py), one ObjectRef
+each; an actor runs its calls in order, one at a time.  Every ref's
+completion (``ObjectRef.future()``, whose callback runs in Ray's own thread
+and only queues it) wakes this transport's fetcher thread, which turns the
+result into a Delivery: a RemoteBatch becomes numpy views of the object
+store's copy of its buffer (no copy on the trainer's node), and the ref is
+dropped at once, so the object store frees the batch when the consumer drops
+its arrays.  No polling: a result is handed on as soon as Ray has it.
+
+Losing an actor (its process or its node died): its refs fail one by one.
+The first failure marks the actor lost (no more tasks go to it); its loss is
+reported to the engine once every one of its refs has resolved, or after
+LOSS_DRAIN_S, whichever comes first.  Results that arrived meanwhile are
+delivered; what the engine then sends again to a replacement is exactly the
+tasks without a result, and a late result of a reported actor is dropped,
+so every batch is delivered exactly once.
+
+Shutdown (lifecycle.shutdown_sequence): the fetcher stops, every actor this
+transport ever made is killed (``ray.kill``, its pending calls fail), then
+probed until Ray reports it dead (bounded by the shutdown deadline), and
+every ref is dropped.  An atexit hook, registered after Ray's own, kills the
+actors before ``ray.shutdown`` runs at interpreter exit.
+"""
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import queue
+import threading
+import time
+import weakref
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._collate.layout import views_from_layout
+from ..errors import WorkerError
+from . import messages as m
+from .ray_actor import LoaderActor
+from .transport import ResultSink, Transport, WorkerLoss
+from .worker import WorkerConfig
+
+if TYPE_CHECKING:
+    from ..backends import RayBackend
+
+__all__ = ["RayTransport", "connect"]
+
+# After an actor's first failed call, how long its other calls may take to
+# resolve (they fail as fast as Ray learns of the death) before its loss is
+# reported anyway; their late results are then dropped.
+LOSS_DRAIN_S = 0.5
+# The fetcher wakes this often without a result, to report a drained loss.
+_FETCH_POLL_S = 0.05
+
+_RAY_MISSING = ("backend='ray' needs Ray in this environment: pip install 'mxload[ray]' "
+                "(or pip install ray)")
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as e:
+        raise ImportError(_RAY_MISSING) from e
+    return ray
+
+
+def connect(backend: RayBackend) -> Any:
+    """The ray module, connected: the current connection, else ``ray.init``
+    (the backend's address, or a new local instance without its dashboard)."""
+    ray = _import_ray()
+    if not ray.is_initialized():
+        import os
+        if backend.address is None and not os.environ.get("RAY_ADDRESS"):
+            ray.init(include_dashboard=False)
+        else:
+            ray.init(address=backend.address)
+    return ray
+
+
+class _Writable:
+    """Lends numpy a writable view of the object store's read-only copy of a
+    batch buffer: nobody else reads that copy (its ref is dropped when it
+    arrives), and local workers' batches are writable too."""
+    __slots__ = ("__array_interface__", "base")
+
+    def __init__(self, buffer: np.ndarray):
+        self.base = buffer   # keeps the object store's copy mapped while views exist
+        self.__array_interface__ = {"data": (buffer.ctypes.data, False), "shape": buffer.shape,
+                                    "typestr": "|u1", "version": 3}
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def _writable(buffer: np.ndarray) -> np.ndarray:
+    return buffer if buffer.flags.writeable else np.asarray(_Writable(buffer))
+
+
+# A call that resolved: (actor, its ObjectRef, its task or None for ready(), the future).
+_Completion = tuple["_Actor", Any, "m.Task | None", "Future[Any]"]
+
+
+class _Gate:
+    """A lock with a flag: whether completions may still be queued."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.open = True
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+@dataclasses.dataclass(eq=False)
+class _Actor:
+    """The trainer's view of one actor: one incarnation of worker `worker_id`."""
+    worker_id: int
+    handle: Any
+    ready: bool = False
+    pid: int | None = None
+    node_id: str | None = None
+    node_ip: str | None = None
+    local: bool = False          # on the trainer's node: same pid namespace and clock
+    # Another node's monotonic clock minus ours lies within [low, high]: every
+    # batch narrows it (it started after we sent the task, and was sent
+    # before we received it); the middle is the estimate (as NTP's).
+    offset_low: int | None = None
+    offset_high: int | None = None
+    # ObjectRef -> (task, when it was sent, ns)
+    pending: dict[Any, tuple[m.Task, int]] = dataclasses.field(default_factory=dict)
+    lost: str | None = None      # why, once a call failed
+    lost_at: float = 0.0
+    unstartable: bool = False
+    reported: bool = False
+
+    def name(self) -> str:
+        actor_id = self.handle._actor_id.hex()[:12] if self.handle is not None else "?"
+        where = f"node {self.node_ip} ({self.node_id[:12]})" if self.node_id else "no node yet"
+        return f"Ray actor {actor_id} on {where}"
+
+
+class RayTransport(Transport):
+    """Workers are Ray actors; results come back through Ray's object store."""
+
+    transported = True
+
+    def __init__(self, sink: ResultSink, lock: threading.RLock, config: WorkerConfig,
+                 backend: RayBackend, dataset_type: str):
+        super().__init__(sink, lock)
+        self._config = config
+        self._backend = backend
+        self._dataset_type = dataset_type
+        self._ray: Any = None
+        self._actor_class: Any = None
+        self._payload: list[Any] = []          # [ObjectRef] of the user's objects, put once
+        self._actors: list[_Actor | None] = [None] * config.num_workers
+        self._all: list[_Actor] = []            # every incarnation, until shutdown ends them
+        self._done: queue.SimpleQueue[_Completion | None] = queue.SimpleQueue()
+        # Closed at release: a call resolving later (a killed actor's) then
+        # leaves nothing queued, so no reference outlives the shutdown.
+        self._gate = _Gate()
+        self._fetcher: threading.Thread | None = None
+        self._stopping = False
+        self._closing = False
+        self._node_id: str | None = None
+        self._exit_hook: Any = None
+
+    # ---------------------------------------------------------------- start
+
+    def start(self) -> None:
+        ray = self._ray = connect(self._backend)
+        self._node_id = ray.get_runtime_context().get_node_id()
+        try:
+            self._payload = [ray.put(self._config.payload)]
+        except Exception as e:
+            raise TypeError(f"the dataset ({self._dataset_type}), batchify_fn or worker_init_fn cannot be "
+                            f"serialized for Ray workers: {type(e).__name__}: {e}") from e
+        options: dict[str, Any] = {"num_cpus": self._backend.num_cpus_per_worker, "max_restarts": 0,
+                                   "max_task_retries": 0, "max_concurrency": 1}
+        if self._backend.resources:
+            options["resources"] = dict(self._backend.resources)
+        if self._backend.runtime_env:
+            options["runtime_env"] = dict(self._backend.runtime_env)
+        self._actor_class = ray.remote(LoaderActor).options(**options)
+        # The config travels without the payload: each actor fetches that one object itself.
+        self._config = dataclasses.replace(self._config, payload=b"")
+        with self.lock:
+            for wid in range(len(self._actors)):
+                self._start_actor(wid, self._config.epoch)
+        self._fetcher = threading.Thread(target=self._fetch_loop, name="mxload-ray-fetcher", daemon=True)
+        self._fetcher.start()
+        # Registered after Ray's own atexit hook (ray.init ran above), so it runs first.
+        ref = weakref.ref(self)
+
+        def at_exit() -> None:
+            transport = ref()
+            if transport is not None:
+                transport.ask_to_stop()
+        self._exit_hook = at_exit
+        atexit.register(at_exit)
+
+    def _start_actor(self, wid: int, epoch: int) -> _Actor:
+        config = dataclasses.replace(self._config, worker_id=wid, epoch=epoch)
+        actor = _Actor(wid, self._actor_class.remote(config, self._payload))
+        self._actors[wid] = actor
+        self._all.append(actor)
+        self._watch(actor, actor.handle.ready.remote(), None)
+        return actor
+
+    def _watch(self, actor: _Actor, ref: Any, task: m.Task | None) -> None:
+        """Queue `ref`'s completion for the fetcher (task None: the actor's ready call)."""
+        if task is not None:
+            actor.pending[ref] = (task, time.monotonic_ns())
+        done, gate = self._done, self._gate
+
+        def completed(future: Future[Any]) -> None:   # Ray's thread: queue it, unless released
+            with gate:
+                if gate.open:
+                    done.put((actor, ref, task, future))
+        ref.future().add_done_callback(completed)
+
+    # ---------------------------------------------------------------- tasks
+
+    def dispatch(self, worker_id: int, task: m.Task) -> None:
+        actor = self._actors[worker_id]
+        if actor is None or actor.lost is not None or self._closing:
+            return   # its loss is (being) reported; the engine sends the task again or fails
+        self._watch(actor, actor.handle.load.remote(task), task)
+
+    def restart(self, worker_id: int, epoch: int) -> bool:
+        if self._closing:
+            return False
+        self._start_actor(worker_id, epoch)
+        return True
+
+    def pid(self, worker_id: int) -> int | None:
+        """The actor's pid when it runs on this node (None elsewhere: it means
+        nothing here; error messages name its node and pid)."""
+        actor = self._actors[worker_id]
+        return actor.pid if actor is not None and actor.local else None
+
+    def describe(self, worker_id: int) -> str:
+        actor = self._actors[worker_id]
+        if actor is None:
+            return "not started"
+        if not actor.ready:
+            return (f"{actor.name()}: not started yet (Ray has not placed it: the cluster may lack "
+                    f"{self._requirements()} for it)")
+        return f"alive ({actor.name()}, pid {actor.pid})"
+
+    def _requirements(self) -> str:
+        needs = {"CPU": self._backend.num_cpus_per_worker, **dict(self._backend.resources or {})}
+        try:
+            free = {k: v for k, v in self._ray.available_resources().items() if k in needs}
+        except Exception:
+            free = {}
+        return f"the resources each worker asks for, {needs} (free now: {free})"
+
+    # ---------------------------------------------------------------- results (fetcher thread)
+
+    def _fetch_loop(self) -> None:
+        from .procs import block_sigint_in_this_thread
+        block_sigint_in_this_thread()
+        try:
+            while not self._stopping:
+                try:
+                    item = self._done.get(timeout=_FETCH_POLL_S)
+                except queue.Empty:
+                    item = None
+                if self._stopping:
+                    return
+                if item is not None:
+                    self._completed(*item)
+                    del item
+                self._report_drained_losses()
+        except BaseException as e:   # never die silently: the consumer must not hang
+            if not self._stopping:
+                self.sink.fail(WorkerError(f"mxload Ray fetcher thread failed: {type(e).__name__}: {e}"))
+
+    def _completed(self, actor: _Actor, ref: Any, task: m.Task | None, future: Future[Any]) -> None:
+        ray = self._ray
+        try:
+            value = future.result(timeout=0)
+            error: BaseException | None = None
+        except BaseException as e:
+            value, error = None, e
+        del future
+        received = time.monotonic_ns()
+        with self.lock:
+            dispatched = actor.pending.pop(ref, (None, 0))[1]
+            del ref
+            if self._stopping or actor.reported:
+                return   # the engine already sent this actor's tasks elsewhere
+            if task is None:   # the actor's ready() call
+                if error is not None:
+                    self._lose(actor, error)
+                else:
+                    self._ready(actor, value)
+                return
+            if error is None:
+                self.sink.deliver(actor.worker_id, self._delivery(actor, value, dispatched, received))
+            elif isinstance(error, ray.exceptions.RayTaskError):
+                # Ray could not return the result (e.g. it did not serialize): that batch's error.
+                cause = error.cause if isinstance(error.cause, BaseException) else error
+                self.sink.deliver(actor.worker_id, m.Failed(task.epoch, task.batch_index,
+                                                            m.ExceptionInfo.of(cause)))
+            else:
+                self._lose(actor, error)
+
+    def _ready(self, actor: _Actor, ready: m.ActorReady) -> None:
+        actor.ready = True
+        actor.pid, actor.node_id, actor.node_ip = ready.pid, ready.node_id, ready.node_ip
+        actor.local = ready.node_id == self._node_id
+        if ready.init_failed is not None:
+            self.sink.deliver(actor.worker_id, ready.init_failed)
+
+    def _delivery(self, actor: _Actor, result: m.RemoteBatch | m.Failed | m.Exhausted,
+                  dispatched: int, received: int) -> Any:
+        if not isinstance(result, m.RemoteBatch):
+            return result
+        buffer = _writable(result.buffer) if result.buffer is not None else b""
+        timings = result.timings
+        if timings is not None and not actor.local:
+            # The profiler's stages need its times on this process's clock.
+            low, high = timings.sent_ns - received, timings.start_ns - dispatched
+            actor.offset_low = low if actor.offset_low is None else max(actor.offset_low, low)
+            actor.offset_high = high if actor.offset_high is None else min(actor.offset_high, high)
+            offset = (actor.offset_low + actor.offset_high) // 2 \
+                if actor.offset_high >= actor.offset_low else actor.offset_low
+            timings = timings._replace(start_ns=timings.start_ns - offset, sent_ns=timings.sent_ns - offset)
+        return m.Loaded(result.epoch, result.batch_index,
+                        views_from_layout(result.layout, buffer), timings)
+
+    def _lose(self, actor: _Actor, error: BaseException) -> None:
+        """A call failed because the actor (or its node) is gone (engine lock held)."""
+        if actor.lost is None:
+            actor.lost = f"{type(error).__name__}: {_first_line(error)}"
+            actor.lost_at = time.monotonic()
+            # Ray could not make it at all (its runtime_env, an unschedulable request):
+            # a replacement would fail alike.
+            actor.unstartable = (getattr(error, "actor_init_failed", False)
+                                 or isinstance(error, (self._ray.exceptions.RuntimeEnvSetupError,
+                                                       self._ray.exceptions.ActorUnschedulableError)))
+            if actor.node_id is None:
+                self._locate(actor)
+            try:
+                self._ray.kill(actor.handle, no_restart=True)   # "unavailable" may mean alive but cut off
+            except Exception:
+                pass
+        self._report_if_drained(actor, time.monotonic())
+
+    def _locate(self, actor: _Actor) -> None:
+        """Where Ray had placed an actor lost before it answered ready(), for
+        the error message (Ray's actor table; best effort)."""
+        try:
+            from ray._private.state import state
+            record = state.actor_table(actor.handle._actor_id.hex())
+            address = record.get("Address") or {}
+            actor.node_id = address.get("NodeID") or None
+            actor.node_ip = address.get("IPAddress") or None
+            actor.pid = record.get("Pid") or None
+        except Exception:
+            pass
+
+    def _report_drained_losses(self) -> None:
+        now = time.monotonic()
+        with self.lock:
+            for actor in self._actors:
+                if actor is not None and actor.lost is not None and not actor.reported:
+                    self._report_if_drained(actor, now)
+
+    def _report_if_drained(self, actor: _Actor, now: float) -> None:
+        if actor.reported or (actor.pending and now - actor.lost_at < LOSS_DRAIN_S):
+            return
+        actor.reported = True
+        actor.pending.clear()   # whatever resolves late is dropped: the engine sends it again
+        how = f"{actor.name()}, pid {actor.pid}: {actor.lost}"
+        final = None
+        if actor.unstartable:
+            def final(held: list[int]) -> str:
+                return (f"mxload worker {actor.worker_id} could not start ({how}) while holding batches "
+                        f"{held}; check RayBackend's resources and runtime_env")
+        self.sink.worker_lost(WorkerLoss(actor.worker_id, actor.pid, None, how, final=final))
+
+    # ---------------------------------------------------------------- shutdown phases
+
+    def stop_receiving(self, deadline: float) -> None:
+        self._stopping = True
+        self._done.put(None)
+        fetcher = self._fetcher
+        if fetcher is not None and fetcher.ident is not None and fetcher is not threading.current_thread():
+            fetcher.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    def refuse_starts(self, deadline: float) -> None:
+        self._closing = True
+
+    def ask_to_stop(self) -> None:
+        """Kill every actor (Ray fails their pending calls); queued work is never done."""
+        for actor in list(self._all):
+            try:
+                self._ray.kill(actor.handle, no_restart=True)
+            except Exception:
+                pass   # already dead, or Ray is shut down (interpreter exit)
+
+    def end_workers(self, start: float, deadline: float) -> None:
+        """Wait until Ray knows every actor is dead: a call made after
+        ray.kill fails only then."""
+        probes = []
+        for actor in self._all:
+            try:
+                probes.append(actor.handle.ready.remote())
+            except Exception:
+                pass
+        if probes:
+            try:
+                self._ray.wait(probes, num_returns=len(probes), timeout=max(0.0, deadline - time.monotonic()),
+                               fetch_local=False)
+            except Exception:
+                pass
+
+    def release(self) -> None:
+        if self._exit_hook is not None:
+            atexit.unregister(self._exit_hook)
+            self._exit_hook = None
+        with self._gate:
+            self._gate.open = False
+            while True:   # completions queued by Ray's callbacks hold refs and results
+                try:
+                    self._done.get_nowait()
+                except queue.Empty:
+                    break
+        for actor in self._all:
+            actor.pending.clear()
+            actor.handle = None
+        self._all.clear()
+        self._actors = [None] * len(self._actors)
+        self._payload = []
+        self._actor_class = None

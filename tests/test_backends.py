@@ -1,0 +1,53 @@
+"""The DataLoader's `backend` argument, without Ray: checks, and importing
+mxload never imports ray (only iterating a backend="ray" loader does)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import mxload
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_ray_backend_checks_its_arguments():
+    assert mxload.RayBackend() == mxload.RayBackend(address=None, num_cpus_per_worker=1)
+    with pytest.raises(ValueError, match="num_cpus_per_worker"):
+        mxload.RayBackend(num_cpus_per_worker=-1)
+    with pytest.raises(ValueError, match="resources"):
+        mxload.RayBackend(resources={"gpu_box": "one"})
+    with pytest.raises(ValueError, match="runtime_env"):
+        mxload.RayBackend(runtime_env="env")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(backend="rya", num_workers=2), "backend must be"),
+    (dict(backend="ray"), "backend need num_workers > 0"),
+    (dict(backend="ray", num_workers=2, thread_pool=True), "thread_pool"),
+    (dict(backend=mxload.RayBackend(), num_workers=2, start_method="spawn"), "start_method"),
+])
+def test_loader_rejects_backend_conflicts(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        mxload.DataLoader(mxload.ArrayDataset(np.arange(4)), batch_size=2, **kwargs)
+
+
+def test_importing_mxload_never_imports_ray_and_a_missing_ray_is_a_clear_error():
+    script = textwrap.dedent("""
+        import sys
+        sys.modules["ray"] = None   # as if ray were not installed
+        import numpy as np, mxload
+        assert "ray" not in [m.split(".")[0] for m in sys.modules if sys.modules[m] is not None]
+        loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(4)), batch_size=2, num_workers=2,
+                                   backend="ray")
+        try:
+            next(iter(loader))
+        except ImportError as e:
+            print(e)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=50)
+    assert out.returncode == 0, out.stderr
+    assert "pip install 'mxload[ray]'" in out.stdout

@@ -1,0 +1,289 @@
+"""backend="ray": the workers are Ray actors (one local Ray instance with 2
+CPUs for the whole module).  Every test also proves, in Ray's own records,
+that no actor or object reference of the loader is left (conftest.no_leaks)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import mxload
+from mxload.errors import LoaderTimeoutError, WorkerError
+
+ray = pytest.importorskip("ray")
+
+import ray_harness  # noqa: E402
+from datasets_for_tests import (  # noqa: E402
+    AugmentedDataset,
+    DyingDataset,
+    PagesDataset,
+    RaisingDataset,
+    ShardedStream,
+    SlowDataset,
+    StartedProbe,
+    TupleDataset,
+    failing_init,
+)
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
+
+# Ray actors reserve no whole CPU here: the suite runs 4 workers on a 2-CPU instance.
+SMALL = mxload.RayBackend(num_cpus_per_worker=0.25)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    yield ray_harness.local()
+    ray_harness.stop()
+
+
+def assert_same_batches(a, b) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        if isinstance(x, dict):
+            assert x.keys() == y.keys()
+            assert_same_batches(list(x.values()), list(y.values()))
+        elif isinstance(x, (list, tuple)):
+            assert_same_batches(list(x), list(y))
+        else:
+            assert isinstance(y, np.ndarray) and x.dtype == y.dtype and np.array_equal(x, y), (x, y)
+
+
+def test_batches_are_bit_identical_to_local_workers_with_the_same_seed():
+    """sample_rng(), the workers' global RNGs and get_worker_info() (id,
+    num_workers, seed) are those of local workers: same batches, same bits."""
+    kwargs = dict(batch_size=4, shuffle=True, seed=11, num_workers=2)
+    local = list(mxload.DataLoader(AugmentedDataset(), **kwargs))
+    remote = list(mxload.DataLoader(AugmentedDataset(), backend=SMALL, **kwargs))
+    assert_same_batches(local, remote)
+    assert sorted(int(w) for b in remote for w in b["worker"][:, 0]) == sorted(
+        int(w) for b in local for w in b["worker"][:, 0])
+
+
+def test_iterable_dataset_sharded_by_worker_info_in_completion_order():
+    local = list(mxload.DataLoader(ShardedStream(), batch_size=4, num_workers=2))
+    remote = list(mxload.DataLoader(ShardedStream(), batch_size=4, num_workers=2, backend=SMALL,
+                                    in_order=False))
+
+    def key(batch):
+        return int(batch[1][0])
+    assert_same_batches(sorted(local, key=key), sorted(remote, key=key))
+
+
+def test_batches_are_writable_zero_copy_views_of_the_object_store():
+    loader = mxload.DataLoader(TupleDataset(8), batch_size=8, num_workers=1, backend=SMALL)   # one batch
+    for x, label, _half in loader:
+        assert x.flags.writeable and label.flags.writeable
+        base = x
+        while getattr(base, "base", None) is not None and not type(base).__module__.startswith("ray"):
+            base = base.base
+        # The views' memory is Ray's (the object store's copy), not a private copy.
+        assert type(base).__module__.startswith("ray"), type(base)
+        x += 1   # writable as local workers' batches are
+        # The loader dropped the batch's object reference when it arrived (the
+        # arrays alone keep the object store's copy): only the dataset's is left.
+        deadline = time.monotonic() + 2
+        while len(ray_harness.our_refs()) > 1 and time.monotonic() < deadline:
+            time.sleep(0.01)   # Ray drops a resolved call's reference in its own thread, soon after
+        assert len(ray_harness.our_refs()) == 1, ray_harness.our_refs()
+        break
+    del x, label, _half, base
+    loader.close()
+
+
+def test_large_batches_arrive_intact_while_the_actor_reuses_its_buffer():
+    """An actor collates every batch into the same buffer: each batch must be
+    in the object store before the next one is collated over it."""
+    loader = mxload.DataLoader(PagesDataset(), batch_size=4, num_workers=1, prefetch=4, backend=SMALL)
+    for k, batch in enumerate(loader):
+        assert batch.shape == (4, 256, 1024)
+        assert all((batch[j] == 4 * k + j).all() for j in range(4)), k
+
+
+def test_prefetch_bounds_how_far_actors_load_ahead(tmp_path):
+    loader = mxload.DataLoader(StartedProbe(str(tmp_path), n=64), batch_size=2, num_workers=1, prefetch=3,
+                               backend=SMALL)
+    it = iter(loader)
+    next(it)
+    time.sleep(1.0)   # the actors would load much more meanwhile if nothing held them back
+    started = len(os.listdir(tmp_path))
+    # The batch taken, plus at most 3 in flight: 4 batches of 2 samples.
+    assert 2 <= started <= 8, started
+    it.close()
+
+
+def test_dataset_exception_keeps_type_and_traceback_and_the_epoch_goes_on():
+    loader = mxload.DataLoader(RaisingDataset(at=5, exc_kind="key"), batch_size=2, num_workers=2,
+                               backend=SMALL)
+    taken, errors = [], []
+    it = iter(loader)
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            break
+        except KeyError as e:
+            errors.append(str(e))
+            continue
+        taken.extend(int(i) for i in batch[:, 0])
+    assert len(errors) == 1 and "missing 5" in errors[0] and "Worker traceback" in errors[0]
+    assert "__getitem__" in errors[0]
+    assert taken == [i for i in range(20) if i not in (4, 5)]
+
+
+def test_worker_init_fn_failure_is_reported():
+    loader = mxload.DataLoader(TupleDataset(), batch_size=2, num_workers=1, backend=SMALL,
+                               worker_init_fn=failing_init)
+    with pytest.raises(Exception, match="worker_init_fn"):
+        list(loader)
+
+
+def test_timeout_names_the_actors():
+    loader = mxload.DataLoader(SlowDataset(5.0, n=8), batch_size=2, num_workers=1, backend=SMALL, timeout=1)
+    t0 = time.monotonic()
+    with pytest.raises(LoaderTimeoutError, match="Ray actor") as info:
+        next(iter(loader))
+    assert time.monotonic() - t0 < 4.0
+    assert "timeout=1" in str(info.value)
+
+
+def test_state_dict_resumes_with_the_same_batches():
+    kwargs = dict(batch_size=3, shuffle=True, seed=5, num_workers=1, backend=SMALL)
+    loader = mxload.DataLoader(AugmentedDataset(), **kwargs)
+    it = iter(loader)
+    first = [next(it) for _ in range(4)]
+    state = loader.state_dict()
+    rest = list(it)
+    resumed = mxload.DataLoader(AugmentedDataset(), **kwargs)
+    resumed.load_state_dict(state)
+    again = list(resumed)
+    for batch in rest + again:   # the global RNG restarts with the workers; sample_rng() does not
+        del batch["global"]
+    assert_same_batches(rest, again)
+    del first
+
+
+def test_persistent_actors_reseed_per_epoch_as_local_workers_do():
+    kwargs = dict(batch_size=4, shuffle=True, seed=2, num_workers=2, persistent_workers=True)
+    with mxload.DataLoader(AugmentedDataset(20), **kwargs) as local_loader:
+        local = [list(local_loader) for _ in range(2)]
+    with mxload.DataLoader(AugmentedDataset(20), backend=SMALL, **kwargs) as remote_loader:
+        remote = [list(remote_loader) for _ in range(2)]
+        assert remote_loader.stats["epochs"] == 2
+    for a, b in zip(local, remote):
+        assert_same_batches(a, b)
+
+
+def test_a_killed_actor_is_a_worker_error_naming_actor_node_and_batch():
+    loader = mxload.DataLoader(SlowDataset(0.2, n=64), batch_size=2, num_workers=2, backend=SMALL)
+    it = iter(loader)
+    next(it)
+    victim = ray_harness.live_loader_actors()[0]
+    os.kill(int(victim["Pid"]), signal.SIGKILL)
+    killed = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        for _ in it:
+            pass
+    noticed = time.monotonic() - killed
+    message = str(info.value)
+    assert "Ray actor" in message and victim["ActorID"][:12] in message and "node" in message
+    assert str(victim["Pid"]) in message and "holding batches [" in message
+    assert noticed < 5.0, noticed   # about 0.1 s on a quiet machine; slack for a loaded one
+
+
+def test_restarted_actor_delivers_every_batch_exactly_once(tmp_path):
+    """The dataset kills its actor once, mid-epoch: a replacement actor loads
+    what the dead one held, and every batch arrives once, equal to local workers'."""
+    marker = str(tmp_path / "died")
+    kwargs = dict(batch_size=2, num_workers=2, prefetch=6)
+    with pytest.warns(RuntimeWarning, match="restarting it"):
+        remote = list(mxload.DataLoader(DyingDataset(at=9, how="kill", n=40, only_once_file=marker),
+                                        backend=SMALL, max_worker_restarts=1, **kwargs))
+    assert os.path.exists(marker)
+    local = list(mxload.DataLoader(DyingDataset(at=-1, n=40), **kwargs))
+    assert_same_batches(local, remote)
+
+
+def test_profiler_reports_actor_busy_time_and_the_transfer():
+    loader = mxload.DataLoader(SlowDataset(0.01, n=32), batch_size=4, num_workers=1, backend=SMALL,
+                               profile=True)
+    assert len(list(loader)) == 8
+    report = loader.profiler.report()
+    assert "worker" in str(report).lower()
+    assert loader.profiler.worker_stage_ns["transport"] > 0
+    busy_ns, batches, _, _, pid, _ = loader.profiler.workers[0]
+    assert batches == 8 and busy_ns >= 8 * 4 * 0.01 * 1e9 * 0.9
+    assert pid is not None   # an actor on this node: its CPU time is read as a local worker's
+
+
+_CHILD = textwrap.dedent("""
+    import os, sys, time, signal
+    sys.path.insert(0, {tests!r})
+    import ray, mxload
+    from datasets_for_tests import SlowDataset
+    ray.init(address={address!r}, log_to_driver=False)
+    print(ray.get_runtime_context().get_job_id(), flush=True)
+    loader = mxload.DataLoader(SlowDataset(0.05, n=400), batch_size=2, num_workers=2,
+                               backend=mxload.RayBackend(num_cpus_per_worker=0.25))
+    it = iter(loader)
+    next(it)
+    print("iterating", flush=True)
+    if {how!r} == "exit":
+        sys.stdin.readline()
+        sys.exit(0)   # interpreter exit with the epoch in progress
+    for batch in it:
+        pass
+""")
+
+
+def _actors_of_job(job: str) -> list:
+    from ray._private.state import state
+    return [a for a in state.actor_table(None).values()
+            if a["JobID"] == job and a["ActorClassName"].endswith("LoaderActor") and a["State"] != "DEAD"]
+
+
+@pytest.mark.parametrize("how", ["exit", "ctrl-c"])
+def test_interpreter_exit_and_ctrl_c_kill_the_actors(how):
+    address = ray.get_runtime_context().gcs_address
+    script = _CHILD.format(tests=ray_harness.TESTS_DIR, address=address, how=how)
+    child = subprocess.Popen([sys.executable, "-c", script],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        job = child.stdout.readline().strip()
+        assert child.stdout.readline().strip() == "iterating", child.stderr.read()
+        deadline = time.monotonic() + 10
+        while len(_actors_of_job(job)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)   # the second actor may still be registering
+        assert len(_actors_of_job(job)) == 2
+        if how == "ctrl-c":
+            child.send_signal(signal.SIGINT)
+        _, err = child.communicate("exit\n", timeout=60)
+        if how == "ctrl-c":
+            assert "KeyboardInterrupt" in err
+        else:
+            assert child.returncode == 0, err
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    deadline = time.monotonic() + 5
+    while _actors_of_job(job) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _actors_of_job(job) == []
+
+
+def test_break_kills_every_actor_and_releases_every_reference():
+    """`for ...: break`, again and again (MXLOAD_RAY_CYCLES, default 2; bench/ray.py runs 100):
+    the actors are dead and no reference is held once the loop let go of the
+    iterator, without a garbage collection."""
+    for _ in range(int(os.environ.get("MXLOAD_RAY_CYCLES", "2"))):
+        for _batch in mxload.DataLoader(TupleDataset(16), batch_size=2, num_workers=2, backend=SMALL):
+            assert len(ray_harness.live_loader_actors()) == 2
+            break
+        ray_harness.assert_nothing_of_ours(within=1.5)
