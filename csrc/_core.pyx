@@ -1,14 +1,17 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 # cython: initializedcheck=False
 """mxload's compiled core: reorder buffer, collation kernels, layout planner,
-shared-memory slabs and Ctrl-C deferral.  C declarations live in mxl_c.pxd;
+shared-memory slabs, the fetcher's receive path and Ctrl-C deferral.  C declarations live in mxl_c.pxd;
 the code is split by job into the .pxi files included below."""
 
 cimport cython
+from cpython.pyport cimport PY_SSIZE_T_MAX
 from cpython.buffer cimport PyBuffer_FillInfo
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.ref cimport Py_INCREF
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
-from libc.errno cimport errno
+from libc.errno cimport errno, EAGAIN, EINTR
 from libc.stdint cimport int64_t, uint64_t
 
 cimport numpy as cnp
@@ -24,6 +27,7 @@ include "interrupt.pxi"
 include "reorder.pxi"
 include "collate.pxi"
 include "slab.pxi"
+include "receive.pxi"
 
 cdef extern from *:
     """

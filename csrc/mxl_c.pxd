@@ -1,6 +1,6 @@
 # C declarations used by mxload._core: kept apart from the code that uses them.
 from libc.stddef cimport ptrdiff_t
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t
 
 cdef extern from "mxl_copy.h" nogil:
     ctypedef ptrdiff_t mxl_ssize_t
@@ -59,6 +59,7 @@ cdef extern from *:
     int MXL_MAP_POPULATE
 
 cimport numpy as cnp
+from cpython.object cimport PyObject, PyTypeObject
 cdef extern from *:
     """
     #include <numpy/arrayobject.h>
@@ -71,6 +72,11 @@ cdef extern from "numpy/arrayobject.h":
     # numpy's own .pxd declares this over Python dtype objects; the kernels
     # compare raw descriptor pointers without touching refcounts.
     bint mxl_equiv_descr "PyArray_EquivTypes"(cnp.PyArray_Descr *a, cnp.PyArray_Descr *b)
+    # An array over memory we own (steals the descriptor reference; the
+    # caller sets the base): numpy's .pxd leaves it commented out.
+    object mxl_array_new "PyArray_NewFromDescr"(PyTypeObject *subtype, cnp.PyArray_Descr *descr, int nd,
+                                                 cnp.npy_intp *dims, cnp.npy_intp *strides, void *data,
+                                                 int flags, PyObject *obj)
     # dtype.hasobject without two Python attribute lookups.
     bint mxl_descr_hasobject "PyDataType_REFCHK"(cnp.PyArray_Descr *d) nogil
 
@@ -80,3 +86,57 @@ cdef extern from "Python.h":
 
 cdef extern from "<signal.h>":
     int SIGINT
+
+cdef extern from "<poll.h>" nogil:
+    struct pollfd:
+        int fd
+        short events
+        short revents
+    short POLLIN
+    short POLLHUP
+    short POLLERR
+    short POLLNVAL
+    int poll(pollfd *fds, unsigned long nfds, int timeout)
+
+cdef extern from "mxl_recv.h" nogil:
+    enum: MXL_FRAME_HEADER
+    enum: MXL_KIND_PICKLED
+    enum: MXL_KIND_BATCH
+    enum: MXL_BATCH_WORDS
+    enum: MXL_BATCH_SIZE
+    enum: MXL_FDQ
+    ctypedef struct mxl_batch_frame:
+        int64_t epoch
+        int64_t idx
+        int64_t slab_id
+        int64_t nbytes
+        int64_t layout_id
+        int64_t flags
+    ctypedef struct mxl_channel:
+        int sock
+        int sentinel
+        int nfds
+        int eof
+        int fd_overflow
+    void mxl_channel_init(mxl_channel *ch)
+    void mxl_channel_reset(mxl_channel *ch)
+    long mxl_channel_fill(mxl_channel *ch)
+    int mxl_channel_next(const mxl_channel *ch, int *kind, const char **payload, uint32_t *plen,
+                         int *nfds)
+    void mxl_channel_pop(mxl_channel *ch, uint32_t plen)
+    int mxl_channel_take_fds(mxl_channel *ch, int n, int *out)
+    void mxl_batch_decode(const char *p, mxl_batch_frame *f)
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    static inline int64_t mxl_load64(const int64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+    static inline void mxl_store64(int64_t *p, int64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+    """
+    int64_t mxl_load64(const int64_t *p) nogil
+    void mxl_store64(int64_t *p, int64_t v) nogil
+
+# One batch a worker wrote into a slab, as the fetcher's GIL-free path stores it.
+ctypedef struct mxl_raw_entry:
+    mxl_batch_frame frame
+    int slot

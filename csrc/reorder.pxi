@@ -19,8 +19,47 @@
 # A waiter reads the generation *before* looking for its item and sleeps only
 # while the generation is unchanged: an item put after the look bumps it, so
 # no wake-up is lost.
+#
+# Raw entries.  The fetcher's compiled receive path (receive.pxi) stores a
+# batch without the GIL: put_raw() copies a C struct (batch index, worker
+# slot, slab id, byte count, layout id) into a C array under the mutex.  The
+# consumer finds it under the same mutex and turns it into a RawBatch (a
+# Python object) only after unlocking; the engine builds the views.  So the
+# raw array and _c_closed are guarded by the mutex, not by the GIL.
 
 from heapq import heappush, heappop
+from libc.stdlib cimport free, realloc
+
+
+@cython.final
+@cython.auto_pickle(False)   # a main-process record: it never crosses processes
+cdef class RawBatch:
+    """A batch the compiled receive path stored: which worker slot sent it,
+    for which epoch and batch index, in which slab (id), how many bytes, and
+    which of that worker's cached layouts describes it."""
+    cdef readonly int slot
+    cdef readonly int64_t epoch
+    cdef readonly int64_t idx
+    cdef readonly int64_t slab_id
+    cdef readonly int64_t nbytes
+    cdef readonly int64_t layout_id
+    cdef readonly int64_t flags
+
+    def __repr__(self):
+        return (f"RawBatch(slot={self.slot}, epoch={self.epoch}, idx={self.idx}, slab_id={self.slab_id}, "
+                f"nbytes={self.nbytes}, layout_id={self.layout_id})")
+
+
+cdef RawBatch _raw_batch(const mxl_raw_entry *e):
+    cdef RawBatch b = RawBatch.__new__(RawBatch)
+    b.slot = e.slot
+    b.epoch = e.frame.epoch
+    b.idx = e.frame.idx
+    b.slab_id = e.frame.slab_id
+    b.nbytes = e.frame.nbytes
+    b.layout_id = e.frame.layout_id
+    b.flags = e.frame.flags
+    return b
 
 
 class BufferClosedError(RuntimeError):
@@ -52,8 +91,15 @@ cdef class ReorderBuffer:
     cdef list _order      # min-heap of indices for pop_next (lazily pruned)
     cdef bint _closed
     cdef object _reason
+    cdef mxl_raw_entry *_raw   # under _mutex: batches put_raw() stored
+    cdef Py_ssize_t _nraw
+    cdef Py_ssize_t _rawcap
+    cdef bint _c_closed        # under _mutex: close() as put_raw() sees it
 
     def __cinit__(self):
+        self._raw = NULL
+        self._nraw = self._rawcap = 0
+        self._c_closed = False
         if pthread_mutex_init(&self._mutex, NULL) != 0:
             raise MemoryError("pthread_mutex_init failed")
         if mxl_cond_init(&self._cond) != 0:
@@ -66,6 +112,7 @@ cdef class ReorderBuffer:
         self._reason = None
 
     def __dealloc__(self):
+        free(self._raw)
         pthread_cond_destroy(&self._cond)
         pthread_mutex_destroy(&self._mutex)
 
@@ -88,8 +135,65 @@ cdef class ReorderBuffer:
         """Wake every waiter: something was put, or the buffer closed."""
         self._lock()
         self._generation += 1
+        if self._closed:
+            self._c_closed = True
         pthread_cond_broadcast(&self._cond)
         pthread_mutex_unlock(&self._mutex)
+
+    cdef int put_raw(self, const mxl_raw_entry *e) noexcept nogil:
+        """Store a batch without the GIL: 0 stored, 1 the buffer is closed,
+        2 its index is already stored raw, 3 out of memory."""
+        cdef Py_ssize_t i
+        cdef mxl_raw_entry *grown
+        pthread_mutex_lock(&self._mutex)
+        if self._c_closed:
+            pthread_mutex_unlock(&self._mutex)
+            return 1
+        for i in range(self._nraw):
+            if self._raw[i].frame.idx == e.frame.idx:
+                pthread_mutex_unlock(&self._mutex)
+                return 2
+        if self._nraw == self._rawcap:
+            grown = <mxl_raw_entry *>realloc(self._raw, (2 * self._rawcap + 8) * sizeof(mxl_raw_entry))
+            if grown == NULL:
+                pthread_mutex_unlock(&self._mutex)
+                return 3
+            self._raw = grown
+            self._rawcap = 2 * self._rawcap + 8
+        self._raw[self._nraw] = e[0]
+        self._nraw += 1
+        self._generation += 1
+        pthread_cond_broadcast(&self._cond)
+        pthread_mutex_unlock(&self._mutex)
+        return 0
+
+    cdef bint _take_raw(self, Py_ssize_t idx, bint below, mxl_raw_entry *out) noexcept:
+        """Remove the raw entry for batch `idx` into `out` (below=True: the
+        one with the smallest index, if smaller than `idx`)."""
+        cdef Py_ssize_t i, k = -1
+        self._lock()
+        for i in range(self._nraw):
+            if below:
+                if self._raw[i].frame.idx < idx and (k < 0 or self._raw[i].frame.idx < self._raw[k].frame.idx):
+                    k = i
+            elif self._raw[i].frame.idx == idx:
+                k = i
+                break
+        if k >= 0:
+            out[0] = self._raw[k]
+            self._nraw -= 1
+            self._raw[k] = self._raw[self._nraw]
+        pthread_mutex_unlock(&self._mutex)
+        return k >= 0
+
+    cdef Py_ssize_t _raw_count(self, Py_ssize_t idx, bint only_idx) noexcept:
+        cdef Py_ssize_t i, n = 0
+        self._lock()
+        for i in range(self._nraw):
+            if not only_idx or self._raw[i].frame.idx == idx:
+                n += 1
+        pthread_mutex_unlock(&self._mutex)
+        return n
 
     cdef uint64_t _wait_for_change(self, uint64_t seen, double seconds) noexcept nogil:
         """Sleep until the generation differs from `seen` or `seconds` pass;
@@ -125,20 +229,39 @@ cdef class ReorderBuffer:
     def try_get(self, Py_ssize_t idx, default=None):
         if self._closed:
             raise self._closed_error()
-        return self._items.pop(idx, default)
+        found = self._pop(idx)
+        return default if found is _MISSING else found
+
+    cdef object _pop(self, Py_ssize_t idx):
+        """The item stored for `idx` (a RawBatch if stored raw), or _MISSING."""
+        cdef mxl_raw_entry e
+        found = self._items.pop(idx, _MISSING)
+        if found is _MISSING and self._nraw_hint() and self._take_raw(idx, False, &e):
+            return _raw_batch(&e)
+        return found
+
+    cdef inline bint _nraw_hint(self) noexcept:
+        # A racy read is enough: a raw entry stored after it bumps the
+        # generation, and the waiter looks again before sleeping.
+        return (<volatile Py_ssize_t *>&self._nraw)[0] != 0
 
     cdef object _pop_smallest(self):
         """(idx, item) with the smallest idx stored, or _MISSING."""
-        while self._order:
-            key = heappop(self._order)
-            item = self._items.pop(key, _MISSING)
-            if item is not _MISSING:
-                return key, item
-        if self._items:
+        cdef mxl_raw_entry e
+        cdef Py_ssize_t limit = PY_SSIZE_T_MAX
+        while self._order and self._order[0] not in self._items:
+            heappop(self._order)   # taken by get(): a stale heap entry
+        if not self._order and self._items:
             # A put interleaved by a finalizer between its two updates left
             # a key off the heap: rebuild rather than ever miss an item.
             self._order = sorted(self._items)
-            return self._pop_smallest()
+        if self._order:
+            limit = self._order[0]
+        if self._nraw_hint() and self._take_raw(limit, True, &e):
+            return e.frame.idx, _raw_batch(&e)
+        if self._order:
+            key = heappop(self._order)
+            return key, self._items.pop(key)
         return _MISSING
 
     cdef object _wait(self, Py_ssize_t idx, bint any_index, timeout):
@@ -160,7 +283,7 @@ cdef class ReorderBuffer:
             if any_index:
                 found = self._pop_smallest()
             else:
-                found = self._items.pop(idx, _MISSING)
+                found = self._pop(idx)
             if found is not _MISSING:
                 return found
             if not armed:
@@ -205,13 +328,25 @@ cdef class ReorderBuffer:
 
         The caller releases the items, so their finalizers (slab recycling)
         run outside this call."""
+        cdef mxl_raw_entry *raw
+        cdef Py_ssize_t i, n
         items = self._items
         self._items = {}
         self._order = []
+        self._lock()
+        raw, n = self._raw, self._nraw
+        self._raw = NULL
+        self._nraw = self._rawcap = 0
+        pthread_mutex_unlock(&self._mutex)
+        try:
+            for i in range(n):
+                items[raw[i].frame.idx] = _raw_batch(&raw[i])
+        finally:
+            free(raw)
         return items
 
     def __len__(self):
-        return len(self._items)
+        return len(self._items) + self._raw_count(0, False)
 
     def __contains__(self, Py_ssize_t idx):
-        return idx in self._items
+        return idx in self._items or self._raw_count(idx, True) > 0

@@ -2,8 +2,9 @@
 
 Keep in step with csrc/_core.pyx and the .pxi files it includes:
 interrupt.pxi (defer_sigint, sigint_safe_finalizer), reorder.pxi
-(ReorderBuffer, BufferClosedError), collate.pxi (kernels,
-layout planner, ALIGNMENT, monotonic_ns) and slab.pxi (Slab, BatchOwner)."""
+(ReorderBuffer, BufferClosedError, RawBatch), collate.pxi (kernels,
+layout planner, ALIGNMENT, monotonic_ns), slab.pxi (Slab, BatchOwner) and
+receive.pxi (FrameReceiver, build_views, the frame constants)."""
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, Self, TypedDict, TypeVar, overload
 
@@ -24,6 +25,24 @@ BUILD_INFO: _BuildInfo
 
 class BufferClosedError(RuntimeError):
     """Raised by ReorderBuffer operations after close()."""
+
+class RawBatch:
+    """A batch the compiled receive path stored (worker slot, epoch, index, slab id, bytes, layout id)."""
+
+    @property
+    def slot(self) -> int: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def idx(self) -> int: ...
+    @property
+    def slab_id(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def layout_id(self) -> int: ...
+    @property
+    def flags(self) -> int: ...
 
 class ReorderBuffer:
     """Thread-safe map from batch index to item with blocking, GIL-free waits."""
@@ -123,6 +142,40 @@ class BatchOwner:
     ) -> Self: ...
     def detach(self) -> None: ...
     def __buffer__(self, flags: int, /) -> memoryview: ...
+
+# ---------------------------------------------------------------- receive.pxi
+
+EV_TIMEOUT: int
+EV_WAKE: int
+EV_FRAME: int
+EV_CLOSED: int
+EV_ENDED: int
+EV_FD_LIMIT: int
+BATCH_FRAME_SIZE: int
+FRAME_HEADER_SIZE: int
+KIND_PICKLED: int
+KIND_BATCH: int
+
+class _ReceiveStats(TypedDict):
+    gil_ns: int
+    stored: int
+    passed_up: int
+
+class FrameReceiver:
+    """Receives every worker's frames for one ReorderBuffer, GIL-free."""
+
+    def __new__(cls, slots: int, wake_fd: int, buffer: ReorderBuffer) -> Self: ...
+    def attach(self, slot: int, sock: int, sentinel: int = -1) -> None: ...
+    def detach(self, slot: int) -> None: ...
+    def set_epoch(self, epoch: int) -> None: ...
+    def wait(self, timeout: float) -> tuple[int, int]: ...
+    def end_gil_span(self) -> None: ...
+    def take_frame(self, slot: int) -> tuple[int, bytes, list[int]]: ...
+    def stats(self) -> _ReceiveStats: ...
+
+def build_views(
+    owner: BatchOwner, specs: list[tuple[int, tuple[int, ...], np.dtype[Any]]],
+) -> list[NDArray[Any]]: ...
 
 # ---------------------------------------------------------------- interrupt.pxi
 

@@ -1,0 +1,283 @@
+"""The compiled receive path (csrc/receive.pxi, mxl_recv.h): frames read and
+batches stored in the ReorderBuffer without the GIL, everything else handed
+to Python intact, ends of channels and processes reported."""
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from mxload import _core
+
+HEADER = struct.Struct("<IBB")
+BATCH = struct.Struct("<6q")
+
+
+def batch_frame(epoch: int, idx: int, slab_id: int = 0, nbytes: int = 0, layout_id: int = 0) -> bytes:
+    payload = BATCH.pack(epoch, idx, slab_id, nbytes, layout_id, 0)
+    return HEADER.pack(len(payload), 0, _core.KIND_BATCH) + payload
+
+
+def pickled_frame(payload: bytes, nfds: int = 0) -> bytes:
+    return HEADER.pack(len(payload), nfds, _core.KIND_PICKLED) + payload
+
+
+@pytest.fixture
+def chan():
+    """(receiver, buffer, worker-side socket, wake write fd) for one slot."""
+    main, worker = socket.socketpair()
+    wake_r, wake_w = os.pipe()
+    rb = _core.ReorderBuffer()
+    rcv = _core.FrameReceiver(1, wake_r, rb)
+    rcv.attach(0, main.fileno(), -1)
+    rcv.set_epoch(3)
+    yield rcv, rb, worker, wake_w
+    rcv.detach(0)
+    for s in (main, worker):
+        s.close()
+    os.close(wake_r)
+    os.close(wake_w)
+
+
+def test_formats_agree_with_the_c_side():
+    assert _core.FRAME_HEADER_SIZE == HEADER.size
+    assert _core.BATCH_FRAME_SIZE == BATCH.size
+
+
+def test_batch_frames_are_stored_without_waking_python(chan):
+    rcv, rb, worker, _ = chan
+    worker.sendall(b"".join(batch_frame(3, i, slab_id=10 + i, nbytes=100 * i, layout_id=7)
+                            for i in range(50)))
+    ev, slot = rcv.wait(0.2)
+    assert (ev, slot) == (_core.EV_TIMEOUT, -1)
+    assert len(rb) == 50 and 49 in rb and 50 not in rb
+    got = rb.get(17, timeout=1)
+    assert isinstance(got, _core.RawBatch)
+    assert (got.slot, got.epoch, got.idx, got.slab_id, got.nbytes, got.layout_id) == (0, 3, 17, 27, 1700, 7)
+    assert [rb.pop_next(timeout=1)[0] for _ in range(49)] == [i for i in range(50) if i != 17]
+    assert rcv.stats()["stored"] == 50 and rcv.stats()["passed_up"] == 0
+
+
+def test_other_frames_go_to_python_in_order(chan):
+    rcv, rb, worker, _ = chan
+    worker.sendall(batch_frame(3, 0) + pickled_frame(b"hello") + batch_frame(3, 1) + batch_frame(2, 5))
+    assert rcv.wait(1) == (_core.EV_FRAME, 0)
+    assert 0 in rb and 1 not in rb          # frames after it wait for Python
+    assert rcv.wait(1) == (_core.EV_FRAME, 0)   # level-triggered: not taken yet
+    assert rcv.take_frame(0) == (_core.KIND_PICKLED, b"hello", [])
+    assert rcv.wait(1) == (_core.EV_FRAME, 0)   # a batch of another epoch
+    kind, payload, fds = rcv.take_frame(0)
+    assert kind == _core.KIND_BATCH and BATCH.unpack(payload)[:2] == (2, 5) and fds == []
+    assert 1 in rb
+    with pytest.raises(LookupError):
+        rcv.take_frame(0)
+
+
+def test_descriptors_arrive_with_their_frame(chan):
+    rcv, _, worker, _ = chan
+    r, w = os.pipe()
+    try:
+        data = pickled_frame(b"x" * 100, nfds=1)
+        socket.socket.sendmsg(worker, [data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", w))])
+        assert rcv.wait(1) == (_core.EV_FRAME, 0)
+        kind, payload, fds = rcv.take_frame(0)
+        assert payload == b"x" * 100 and len(fds) == 1
+        os.write(fds[0], b"!")
+        os.close(fds[0])
+        assert os.read(r, 1) == b"!"
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_a_frame_missing_its_descriptor_is_an_error(chan):
+    rcv, _, worker, _ = chan
+    worker.sendall(pickled_frame(b"abc", nfds=1))
+    assert rcv.wait(1) == (_core.EV_FRAME, 0)
+    with pytest.raises(EOFError, match="announced 1 descriptors and carried 0"):
+        rcv.take_frame(0)
+
+
+def test_a_large_frame_sent_in_pieces(chan):
+    rcv, _, worker, _ = chan
+    payload = os.urandom(3_000_000)
+    data = pickled_frame(payload)
+
+    def send():
+        for i in range(0, len(data), 100_000):
+            worker.sendall(data[i:i + 100_000])
+            time.sleep(0.001)
+    t = threading.Thread(target=send)
+    t.start()
+    try:
+        assert rcv.wait(10) == (_core.EV_FRAME, 0)
+        assert rcv.take_frame(0) == (_core.KIND_PICKLED, payload, [])
+    finally:
+        t.join()
+
+
+def test_closed_buffer_and_duplicates_go_to_python(chan):
+    rcv, rb, worker, _ = chan
+    worker.sendall(batch_frame(3, 4) + batch_frame(3, 4))
+    assert rcv.wait(1) == (_core.EV_FRAME, 0)   # the same index twice
+    assert rcv.take_frame(0)[0] == _core.KIND_BATCH
+    rb.close("done")
+    worker.sendall(batch_frame(3, 5))
+    assert rcv.wait(1) == (_core.EV_FRAME, 0)
+    assert BATCH.unpack(rcv.take_frame(0)[1])[1] == 5
+
+
+def test_end_of_channel(chan):
+    rcv, _, worker, _ = chan
+    worker.sendall(batch_frame(3, 0)[:10])   # cut short: the worker died mid-send
+    worker.shutdown(socket.SHUT_WR)
+    assert rcv.wait(1) == (_core.EV_CLOSED, 0)
+
+
+def test_wake_and_timeout(chan):
+    rcv, _, _, wake_w = chan
+    t0 = time.monotonic()
+    assert rcv.wait(0.05) == (_core.EV_TIMEOUT, -1)
+    assert 0.04 < time.monotonic() - t0 < 5
+    os.write(wake_w, b"x")
+    assert rcv.wait(5) == (_core.EV_WAKE, -1)
+    assert rcv.wait(0) == (_core.EV_WAKE, -1)    # until the caller reads the pipe
+    wake_r = os.open(f"/proc/self/fd/{wake_w}", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        os.read(wake_r, 64)
+    finally:
+        os.close(wake_r)
+    timer = threading.Timer(0.05, os.write, (wake_w, b"x"))
+    timer.start()
+    t0 = time.monotonic()
+    assert rcv.wait(5) == (_core.EV_WAKE, -1)
+    assert time.monotonic() - t0 >= 0.03
+    timer.join()
+
+
+def test_an_ended_process_has_its_frames_taken_first():
+    main, worker = socket.socketpair()
+    sentinel_r, sentinel_w = os.pipe()
+    rb = _core.ReorderBuffer()
+    rcv = _core.FrameReceiver(2, -1, rb)
+    try:
+        rcv.attach(1, main.fileno(), sentinel_r)
+        rcv.set_epoch(0)
+        worker.sendall(batch_frame(0, 0) + batch_frame(0, 1))
+        os.close(sentinel_w)   # the process "ended"; its socket end is still open (e.g. a grandchild)
+        sentinel_w = -1
+        assert rcv.wait(1) == (_core.EV_ENDED, 1)
+        assert 0 in rb and 1 in rb
+    finally:
+        rcv.detach(1)
+        main.close()
+        worker.close()
+        os.close(sentinel_r)
+        if sentinel_w >= 0:
+            os.close(sentinel_w)
+
+
+def test_slots_are_checked():
+    rcv = _core.FrameReceiver(2, -1, _core.ReorderBuffer())
+    with pytest.raises(IndexError, match="slot 2"):
+        rcv.attach(2, 0, -1)
+    with pytest.raises(ValueError):
+        _core.FrameReceiver(-1, -1, _core.ReorderBuffer())
+
+
+def test_raw_and_python_items_mix(chan):
+    rcv, rb, worker, _ = chan
+    rb.put(2, "two")
+    rb.put(5, "five")
+    worker.sendall(batch_frame(3, 1) + batch_frame(3, 3) + batch_frame(3, 9))
+    rcv.wait(0.1)
+    assert len(rb) == 5
+    order = [rb.pop_next(timeout=1) for _ in range(3)]
+    assert [i for i, _ in order] == [1, 2, 3]
+    assert isinstance(order[0][1], _core.RawBatch) and order[1][1] == "two"
+    left = rb.clear()
+    assert sorted(left) == [5, 9] and left[9].idx == 9 and len(rb) == 0
+    assert rb.try_get(9, "none") == "none"
+
+
+def test_gil_time_is_counted_between_waits(chan):
+    rcv, _, _, _ = chan
+    rcv.wait(0)
+    t0 = time.perf_counter_ns()
+    while time.perf_counter_ns() - t0 < 20_000_000:
+        pass
+    rcv.wait(0)
+    assert rcv.stats()["gil_ns"] >= 15_000_000
+    rcv.end_gil_span()
+    time.sleep(0.05)
+    before = rcv.stats()["gil_ns"]
+    rcv.wait(0)
+    assert rcv.stats()["gil_ns"] == before
+
+
+@pytest.mark.parametrize("senders", [1, 2])
+def test_concurrent_batches_reach_a_waiting_consumer(senders):
+    """A receiver thread storing while the consumer waits in get(): every
+    batch arrives once, none is lost between a look and a sleep (50 rounds)."""
+    for _ in range(50):
+        _one_concurrent_round(senders, 200)
+
+
+def _one_concurrent_round(senders: int, n: int) -> None:
+    socks = [socket.socketpair() for _ in range(senders)]
+    rb = _core.ReorderBuffer()
+    rcv = _core.FrameReceiver(senders, -1, rb)
+    rcv.set_epoch(1)
+    for k, (main, _) in enumerate(socks):
+        rcv.attach(k, main.fileno(), -1)
+    stop = threading.Event()
+
+    def fetch():
+        while not stop.is_set():
+            rcv.wait(0.01)
+
+    def send(k):
+        for i in range(k, n, senders):
+            socks[k][1].sendall(batch_frame(1, i))
+    threads = [threading.Thread(target=fetch)] + [threading.Thread(target=send, args=(k,))
+                                                  for k in range(senders)]
+    for t in threads:
+        t.start()
+    try:
+        assert [rb.get(i, timeout=10).idx for i in range(n)] == list(range(n))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        for k, (main, worker) in enumerate(socks):
+            rcv.detach(k)
+            main.close()
+            worker.close()
+
+
+def test_build_views_over_a_batch_owner():
+    fd = os.memfd_create("mxload-slab-test")
+    try:
+        os.ftruncate(fd, 4096)
+        slab = _core.Slab(fd, 4096, 0)
+    finally:
+        os.close(fd)
+    released = []
+    owner = _core.BatchOwner(slab, 64, 1024, released.append)
+    np.frombuffer(owner, np.uint8)[:] = np.arange(1024) % 251
+    specs = [(0, (4, 8), np.dtype(np.float32)), (128, (3,), np.dtype("<i8")), (512, (), np.dtype(np.uint8))]
+    a, b, c = _core.build_views(owner, specs)
+    assert a.shape == (4, 8) and a.dtype == np.float32 and a.base is owner and a.flags.writeable
+    whole = np.frombuffer(owner, np.uint8)
+    assert a.view(np.uint8).ravel().tolist() == whole[:128].tolist()
+    assert b.view(np.uint8).tolist() == whole[128:152].tolist()
+    assert c.shape == () and int(c) == whole[512]
+    with pytest.raises(ValueError, match="outside the batch's 1024 bytes"):
+        _core.build_views(owner, [(1000, (8,), np.dtype(np.float32))])
+    del a, b, c, whole, owner
+    assert released == [slab]
