@@ -115,6 +115,7 @@ cdef extern from "mxl_recv.h" nogil:
     ctypedef struct mxl_channel:
         int sock
         int sentinel
+        int64_t tag
         int nfds
         int eof
         int fd_overflow
@@ -127,16 +128,8 @@ cdef extern from "mxl_recv.h" nogil:
     int mxl_channel_take_fds(mxl_channel *ch, int n, int *out)
     void mxl_batch_decode(const char *p, mxl_batch_frame *f)
 
-cdef extern from *:
-    """
-    #include <stdint.h>
-    static inline int64_t mxl_load64(const int64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-    static inline void mxl_store64(int64_t *p, int64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-    """
-    int64_t mxl_load64(const int64_t *p) nogil
-    void mxl_store64(int64_t *p, int64_t v) nogil
-
 # One batch a worker wrote into a slab, as the fetcher's GIL-free path stores it.
 ctypedef struct mxl_raw_entry:
     mxl_batch_frame frame
     int slot
+    int64_t tag

@@ -38,6 +38,7 @@ typedef struct {
 typedef struct {
     int sock;            /* -1: slot unused */
     int sentinel;        /* readable when the worker process has ended; -1: none */
+    int64_t tag;         /* the caller's name for whoever is attached (copied into stored batches) */
     char *buf;           /* received bytes; frames start at buf[start] */
     size_t start, len, cap;
     int fds[MXL_FDQ];    /* received descriptors not yet given to a frame, in order */

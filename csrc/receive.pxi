@@ -11,8 +11,8 @@
 # wake-up, or the timeout.  Events are level-triggered: a frame wait()
 # reported stays first in its channel until take_frame() removes it.
 #
-# One thread (the fetcher) calls wait(), take_frame(), attach() and detach();
-# set_epoch() may come from any thread.
+# One thread (the fetcher) calls wait(), take_frame(), attach() and detach().
+# Which epoch's batches are stored is the buffer's (ReorderBuffer.start_epoch).
 
 cdef enum:
     _EV_TIMEOUT = 0
@@ -40,9 +40,9 @@ cdef class FrameReceiver:
     """Receives every worker's frames for one ReorderBuffer, GIL-free.
 
     FrameReceiver(slots, wake_fd, buffer)
-    attach(slot, sock_fd, sentinel_fd)   watch a worker (the caller keeps both fds open)
+    attach(slot, sock_fd, sentinel_fd, tag)   watch a worker (the caller keeps both fds
+                                         open); its stored batches carry `tag`
     detach(slot)                         stop watching; close descriptors still held
-    set_epoch(epoch)                     batch frames of other epochs go to Python
     wait(timeout) -> (event, slot)       EV_* (slot -1 for EV_TIMEOUT / EV_WAKE)
     take_frame(slot) -> (kind, payload, fds)   the frame EV_FRAME reported
     stats() -> {"gil_ns", "stored", "passed_up"}
@@ -53,7 +53,6 @@ cdef class FrameReceiver:
     cdef int _slots
     cdef int _wake_fd
     cdef ReorderBuffer _rb
-    cdef int64_t _epoch    # atomic
     cdef int64_t _gil_ns
     cdef int64_t _t_out
     cdef int64_t _stored
@@ -73,7 +72,6 @@ cdef class FrameReceiver:
         self._slots = slots
         self._wake_fd = wake_fd
         self._rb = buffer
-        self._epoch = -1
 
     def __dealloc__(self):
         cdef int i
@@ -89,18 +87,16 @@ cdef class FrameReceiver:
             raise IndexError(f"slot {slot} is not in 0..{self._slots - 1}")
         return 0
 
-    def attach(self, int slot, int sock, int sentinel=-1):
+    def attach(self, int slot, int sock, int sentinel=-1, int64_t tag=0):
         self._check_slot(slot)
         mxl_channel_reset(&self._ch[slot])
         self._ch[slot].sock = sock
         self._ch[slot].sentinel = sentinel
+        self._ch[slot].tag = tag
 
     def detach(self, int slot):
         self._check_slot(slot)
         mxl_channel_reset(&self._ch[slot])
-
-    def set_epoch(self, int64_t epoch):
-        mxl_store64(&self._epoch, epoch)
 
     cdef int _store_frames(self, int slot) noexcept nogil:
         """Store the slot's complete batch frames; EV_FRAME when the first
@@ -114,9 +110,8 @@ cdef class FrameReceiver:
             if kind != MXL_KIND_BATCH or plen != MXL_BATCH_SIZE or nfds != 0:
                 return _EV_FRAME
             mxl_batch_decode(payload, &e.frame)
-            if e.frame.epoch != mxl_load64(&self._epoch):
-                return _EV_FRAME
             e.slot = slot
+            e.tag = ch.tag
             if self._rb.put_raw(&e) != 0:
                 return _EV_FRAME
             mxl_channel_pop(ch, plen)

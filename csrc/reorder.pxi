@@ -38,6 +38,7 @@ cdef class RawBatch:
     for which epoch and batch index, in which slab (id), how many bytes, and
     which of that worker's cached layouts describes it."""
     cdef readonly int slot
+    cdef readonly int64_t tag
     cdef readonly int64_t epoch
     cdef readonly int64_t idx
     cdef readonly int64_t slab_id
@@ -46,13 +47,14 @@ cdef class RawBatch:
     cdef readonly int64_t flags
 
     def __repr__(self):
-        return (f"RawBatch(slot={self.slot}, epoch={self.epoch}, idx={self.idx}, slab_id={self.slab_id}, "
+        return (f"RawBatch(slot={self.slot}, tag={self.tag}, epoch={self.epoch}, idx={self.idx}, slab_id={self.slab_id}, "
                 f"nbytes={self.nbytes}, layout_id={self.layout_id})")
 
 
 cdef RawBatch _raw_batch(const mxl_raw_entry *e):
     cdef RawBatch b = RawBatch.__new__(RawBatch)
     b.slot = e.slot
+    b.tag = e.tag
     b.epoch = e.frame.epoch
     b.idx = e.frame.idx
     b.slab_id = e.frame.slab_id
@@ -95,11 +97,13 @@ cdef class ReorderBuffer:
     cdef Py_ssize_t _nraw
     cdef Py_ssize_t _rawcap
     cdef bint _c_closed        # under _mutex: close() as put_raw() sees it
+    cdef int64_t _raw_epoch    # under _mutex: put_raw() stores batches of this epoch only
 
     def __cinit__(self):
         self._raw = NULL
         self._nraw = self._rawcap = 0
         self._c_closed = False
+        self._raw_epoch = -1
         if pthread_mutex_init(&self._mutex, NULL) != 0:
             raise MemoryError("pthread_mutex_init failed")
         if mxl_cond_init(&self._cond) != 0:
@@ -142,13 +146,17 @@ cdef class ReorderBuffer:
 
     cdef int put_raw(self, const mxl_raw_entry *e) noexcept nogil:
         """Store a batch without the GIL: 0 stored, 1 the buffer is closed,
-        2 its index is already stored raw, 3 out of memory."""
+        2 its index is already stored raw, 3 out of memory, 4 it is of
+        another epoch than start_epoch() set."""
         cdef Py_ssize_t i
         cdef mxl_raw_entry *grown
         pthread_mutex_lock(&self._mutex)
         if self._c_closed:
             pthread_mutex_unlock(&self._mutex)
             return 1
+        if e.frame.epoch != self._raw_epoch:
+            pthread_mutex_unlock(&self._mutex)
+            return 4
         for i in range(self._nraw):
             if self._raw[i].frame.idx == e.frame.idx:
                 pthread_mutex_unlock(&self._mutex)
@@ -328,6 +336,34 @@ cdef class ReorderBuffer:
 
         The caller releases the items, so their finalizers (slab recycling)
         run outside this call."""
+        return self._clear(False, 0)
+
+    def start_epoch(self, int64_t epoch):
+        """clear(), and from now on store raw batches of `epoch` only (in
+        one step: a batch of the previous epoch is either removed here or
+        refused)."""
+        return self._clear(True, epoch)
+
+    def take_raw(self, int64_t tag):
+        """Remove and return (as RawBatch objects, by index) the raw batches
+        stored with `tag` (those of a worker that died)."""
+        cdef Py_ssize_t i = 0
+        cdef mxl_raw_entry e
+        cdef dict out = {}
+        while True:
+            self._lock()
+            while i < self._nraw and self._raw[i].tag != tag:
+                i += 1
+            if i >= self._nraw:
+                pthread_mutex_unlock(&self._mutex)
+                return out
+            e = self._raw[i]
+            self._nraw -= 1
+            self._raw[i] = self._raw[self._nraw]
+            pthread_mutex_unlock(&self._mutex)
+            out[e.frame.idx] = _raw_batch(&e)
+
+    cdef dict _clear(self, bint set_epoch, int64_t epoch):
         cdef mxl_raw_entry *raw
         cdef Py_ssize_t i, n
         items = self._items
@@ -337,6 +373,8 @@ cdef class ReorderBuffer:
         raw, n = self._raw, self._nraw
         self._raw = NULL
         self._nraw = self._rawcap = 0
+        if set_epoch:
+            self._raw_epoch = epoch
         pthread_mutex_unlock(&self._mutex)
         try:
             for i in range(n):

@@ -35,7 +35,7 @@ def chan():
     rb = _core.ReorderBuffer()
     rcv = _core.FrameReceiver(1, wake_r, rb)
     rcv.attach(0, main.fileno(), -1)
-    rcv.set_epoch(3)
+    rb.start_epoch(3)
     yield rcv, rb, worker, wake_w
     rcv.detach(0)
     for s in (main, worker):
@@ -167,7 +167,7 @@ def test_an_ended_process_has_its_frames_taken_first():
     rcv = _core.FrameReceiver(2, -1, rb)
     try:
         rcv.attach(1, main.fileno(), sentinel_r)
-        rcv.set_epoch(0)
+        rb.start_epoch(0)
         worker.sendall(batch_frame(0, 0) + batch_frame(0, 1))
         os.close(sentinel_w)   # the process "ended"; its socket end is still open (e.g. a grandchild)
         sentinel_w = -1
@@ -232,7 +232,7 @@ def _one_concurrent_round(senders: int, n: int) -> None:
     socks = [socket.socketpair() for _ in range(senders)]
     rb = _core.ReorderBuffer()
     rcv = _core.FrameReceiver(senders, -1, rb)
-    rcv.set_epoch(1)
+    rb.start_epoch(1)
     for k, (main, _) in enumerate(socks):
         rcv.attach(k, main.fileno(), -1)
     stop = threading.Event()
@@ -281,3 +281,27 @@ def test_build_views_over_a_batch_owner():
         _core.build_views(owner, [(1000, (8,), np.dtype(np.float32))])
     del a, b, c, whole, owner
     assert released == [slab]
+
+
+def test_raw_batches_of_another_epoch_or_worker():
+    main, worker = socket.socketpair()
+    rb = _core.ReorderBuffer()
+    rcv = _core.FrameReceiver(2, -1, rb)
+    try:
+        rcv.attach(0, main.fileno(), -1, tag=41)
+        rb.start_epoch(1)
+        worker.sendall(batch_frame(1, 0) + batch_frame(1, 1))
+        rcv.wait(0.05)
+        assert len(rb) == 2 and rb.get(0, timeout=1).tag == 41
+        left = rb.start_epoch(2)             # one step: cleared, and epoch 1 refused from now on
+        assert list(left) == [1] and len(rb) == 0
+        worker.sendall(batch_frame(1, 2) + batch_frame(2, 3) + batch_frame(2, 4))
+        assert rcv.wait(1) == (_core.EV_FRAME, 0)
+        assert BATCH.unpack(rcv.take_frame(0)[1])[:2] == (1, 2)
+        rcv.wait(0.05)
+        assert sorted(rb.take_raw(41)) == [3, 4] and len(rb) == 0
+        assert rb.take_raw(41) == {}
+    finally:
+        rcv.detach(0)
+        main.close()
+        worker.close()
