@@ -122,13 +122,11 @@ def fetcher_tids() -> set[int]:
 
 
 def receive_gil_ns(loader: Any) -> int | None:
-    """GIL-held ns the compiled receive path counted so far (None if the
-    loader has no such counter)."""
-    stats = getattr(loader, "receive_stats", None)
-    if stats is None:
-        return None
-    got = stats()
-    return None if got is None else int(got["gil_ns"])
+    """GIL-held ns the fetcher thread's compiled receive path counted so far
+    (None without one: torch, 0 workers, or an mxload before it)."""
+    transport = getattr(getattr(loader, "_engine", None), "transport", None)
+    stats = getattr(transport, "receive_stats", None)
+    return None if stats is None else int(stats["gil_ns"])
 
 
 class Config:

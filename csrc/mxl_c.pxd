@@ -100,8 +100,8 @@ cdef extern from "<poll.h>" nogil:
 
 cdef extern from "mxl_recv.h" nogil:
     enum: MXL_FRAME_HEADER
-    enum: MXL_KIND_PICKLED
-    enum: MXL_KIND_BATCH
+    enum: MXL_HEADER_TAG_AT
+    enum: MXL_HEADER_VERSION_AT
     enum: MXL_BATCH_WORDS
     enum: MXL_BATCH_SIZE
     enum: MXL_FDQ
@@ -111,7 +111,6 @@ cdef extern from "mxl_recv.h" nogil:
         int64_t slab_id
         int64_t nbytes
         int64_t layout_id
-        int64_t flags
     ctypedef struct mxl_channel:
         int sock
         int sentinel
@@ -122,8 +121,8 @@ cdef extern from "mxl_recv.h" nogil:
     void mxl_channel_init(mxl_channel *ch)
     void mxl_channel_reset(mxl_channel *ch)
     long mxl_channel_fill(mxl_channel *ch)
-    int mxl_channel_next(const mxl_channel *ch, int *kind, const char **payload, uint32_t *plen,
-                         int *nfds)
+    int mxl_channel_next(const mxl_channel *ch, const char **header, const char **payload,
+                         uint32_t *plen, int *nfds)
     void mxl_channel_pop(mxl_channel *ch, uint32_t plen)
     int mxl_channel_take_fds(mxl_channel *ch, int n, int *out)
     void mxl_batch_decode(const char *p, mxl_batch_frame *f)

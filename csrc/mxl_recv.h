@@ -4,11 +4,13 @@
  * the fetcher thread runs all of it with the GIL released.
  *
  * The frame format is mxload/_runtime/messages.py's (the one place that
- * defines cross-process formats): a header of MXL_FRAME_HEADER bytes
- * (uint32 payload length, uint8 descriptor count, uint8 kind, little
- * endian), then the payload.  A MXL_KIND_BATCH payload is
- * MXL_BATCH_WORDS little-endian int64 (mxl_batch_frame); every other kind is
- * left to Python.  tests/test_core_receive.py checks that both agree.
+ * defines cross-process formats): a header of MXL_FRAME_HEADER bytes (2
+ * magic bytes, protocol version, type tag, uint32 payload length, uint8
+ * descriptor count; little endian), then the payload.  The payload of the
+ * BatchRef type (its tag, the magic and the version are the receiver's
+ * arguments, from messages.py) is MXL_BATCH_WORDS little-endian int64
+ * (mxl_batch_frame); every other frame is left to Python.
+ * tests/test_core_receive.py checks that both sides agree.
  */
 #ifndef MXL_RECV_H
 #define MXL_RECV_H
@@ -22,17 +24,19 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#define MXL_FRAME_HEADER 6
-#define MXL_KIND_PICKLED 0
-#define MXL_KIND_BATCH 1
-#define MXL_BATCH_WORDS 6
+#define MXL_FRAME_HEADER 9
+#define MXL_HEADER_LENGTH_AT 4
+#define MXL_HEADER_NFDS_AT 8
+#define MXL_HEADER_TAG_AT 3
+#define MXL_HEADER_VERSION_AT 2
+#define MXL_BATCH_WORDS 5
 #define MXL_BATCH_SIZE (8 * MXL_BATCH_WORDS)
 /* Descriptors held for frames not yet complete; a frame carries at most one. */
 #define MXL_FDQ 16
 #define MXL_READ_CHUNK 4096
 
 typedef struct {
-    int64_t epoch, idx, slab_id, nbytes, layout_id, flags;
+    int64_t epoch, idx, slab_id, nbytes, layout_id;
 } mxl_batch_frame;
 
 typedef struct {
@@ -119,7 +123,7 @@ static ssize_t mxl_channel_fill(mxl_channel *ch)
     size_t want = MXL_READ_CHUNK;
     ssize_t n;
     if (ch->len - ch->start >= MXL_FRAME_HEADER) {
-        size_t frame = MXL_FRAME_HEADER + (size_t)mxl_le32(ch->buf + ch->start);
+        size_t frame = MXL_FRAME_HEADER + (size_t)mxl_le32(ch->buf + ch->start + MXL_HEADER_LENGTH_AT);
         if (frame > ch->len - ch->start && frame - (ch->len - ch->start) > want)
             want = frame - (ch->len - ch->start);
     }
@@ -165,20 +169,20 @@ static ssize_t mxl_channel_fill(mxl_channel *ch)
     return n;
 }
 
-/* The next complete frame: 1 and its kind, payload and descriptor count, or
- * 0 if none is complete yet. */
-static int mxl_channel_next(const mxl_channel *ch, int *kind, const char **payload, uint32_t *plen,
-                            int *nfds)
+/* The next complete frame: 1 and its header, payload and descriptor count,
+ * or 0 if none is complete yet. */
+static int mxl_channel_next(const mxl_channel *ch, const char **header, const char **payload,
+                            uint32_t *plen, int *nfds)
 {
     size_t have = ch->len - ch->start;
     uint32_t length;
     if (have < MXL_FRAME_HEADER)
         return 0;
-    length = mxl_le32(ch->buf + ch->start);
+    length = mxl_le32(ch->buf + ch->start + MXL_HEADER_LENGTH_AT);
     if (have < MXL_FRAME_HEADER + (size_t)length)
         return 0;
-    *nfds = (unsigned char)ch->buf[ch->start + 4];
-    *kind = (unsigned char)ch->buf[ch->start + 5];
+    *nfds = (unsigned char)ch->buf[ch->start + MXL_HEADER_NFDS_AT];
+    *header = ch->buf + ch->start;
     *payload = ch->buf + ch->start + MXL_FRAME_HEADER;
     *plen = length;
     return 1;
@@ -211,7 +215,6 @@ static void mxl_batch_decode(const char *p, mxl_batch_frame *f)
     f->slab_id = mxl_le64(p + 16);
     f->nbytes = mxl_le64(p + 24);
     f->layout_id = mxl_le64(p + 32);
-    f->flags = mxl_le64(p + 40);
 }
 
 #endif

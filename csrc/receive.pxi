@@ -31,20 +31,18 @@ EV_FD_LIMIT = _EV_FD_LIMIT
 
 BATCH_FRAME_SIZE = MXL_BATCH_SIZE
 FRAME_HEADER_SIZE = MXL_FRAME_HEADER
-KIND_PICKLED = MXL_KIND_PICKLED
-KIND_BATCH = MXL_KIND_BATCH
 
 
 @cython.final
 cdef class FrameReceiver:
     """Receives every worker's frames for one ReorderBuffer, GIL-free.
 
-    FrameReceiver(slots, wake_fd, buffer)
+    FrameReceiver(slots, wake_fd, buffer, magic, version, batch_tag)
     attach(slot, sock_fd, sentinel_fd, tag)   watch a worker (the caller keeps both fds
                                          open); its stored batches carry `tag`
     detach(slot)                         stop watching; close descriptors still held
     wait(timeout) -> (event, slot)       EV_* (slot -1 for EV_TIMEOUT / EV_WAKE)
-    take_frame(slot) -> (kind, payload, fds)   the frame EV_FRAME reported
+    take_frame(slot) -> (header, payload, fds)   the frame EV_FRAME reported
     stats() -> {"gil_ns", "stored", "passed_up"}
     """
     cdef mxl_channel *_ch
@@ -57,11 +55,22 @@ cdef class FrameReceiver:
     cdef int64_t _t_out
     cdef int64_t _stored
     cdef int64_t _passed_up
+    cdef char _magic[2]
+    cdef int _version
+    cdef int _batch_tag
 
-    def __cinit__(self, int slots, int wake_fd, ReorderBuffer buffer not None):
+    def __cinit__(self, int slots, int wake_fd, ReorderBuffer buffer not None, bytes magic,
+                  int version, int batch_tag):
         cdef int i
         if slots < 0:
             raise ValueError(f"slots must be >= 0, got {slots}")
+        if len(magic) != 2 or not 0 <= version < 256 or not 0 <= batch_tag < 256:
+            raise ValueError(f"a frame header has 2 magic bytes and byte-sized version and tag, "
+                             f"got {magic!r}, {version}, {batch_tag}")
+        self._magic[0] = magic[0]
+        self._magic[1] = magic[1]
+        self._version = version
+        self._batch_tag = batch_tag
         self._ch = <mxl_channel *>PyMem_Malloc(max(slots, 1) * sizeof(mxl_channel))
         self._pfds = <pollfd *>PyMem_Malloc((2 * slots + 1) * sizeof(pollfd))
         self._pslot = <int *>PyMem_Malloc((2 * slots + 1) * sizeof(int))
@@ -102,12 +111,16 @@ cdef class FrameReceiver:
         """Store the slot's complete batch frames; EV_FRAME when the first
         remaining frame needs Python, else -1."""
         cdef mxl_channel *ch = &self._ch[slot]
-        cdef int kind, nfds
+        cdef int nfds
+        cdef const char *header
         cdef const char *payload
         cdef uint32_t plen
         cdef mxl_raw_entry e
-        while mxl_channel_next(ch, &kind, &payload, &plen, &nfds):
-            if kind != MXL_KIND_BATCH or plen != MXL_BATCH_SIZE or nfds != 0:
+        while mxl_channel_next(ch, &header, &payload, &plen, &nfds):
+            if (header[0] != self._magic[0] or header[1] != self._magic[1]
+                    or <unsigned char>header[MXL_HEADER_VERSION_AT] != self._version
+                    or <unsigned char>header[MXL_HEADER_TAG_AT] != self._batch_tag
+                    or plen != MXL_BATCH_SIZE or nfds != 0):
                 return _EV_FRAME
             mxl_batch_decode(payload, &e.frame)
             e.slot = slot
@@ -208,17 +221,20 @@ cdef class FrameReceiver:
         self._t_out = 0
 
     def take_frame(self, int slot):
-        """(kind, payload bytes, descriptors) of the slot's first complete
-        frame, removed from the channel; EOFError if it announced more
-        descriptors than arrived (closed here), LookupError if none is complete."""
-        cdef int kind, nfds, got
+        """(header bytes, payload bytes, descriptors) of the slot's first
+        complete frame, removed from the channel; EOFError if it announced
+        more descriptors than arrived (closed here), LookupError if none is
+        complete."""
+        cdef int nfds, got
+        cdef const char *header
         cdef const char *payload
         cdef uint32_t plen
         cdef int fds[MXL_FDQ]
         self._check_slot(slot)
         cdef mxl_channel *ch = &self._ch[slot]
-        if ch.sock < 0 or not mxl_channel_next(ch, &kind, &payload, &plen, &nfds):
+        if ch.sock < 0 or not mxl_channel_next(ch, &header, &payload, &plen, &nfds):
             raise LookupError(f"no complete frame waiting in slot {slot}")
+        head = PyBytes_FromStringAndSize(header, MXL_FRAME_HEADER)
         data = PyBytes_FromStringAndSize(payload, plen)
         got = mxl_channel_take_fds(ch, min(nfds, MXL_FDQ), fds)
         mxl_channel_pop(ch, plen)
@@ -228,7 +244,7 @@ cdef class FrameReceiver:
             for fd in out:
                 _os.close(fd)
             raise EOFError(f"a frame announced {nfds} descriptors and carried {got}")
-        return kind, data, out
+        return head, data, out
 
     def stats(self):
         """GIL-held ns of the thread calling wait() (between its waits),

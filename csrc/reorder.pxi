@@ -44,7 +44,6 @@ cdef class RawBatch:
     cdef readonly int64_t slab_id
     cdef readonly int64_t nbytes
     cdef readonly int64_t layout_id
-    cdef readonly int64_t flags
 
     def __repr__(self):
         return (f"RawBatch(slot={self.slot}, tag={self.tag}, epoch={self.epoch}, idx={self.idx}, slab_id={self.slab_id}, "
@@ -60,7 +59,6 @@ cdef RawBatch _raw_batch(const mxl_raw_entry *e):
     b.slab_id = e.frame.slab_id
     b.nbytes = e.frame.nbytes
     b.layout_id = e.frame.layout_id
-    b.flags = e.frame.flags
     return b
 
 

@@ -13,18 +13,23 @@ import numpy as np
 import pytest
 
 from mxload import _core
+from mxload._runtime import messages as m
 
-HEADER = struct.Struct("<IBB")
-BATCH = struct.Struct("<6q")
+HEADER = struct.Struct("<2sBBIB")   # messages.py's header
+BATCH = struct.Struct("<5q")        # a BatchRef's payload
+PICKLED = 0                         # any tag but BatchRef's (Task's)
 
 
 def batch_frame(epoch: int, idx: int, slab_id: int = 0, nbytes: int = 0, layout_id: int = 0) -> bytes:
-    payload = BATCH.pack(epoch, idx, slab_id, nbytes, layout_id, 0)
-    return HEADER.pack(len(payload), 0, _core.KIND_BATCH) + payload
+    return m.encode(m.BatchRef(epoch, idx, slab_id, nbytes, layout_id))
 
 
 def pickled_frame(payload: bytes, nfds: int = 0) -> bytes:
-    return HEADER.pack(len(payload), nfds, _core.KIND_PICKLED) + payload
+    return HEADER.pack(m.MAGIC, m.VERSION, PICKLED, len(payload), nfds) + payload
+
+
+def receiver(slots: int, wake_fd: int, rb: _core.ReorderBuffer) -> _core.FrameReceiver:
+    return _core.FrameReceiver(slots, wake_fd, rb, m.MAGIC, m.VERSION, m.BATCH_REF_TAG)
 
 
 @pytest.fixture
@@ -33,7 +38,7 @@ def chan():
     main, worker = socket.socketpair()
     wake_r, wake_w = os.pipe()
     rb = _core.ReorderBuffer()
-    rcv = _core.FrameReceiver(1, wake_r, rb)
+    rcv = receiver(1, wake_r, rb)
     rcv.attach(0, main.fileno(), -1)
     rb.start_epoch(3)
     yield rcv, rb, worker, wake_w
@@ -45,8 +50,12 @@ def chan():
 
 
 def test_formats_agree_with_the_c_side():
-    assert _core.FRAME_HEADER_SIZE == HEADER.size
-    assert _core.BATCH_FRAME_SIZE == BATCH.size
+    """mxl_recv.h mirrors messages.py's header and BatchRef payload."""
+    assert _core.FRAME_HEADER_SIZE == m.HEADER_SIZE == HEADER.size
+    assert _core.BATCH_FRAME_SIZE == BATCH.size == m.BATCH_REF.size - m.HEADER_SIZE
+    frame = batch_frame(7, 8, 9, 10, 11)
+    assert HEADER.unpack(frame[:HEADER.size]) == (m.MAGIC, m.VERSION, m.BATCH_REF_TAG, BATCH.size, 0)
+    assert m.decode(frame[:HEADER.size], frame[HEADER.size:], 0) == m.BatchRef(7, 8, 9, 10, 11)
 
 
 def test_batch_frames_are_stored_without_waking_python(chan):
@@ -69,10 +78,10 @@ def test_other_frames_go_to_python_in_order(chan):
     assert rcv.wait(1) == (_core.EV_FRAME, 0)
     assert 0 in rb and 1 not in rb          # frames after it wait for Python
     assert rcv.wait(1) == (_core.EV_FRAME, 0)   # level-triggered: not taken yet
-    assert rcv.take_frame(0) == (_core.KIND_PICKLED, b"hello", [])
+    assert rcv.take_frame(0) == (pickled_frame(b"hello")[:HEADER.size], b"hello", [])
     assert rcv.wait(1) == (_core.EV_FRAME, 0)   # a batch of another epoch
-    kind, payload, fds = rcv.take_frame(0)
-    assert kind == _core.KIND_BATCH and BATCH.unpack(payload)[:2] == (2, 5) and fds == []
+    header, payload, fds = rcv.take_frame(0)
+    assert m.decode(header, payload, len(fds)) == m.BatchRef(2, 5, 0, 0, 0)
     assert 1 in rb
     with pytest.raises(LookupError):
         rcv.take_frame(0)
@@ -85,7 +94,7 @@ def test_descriptors_arrive_with_their_frame(chan):
         data = pickled_frame(b"x" * 100, nfds=1)
         socket.socket.sendmsg(worker, [data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", w))])
         assert rcv.wait(1) == (_core.EV_FRAME, 0)
-        kind, payload, fds = rcv.take_frame(0)
+        _, payload, fds = rcv.take_frame(0)
         assert payload == b"x" * 100 and len(fds) == 1
         os.write(fds[0], b"!")
         os.close(fds[0])
@@ -116,7 +125,7 @@ def test_a_large_frame_sent_in_pieces(chan):
     t.start()
     try:
         assert rcv.wait(10) == (_core.EV_FRAME, 0)
-        assert rcv.take_frame(0) == (_core.KIND_PICKLED, payload, [])
+        assert rcv.take_frame(0)[1:] == (payload, [])
     finally:
         t.join()
 
@@ -125,7 +134,7 @@ def test_closed_buffer_and_duplicates_go_to_python(chan):
     rcv, rb, worker, _ = chan
     worker.sendall(batch_frame(3, 4) + batch_frame(3, 4))
     assert rcv.wait(1) == (_core.EV_FRAME, 0)   # the same index twice
-    assert rcv.take_frame(0)[0] == _core.KIND_BATCH
+    assert rcv.take_frame(0)[0][3] == m.BATCH_REF_TAG
     rb.close("done")
     worker.sendall(batch_frame(3, 5))
     assert rcv.wait(1) == (_core.EV_FRAME, 0)
@@ -164,7 +173,7 @@ def test_an_ended_process_has_its_frames_taken_first():
     main, worker = socket.socketpair()
     sentinel_r, sentinel_w = os.pipe()
     rb = _core.ReorderBuffer()
-    rcv = _core.FrameReceiver(2, -1, rb)
+    rcv = receiver(2, -1, rb)
     try:
         rcv.attach(1, main.fileno(), sentinel_r)
         rb.start_epoch(0)
@@ -183,11 +192,13 @@ def test_an_ended_process_has_its_frames_taken_first():
 
 
 def test_slots_are_checked():
-    rcv = _core.FrameReceiver(2, -1, _core.ReorderBuffer())
+    rcv = receiver(2, -1, _core.ReorderBuffer())
     with pytest.raises(IndexError, match="slot 2"):
         rcv.attach(2, 0, -1)
     with pytest.raises(ValueError):
-        _core.FrameReceiver(-1, -1, _core.ReorderBuffer())
+        receiver(-1, -1, _core.ReorderBuffer())
+    with pytest.raises(ValueError, match="2 magic bytes"):
+        _core.FrameReceiver(1, -1, _core.ReorderBuffer(), b"MXL", 1, 13)
 
 
 def test_raw_and_python_items_mix(chan):
@@ -231,7 +242,7 @@ def test_concurrent_batches_reach_a_waiting_consumer(senders):
 def _one_concurrent_round(senders: int, n: int) -> None:
     socks = [socket.socketpair() for _ in range(senders)]
     rb = _core.ReorderBuffer()
-    rcv = _core.FrameReceiver(senders, -1, rb)
+    rcv = receiver(senders, -1, rb)
     rb.start_epoch(1)
     for k, (main, _) in enumerate(socks):
         rcv.attach(k, main.fileno(), -1)
@@ -286,7 +297,7 @@ def test_build_views_over_a_batch_owner():
 def test_raw_batches_of_another_epoch_or_worker():
     main, worker = socket.socketpair()
     rb = _core.ReorderBuffer()
-    rcv = _core.FrameReceiver(2, -1, rb)
+    rcv = receiver(2, -1, rb)
     try:
         rcv.attach(0, main.fileno(), -1, tag=41)
         rb.start_epoch(1)
@@ -305,3 +316,17 @@ def test_raw_batches_of_another_epoch_or_worker():
         rcv.detach(0)
         main.close()
         worker.close()
+
+
+def test_foreign_frames_go_to_python(chan):
+    """Another magic or protocol version is never stored: Python rejects it."""
+    rcv, rb, worker, _ = chan
+    good = batch_frame(3, 1)
+    worker.sendall(b"ZZ" + good[2:])
+    assert rcv.wait(1) == (_core.EV_FRAME, 0)
+    header, payload, fds = rcv.take_frame(0)
+    with pytest.raises(m.ProtocolError, match="not an mxload message"):
+        m.decode(header, payload, len(fds))
+    worker.sendall(good[:2] + bytes([m.VERSION + 1]) + good[3:])
+    assert rcv.wait(1) == (_core.EV_FRAME, 0)
+    assert 1 not in rb

@@ -32,9 +32,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .._core import build_views
+
 __all__ = [
     "Node", "FieldSpec", "Layout", "ArrayField", "field_node", "object_node", "tuple_node", "dict_node",
-    "sequence_node", "mapping_node", "encode", "views_from_layout", "assemble",
+    "sequence_node", "mapping_node", "encode", "views_from_layout", "assemble", "Template",
+    "compile_template", "views_from_template",
 ]
 
 Node = tuple[Any, ...]
@@ -91,6 +94,24 @@ def views_from_layout(layout: Layout, buffer: Any, base_offset: int = 0) -> Any:
     arrays = [np.ndarray(shape, dtype, buffer=buffer, offset=base_offset + offset)
               for offset, shape, dtype in specs]
     return assemble(root, arrays)
+
+
+# A Layout made ready for many batches: dtype objects made once, shapes as tuples.
+Template = tuple[Node, list[tuple[int, tuple[int, ...], np.dtype[Any]]]]
+
+
+def compile_template(layout: Layout) -> Template:
+    """`layout` as views_from_template takes it (a layout cached by id, used
+    for every later batch of that shape)."""
+    root, specs = layout
+    return root, [(off, tuple(shape), np.dtype(dt)) for off, shape, dt in specs]
+
+
+def views_from_template(template: Template, owner: Any) -> Any:
+    """The batch `template` describes, as numpy views over a BatchOwner's
+    bytes (made in C, each with `owner` as its base; no copy)."""
+    root, specs = template
+    return assemble(root, build_views(owner, specs))
 
 
 def assemble(node: Node, arrays: Sequence[Any]) -> Any:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from multiprocessing import util as mp_util
 from typing import TYPE_CHECKING, Any
 
-from .._core import BufferClosedError, ReorderBuffer, defer_sigint
+from .._core import BufferClosedError, RawBatch, ReorderBuffer, defer_sigint
 from ..errors import LoaderTimeoutError, WorkerError
 from . import messages as m
 from .lifecycle import shutdown_sequence
@@ -144,7 +144,7 @@ class Engine:
                 dataclasses.replace(config, worker_id=wid) for wid in range(options.num_workers)])
         else:
             self.transport = ProcessTransport(self, self._lock, config, options.start_method, self.stats,
-                                              type(options.dataset).__name__)
+                                              type(options.dataset).__name__, self._rb)
         try:
             self.transport.start()
         except BaseException:
@@ -176,7 +176,10 @@ class Engine:
             self.epoch = epoch
             self.profiler = profiler
             self.stats["epochs"] += 1
-            stale = self._rb.clear()
+            stale = self._rb.start_epoch(epoch)
+            for item in stale.values():
+                if isinstance(item, RawBatch):
+                    self._claim(item)   # of the epoch before: its slab returns to the pool
             for w in self._workers:
                 w.exhausted = False
             self._plan = plan
@@ -245,6 +248,16 @@ class Engine:
                 if self._failure is not None:
                     raise self._failure from None
                 return CLOSED_BY_OTHER
+            if type(item) is RawBatch:
+                try:
+                    item = self._claim(item)
+                except m.ProtocolError as e:
+                    err = WorkerError(f"mxload could not take batch {idx} in the main process: {e}",
+                                      None, None, None, idx)
+                    self.fail(err)
+                    raise (self._failure or err) from None
+                if item is None:
+                    continue   # its worker died meanwhile: the task was dispatched again
             with self._lock:
                 self._yielded += 1
                 self._in_flight -= 1
@@ -257,6 +270,18 @@ class Engine:
             if not isinstance(item, BatchFailure):
                 self.stats["batches"] += 1
             return idx, item
+
+    def _claim(self, raw: RawBatch) -> Any:
+        """The batch the receive path stored raw, with its task taken as
+        deliver() would; None if the task is gone or of an abandoned epoch."""
+        with self._lock:
+            loaded = self.transport.claim(raw)
+            if loaded is None:
+                return None
+            w = self._workers[raw.slot]
+            if w.outstanding.pop((raw.epoch, raw.idx), _NOT_SENT) is _NOT_SENT or raw.epoch != self.epoch:
+                return None   # dropping the batch returns its slab to the pool
+            return loaded.batch
 
     def _timeout_error(self, idx: int) -> LoaderTimeoutError:
         states = [(wid, self.transport.pid(wid), self.transport.describe(wid))

@@ -1,27 +1,53 @@
 """The fetcher thread of a process transport: receives the workers'
 results, adopts the slabs they made, turns each batch into numpy views of
-its slab, and notices a worker's death at once (its sentinel)."""
+its slab, and notices a worker's death at once (its socket's end, its
+sentinel).
+
+The thread waits in the compiled receive path (``_core.FrameReceiver``) with
+the GIL released.  A BatchRef (a batch whose layout its worker named before)
+goes from the socket into the ReorderBuffer as a C struct, without Python;
+the consumer makes it a batch (``adopt_raw``, through the transport's
+``claim``).  Every other frame comes back here, as before."""
 from __future__ import annotations
 
 import os
 import pickle
-import select
-import selectors
 import threading
 import time
 from collections.abc import Callable, Sequence
 
-from .._collate.layout import views_from_layout
-from .._core import BatchOwner, Slab
+from .. import _core
+from .._collate.layout import compile_template, views_from_layout, views_from_template
+from .._core import BatchOwner, FrameReceiver, RawBatch, ReorderBuffer, Slab
 from ..errors import SharedMemoryError, WorkerError
 from . import fds as _fds
 from . import messages as m
 from .lifecycle import SHUTDOWN_DEADLINE_S, ProcessHandle
 from .procs import block_sigint_in_this_thread
-from .slabs import SlabPool
+from .slabs import SlabPool, fd_limit_error
 from .transport import Delivery, ResultSink
 
-__all__ = ["Fetcher", "take_result"]
+__all__ = ["Fetcher", "take_result", "adopt_raw"]
+
+
+def adopt_raw(raw: RawBatch, handle: ProcessHandle, pool: SlabPool) -> m.Loaded | None:
+    """The batch the receive path stored for `handle` as views of its slab,
+    from the cached layout; None if its task is no longer the handle's
+    (engine lock held)."""
+    key = (raw.epoch, raw.idx)
+    if key not in handle.slabs:
+        return None
+    slab = handle.slabs.pop(key)
+    cached = handle.layouts.get(raw.layout_id)
+    if slab is None or slab.slab_id != raw.slab_id or cached is None:
+        if slab is not None:
+            pool.release(slab)
+        raise m.ProtocolError(
+            f"worker {handle.worker_id} (pid {handle.pid}) sent batch {raw.idx} in slab {raw.slab_id} with "
+            f"layout {raw.layout_id}; its task had slab {None if slab is None else slab.slab_id} and it "
+            f"named layouts {sorted(handle.layouts)}")
+    owner = BatchOwner(slab, 0, raw.nbytes, pool.release)
+    return m.Loaded(raw.epoch, raw.idx, views_from_template(cached[1], owner), None)
 
 
 def take_result(msg: m.Message, fds: list[int], handle: ProcessHandle, handles: Sequence[ProcessHandle],
@@ -31,6 +57,13 @@ def take_result(msg: m.Message, fds: list[int], handle: ProcessHandle, handles: 
     retired everywhere).  Takes the descriptor it uses out of `fds`."""
     if isinstance(msg, m.InitFailed):
         return msg
+    if isinstance(msg, m.BatchRef):   # one the receive path could not store (stale, say)
+        if msg.layout_id not in handle.layouts:
+            raise m.ProtocolError(f"a worker sent a BatchRef to layout {msg.layout_id}, which it never named")
+        msg = m.Batch(msg.epoch, msg.batch_index, msg.slab_id, msg.nbytes,
+                      handle.layouts[msg.layout_id][0], None)
+    elif isinstance(msg, m.Batch) and msg.layout_id >= 0:
+        handle.layouts[msg.layout_id] = (msg.layout, compile_template(msg.layout))
     if not isinstance(msg, (m.Batch, m.NewSlab, m.Failed, m.Exhausted)):
         raise m.ProtocolError(f"a worker sent {type(msg).__name__}, not a result")
     assigned = handle.slabs.pop((msg.epoch, msg.batch_index), None)
@@ -67,11 +100,13 @@ class Fetcher:
     """One thread moving results into the engine (through `sink`, under
     `lock`); it can be paused (another engine forks its zygote) and stopped."""
 
-    def __init__(self, sink: ResultSink, lock: threading.RLock, pool: SlabPool,
-                 handles: Callable[[], list[ProcessHandle]], on_death: Callable[[ProcessHandle], None]):
+    def __init__(self, sink: ResultSink, lock: threading.RLock, pool: SlabPool, buffer: ReorderBuffer,
+                 slots: int, handles: Callable[[], list[ProcessHandle]],
+                 on_death: Callable[[ProcessHandle], None]):
         self._sink = sink
         self._lock = lock
         self._pool = pool
+        self._buffer = buffer
         self._handles = handles
         self._on_death = on_death
         self._thread: threading.Thread | None = None
@@ -81,6 +116,12 @@ class Fetcher:
         self._wake_r, self._wake_w = os.pipe()
         _fds.own(self._wake_r)
         _fds.own(self._wake_w)
+        self.receiver = FrameReceiver(slots, self._wake_r, buffer, m.MAGIC, m.VERSION, m.BATCH_REF_TAG)
+        # Worker id -> the handle attached to the receiver.  Kept across
+        # threads (a pause ends one, a resume starts another): attaching again
+        # would drop what the receiver holds of a channel (frames after one
+        # it handed up, or half received).
+        self._attached: dict[int, ProcessHandle] = {}
 
     def start(self) -> None:
         with self._thread_lock:
@@ -134,93 +175,90 @@ class Fetcher:
 
     def _loop(self) -> None:
         """Move worker results into the engine and notice dead workers at
-        once (their sentinels become ready)."""
+        once (their channels end, their sentinels become ready)."""
         block_sigint_in_this_thread()
-        selector = selectors.DefaultSelector()
-        registered: dict[int, tuple[ProcessHandle, int, int]] = {}
+        receiver = self.receiver
         try:
-            selector.register(self._wake_r, selectors.EVENT_READ, None)
             while not (self._stop or self._pause):
-                self._sync(selector, registered)
-                events = selector.select(timeout=1.0)
+                self._sync()
+                event, slot = receiver.wait(1.0)
                 if self._stop or self._pause:
                     return
-                dead: list[ProcessHandle] = []
-                for key, _ in events:
-                    if key.data is None:
-                        try:
-                            os.read(self._wake_r, 64)   # a pause request's wake-up
-                        except OSError:
-                            pass
+                if event == _core.EV_WAKE:
+                    try:
+                        os.read(self._wake_r, 64)   # a pause request's wake-up
+                    except OSError:
+                        pass
+                    continue
+                if event == _core.EV_TIMEOUT:
+                    continue
+                handle = self._attached[slot]
+                if event == _core.EV_FRAME:
+                    if self._receive(handle, slot):
                         continue
-                    what, handle = key.data
-                    if handle in dead:
-                        continue
-                    if what == "sock":
-                        # One message per readiness event: the selector is
-                        # level-triggered, so more data wakes us again.
-                        if not self._receive(handle):
-                            dead.append(handle)
-                    else:  # sentinel: the process ended; take what it sent first
-                        while self._receive(handle, only_if_ready=True):
-                            pass
-                        dead.append(handle)
-                for handle in dead:
-                    if handle.alive:
-                        self._on_death(handle)
+                elif event == _core.EV_FD_LIMIT:   # out of descriptors here, in the main process
+                    self._sink.fail(fd_limit_error("receiving a shared-memory descriptor"))
+                    return
+                # EV_CLOSED, EV_ENDED or a broken frame: the worker is gone.
+                if handle.alive:
+                    self._settle(handle)
+                    self._on_death(handle)
         except BaseException as e:  # never die silently: the consumer must not hang
             if not self._stop:
                 self._sink.fail(WorkerError(f"mxload fetcher thread failed: {type(e).__name__}: {e}"))
         finally:
-            selector.close()
+            receiver.end_gil_span()
 
-    def _sync(self, selector: selectors.BaseSelector,
-              registered: dict[int, tuple[ProcessHandle, int, int]]) -> None:
-        """Watch exactly the live workers (a restart replaces a handle).
-        `registered` maps worker id -> (handle, socket fd, sentinel fd).  A
+    def _sync(self) -> None:
+        """Watch exactly the live workers (a restart replaces a handle).  A
         dead worker's descriptors are closed by the time we get here, and a
-        replacement may have reused their numbers (several workers can die
-        in one round): so first unregister every stale entry, by number,
-        then register the new ones."""
+        replacement may have reused their numbers: so a slot is detached
+        before its new handle is attached."""
         with self._lock:
             handles = self._handles()
         wanted = {h.worker_id: h for h in handles if h.alive and h.sock is not None}
-        for wid, (handle, *fds) in list(registered.items()):
+        for wid, handle in list(self._attached.items()):
             if wanted.get(wid) is not handle:
-                for fd in fds:
-                    try:
-                        selector.unregister(fd)
-                    except (KeyError, ValueError):
-                        pass
-                del registered[wid]
+                self.receiver.detach(wid)
+                del self._attached[wid]
         for wid, h in wanted.items():
-            if wid not in registered:
+            if wid not in self._attached:
                 assert h.sock is not None
-                sock_fd, sentinel = h.sock.fileno(), h.process.sentinel
-                selector.register(sock_fd, selectors.EVENT_READ, ("sock", h))
-                selector.register(sentinel, selectors.EVENT_READ, ("sentinel", h))
-                registered[wid] = (h, sock_fd, sentinel)
+                self.receiver.attach(wid, h.sock.fileno(), h.process.sentinel, h.tag)
+                self._attached[wid] = h
 
-    def _receive(self, handle: ProcessHandle, only_if_ready: bool = False) -> bool:
-        """Handle one message from `handle`'s worker; False if its channel is
-        closed or broken, i.e. the worker died, even in the middle of a
-        message (or, with only_if_ready, if nothing is waiting)."""
-        sock = handle.sock
-        if sock is None:
+    def _settle(self, handle: ProcessHandle) -> None:
+        """A dead worker's batches the receiver stored are delivered, as if
+        received one by one, before its loss is reported (its unanswered
+        tasks are then dispatched again)."""
+        with self._lock:
+            for _, raw in sorted(self._buffer.take_raw(handle.tag).items()):
+                try:
+                    loaded = adopt_raw(raw, handle, self._pool)
+                except m.ProtocolError as e:
+                    self._sink.fail(self._main_side_error(handle, None, "taking its result", e))
+                    return
+                if loaded is not None:
+                    self._sink.deliver(handle.worker_id, loaded)
+
+    def _receive(self, handle: ProcessHandle, slot: int) -> bool:
+        """Handle the frame the receiver holds for `handle`'s worker; False
+        if it is broken (the worker is treated as dead)."""
+        try:
+            header, data, fds = self.receiver.take_frame(slot)
+        except (EOFError, LookupError):
             return False
         try:
-            if only_if_ready and not select.select([sock], [], [], 0)[0]:
-                return False
-            msg, fds = m.recv(sock)
-        except (EOFError, OSError, pickle.UnpicklingError):
-            return False
-        except SharedMemoryError as e:   # out of descriptors here, in the main process
-            self._sink.fail(e)
+            msg = m.decode(header, data, len(fds))
+        except (EOFError, pickle.UnpicklingError):
+            self._close(fds)
             return False
         except m.ProtocolError as e:   # garbage on its channel: nothing it sends can be trusted
+            self._close(fds)
             self._sink.fail(self._main_side_error(handle, None, "reading its message", e))
             return False
         except Exception as e:   # a whole frame whose objects cannot be rebuilt here
+            self._close(fds)
             self._sink.fail(self._main_side_error(handle, None, "unpickling its result", e))
             return True
         try:
@@ -232,9 +270,13 @@ class Fetcher:
                 else:
                     self._sink.deliver(handle.worker_id, result)
         finally:
-            for fd in fds:   # any the message did not take
-                os.close(fd)
+            self._close(fds)   # any the message did not take
         return True
+
+    @staticmethod
+    def _close(fds: list[int]) -> None:
+        for fd in fds:
+            os.close(fd)
 
     def _main_side_error(self, handle: ProcessHandle, msg: m.Message | None, doing: str,
                          error: Exception) -> WorkerError:

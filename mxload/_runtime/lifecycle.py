@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import multiprocessing as mp
 import os
 import pickle
@@ -19,6 +20,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from multiprocessing import connection as mp_connection
 from typing import Any, Protocol
 
@@ -120,6 +122,9 @@ class Process(Protocol):
     def close(self) -> None: ...
 
 
+_tags: Iterator[int] = itertools.count(1)
+
+
 @dataclasses.dataclass(eq=False)
 class ProcessHandle:
     """The main process's view of one worker process."""
@@ -134,6 +139,11 @@ class ProcessHandle:
     # writing into their slab, so it must not be handed out again.
     slabs: dict[tuple[int, int], Slab | None] = dataclasses.field(default_factory=dict)
     alive: bool = True
+    # Its name on the batches the receive path stores (a restart makes a new
+    # handle, so a stored batch always finds the handle whose worker sent it).
+    tag: int = dataclasses.field(default_factory=lambda: next(_tags))
+    # Layout id -> (layout, build_views template): the layouts its worker named.
+    layouts: dict[int, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
 
     def close_channel(self) -> None:
         _fds.close_socket(self.sock)

@@ -2,8 +2,9 @@
 zygote and the workers (with ``mxload/_collate/layout.py``, which describes a
 batch inside a slab, the only module that defines one).
 
-A frame is a header, the message's fields pickled as a plain tuple, and the
-frame's descriptors (SCM_RIGHTS) attached to the same ``sendmsg``: a message
+A frame is a header, the message's fields pickled as a plain tuple (for a
+BatchRef: five little-endian int64, see BATCH_REF), and the frame's
+descriptors (SCM_RIGHTS) attached to the same ``sendmsg``: a message
 and its descriptor arrive together or not at all, and a frame cut short (the
 sender died mid-send) reads as the end of the channel.  The header names the
 message type, so a frame of another program or another mxload version is a
@@ -11,11 +12,18 @@ clear ``ProtocolError`` rather than a tuple decoded by position.
 
     main -> worker      Task (carrying the task's slab descriptor the first time a
                         worker is given that slab), Stop
-    worker -> main      Batch (filled into the task's slab), NewSlab (a new slab,
+    worker -> main      Batch (filled into the task's slab), BatchRef (the same, for
+                        a layout named by an earlier Batch), NewSlab (a new slab,
                         carrying its descriptor), Failed, Exhausted, InitFailed
     main -> zygote      StartWorker (carrying the worker's socket end), Stop
     zygote -> main      Started (carrying a pidfd of the worker), StartFailed, Exited
     main -> spawn worker Handover (once, before its first Task)
+
+The main process reads the workers' frames with the compiled receive path
+(``_core.FrameReceiver``, csrc/mxl_recv.h): it stores a BatchRef in the
+ReorderBuffer without the GIL and hands every other frame to ``decode``.  It
+is given MAGIC, VERSION and BATCH_REF_TAG; the header's layout and BatchRef's
+payload are mirrored there (tests/test_core_receive.py checks both).
 
 Thread workers use the same types in memory (``Loaded`` is their batch, never
 sent).  Timings are on the system-wide monotonic clock (``time.monotonic_ns``).
@@ -36,7 +44,8 @@ from .slabs import fd_limit_error
 
 __all__ = [
     "MAGIC", "VERSION", "ProtocolError", "ExceptionInfo", "Timings",
-    "Task", "Stop", "Batch", "NewSlab", "Loaded", "Failed", "Exhausted", "InitFailed",
+    "BATCH_REF", "BATCH_REF_TAG", "HEADER_SIZE", "decode",
+    "Task", "Stop", "Batch", "BatchRef", "NewSlab", "Loaded", "Failed", "Exhausted", "InitFailed",
     "StartWorker", "Started", "StartFailed", "Exited", "Handover", "RemoteBatch", "ActorReady",
     "Message", "WorkerResult", "send", "send_encoded", "encode", "recv",
 ]
@@ -108,13 +117,26 @@ class Stop(NamedTuple):
 
 
 class Batch(NamedTuple):
-    """Batch `batch_index` is in the task's slab (`nbytes` of it; 0: no slab needed)."""
+    """Batch `batch_index` is in the task's slab (`nbytes` of it; 0: no slab
+    needed).  `layout_id` >= 0: the worker's later batches with this layout
+    come as BatchRef naming it."""
     epoch: int
     batch_index: int
     slab_id: int | None
     nbytes: int
     layout: tuple[Any, ...]
     timings: Timings | None
+    layout_id: int = -1
+
+
+class BatchRef(NamedTuple):
+    """A Batch whose layout is the one this worker named `layout_id` (never
+    profiled): a fixed-size frame, stored without the GIL by the receiver."""
+    epoch: int
+    batch_index: int
+    slab_id: int
+    nbytes: int
+    layout_id: int
 
 
 class NewSlab(NamedTuple):
@@ -208,17 +230,25 @@ class ActorReady(NamedTuple):
 
 
 Message = (Task | Stop | Batch | NewSlab | Loaded | Failed | Exhausted | InitFailed | StartWorker
-           | Started | StartFailed | Exited | Handover | RemoteBatch | ActorReady)
+           | Started | StartFailed | Exited | Handover | RemoteBatch | ActorReady | BatchRef)
 WorkerResult = Batch | NewSlab | Loaded | Failed | Exhausted | InitFailed
 
 # The tag of each type is its position: append new types, never reorder.
 _TYPES: tuple[type[Any], ...] = (Task, Stop, Batch, NewSlab, Loaded, Failed, Exhausted, InitFailed,
-                                 StartWorker, Started, StartFailed, Exited, Handover, RemoteBatch, ActorReady)
+                                 StartWorker, Started, StartFailed, Exited, Handover, RemoteBatch, ActorReady,
+                                 BatchRef)
 _TAG = {t: i for i, t in enumerate(_TYPES)}
+HEADER_SIZE = _HEADER.size
+BATCH_REF_TAG = _TAG[BatchRef]
+# A whole BatchRef frame: the header, then epoch, batch index, slab id, bytes, layout id.
+BATCH_REF = struct.Struct("<2sBBIB5q")
+_BATCH_REF_PAYLOAD = struct.Struct("<5q")
 
 
 def encode(message: Message, nfds: int = 0) -> bytes:
     """The frame of `message` (header and payload) for `nfds` descriptors."""
+    if type(message) is BatchRef:
+        return BATCH_REF.pack(MAGIC, VERSION, BATCH_REF_TAG, _BATCH_REF_PAYLOAD.size, 0, *message)
     data = pickle.dumps(tuple(message), protocol=pickle.HIGHEST_PROTOCOL)
     return _HEADER.pack(MAGIC, VERSION, _TAG[type(message)], len(data), nfds) + data
 
@@ -246,26 +276,44 @@ def recv(sock: socket.socket) -> tuple[Message, list[int]]:
     fds: list[int] = []
     try:
         header = _recv_exact(sock, _HEADER.size, fds, frame_started=False)
-        magic, version, tag, length, nfds = _HEADER.unpack(header)
-        if magic != MAGIC or version != VERSION or tag >= len(_TYPES):
-            raise ProtocolError(
-                f"received a frame that is not an mxload message (header {header!r}; expected magic "
-                f"{MAGIC!r}, protocol version {VERSION}, a type tag below {len(_TYPES)}): the peer is "
-                f"another program, or a worker of another mxload version")
+        _, _, _, length, _ = _check_header(header)
         data = _recv_exact(sock, length, fds, frame_started=True)
-        if len(fds) != nfds:
-            raise EOFError(f"a frame announced {nfds} descriptors and carried {len(fds)}")
-        fields = pickle.loads(data)
-        kind = _TYPES[tag]
-        if not isinstance(fields, tuple) or len(fields) != len(kind._fields):
-            raise ProtocolError(f"a {kind.__name__} frame carried {type(fields).__name__} "
-                                f"{fields!r:.200}, not the {len(kind._fields)} fields {kind._fields}")
-        message: Message = kind._make(fields)
-        return message, fds
+        return decode(header, data, len(fds)), fds
     except BaseException:
         for fd in fds:
             os.close(fd)
         raise
+
+
+def _check_header(header: bytes) -> tuple[bytes, int, int, int, int]:
+    magic, version, tag, length, nfds = _HEADER.unpack(header)
+    if magic != MAGIC or version != VERSION or tag >= len(_TYPES):
+        raise ProtocolError(
+            f"received a frame that is not an mxload message (header {header!r}; expected magic "
+            f"{MAGIC!r}, protocol version {VERSION}, a type tag below {len(_TYPES)}): the peer is "
+            f"another program, or a worker of another mxload version")
+    return magic, version, tag, length, nfds
+
+
+def decode(header: bytes, data: bytes, fds_carried: int) -> Message:
+    """The message of one whole frame (its header, its payload, and how many
+    descriptors came with it).  Raises as recv() does."""
+    _, _, tag, length, nfds = _check_header(header)
+    if len(data) != length:
+        raise EOFError(f"a frame announced {length} bytes and carried {len(data)}")
+    if fds_carried != nfds:
+        raise EOFError(f"a frame announced {nfds} descriptors and carried {fds_carried}")
+    kind = _TYPES[tag]
+    if kind is BatchRef:
+        if length != _BATCH_REF_PAYLOAD.size:
+            raise ProtocolError(f"a BatchRef frame of {length} bytes, not {_BATCH_REF_PAYLOAD.size}")
+        return BatchRef._make(_BATCH_REF_PAYLOAD.unpack(data))
+    fields = pickle.loads(data)
+    if not isinstance(fields, tuple) or len(fields) != len(kind._fields):
+        raise ProtocolError(f"a {kind.__name__} frame carried {type(fields).__name__} "
+                            f"{fields!r:.200}, not the {len(kind._fields)} fields {kind._fields}")
+    message: Message = kind._make(fields)
+    return message
 
 
 def _recv_exact(sock: socket.socket, n: int, fds: list[int], frame_started: bool) -> bytes:

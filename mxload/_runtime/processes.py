@@ -9,10 +9,11 @@ import threading
 
 import numpy as np
 
+from .._core import RawBatch, ReorderBuffer
 from ..errors import SHARED_MEMORY_ADVICE, SharedMemoryError
 from . import lifecycle
 from . import messages as m
-from .fetcher import Fetcher
+from .fetcher import Fetcher, adopt_raw
 from .lifecycle import Closing, Launcher, Process, ProcessHandle, describe_exit, process_state
 from .slabs import SlabPool
 from .transport import ResultSink, Transport, WorkerLoss
@@ -28,8 +29,9 @@ __all__ = ["MAX_POOLED_SLABS", "ProcessTransport"]
 class ProcessTransport(Transport):
 
     def __init__(self, sink: ResultSink, lock: threading.RLock, config: WorkerConfig,
-                 start_method: str | None, stats: dict[str, int], dataset_type: str):
+                 start_method: str | None, stats: dict[str, int], dataset_type: str, buffer: ReorderBuffer):
         super().__init__(sink, lock)
+        self._buffer = buffer
         self._config = config
         self.launcher = Launcher(config, start_method, dataset_type, owner=self)
         self.pool = SlabPool(stats, MAX_POOLED_SLABS)
@@ -49,7 +51,8 @@ class ProcessTransport(Transport):
 
     def start(self) -> None:
         self._handles = self.launcher.start_all(self._config.num_workers, self._config.epoch)
-        self._fetcher = Fetcher(self.sink, self.lock, self.pool, lambda: self._handles, self._on_death)
+        self._fetcher = Fetcher(self.sink, self.lock, self.pool, self._buffer, self._config.num_workers,
+                                lambda: self._handles, self._on_death)
         lifecycle._running.add(self)
         self._fetcher.start()
 
@@ -60,6 +63,20 @@ class ProcessTransport(Transport):
     def resume(self) -> None:
         if self._fetcher is not None:
             self._fetcher.start()
+
+    def claim(self, raw: RawBatch) -> m.Loaded | None:
+        handle = self._handles[raw.slot] if raw.slot < len(self._handles) else None
+        if handle is None or handle.tag != raw.tag:
+            return None   # its worker was replaced: the restart released the slab and sends the task again
+        return adopt_raw(raw, handle, self.pool)
+
+    @property
+    def receive_stats(self) -> dict[str, int] | None:
+        """The fetcher's receive counters (GIL-held ns, batches stored, frames handed up)."""
+        if self._fetcher is None:
+            return None
+        stats = self._fetcher.receiver.stats()
+        return {"gil_ns": stats["gil_ns"], "stored": stats["stored"], "passed_up": stats["passed_up"]}
 
     def pid(self, worker_id: int) -> int | None:
         return self._handles[worker_id].pid if worker_id < len(self._handles) else None

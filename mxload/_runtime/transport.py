@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from .._core import RawBatch
 from ..errors import WorkerError
 from . import messages as m
 
@@ -99,6 +100,12 @@ class Transport(ABC):
         for `epoch`); its unanswered tasks will get no result (the engine
         sends them again).  False if shutdown began meanwhile; raises if it
         cannot start one (engine lock held)."""
+
+    def claim(self, raw: RawBatch) -> m.Loaded | None:
+        """The batch a receive path stored raw in the ReorderBuffer (engine
+        lock held), taking what its task held; None if that task is gone
+        (its worker was replaced and the task will be answered again)."""
+        return None
 
     @property
     def restartable(self) -> bool:

@@ -271,6 +271,34 @@ def worker_process_main(config: WorkerConfig, sock: socket.socket) -> None:
 _Encoded = tuple[bytes, int]
 
 
+# Distinct layouts a worker names by id; a batch with another layout goes in full.
+MAX_NAMED_LAYOUTS = 64
+
+
+class Layouts:
+    """The layouts this worker named by id (the main process keeps them by
+    the same id), so a batch whose layout is known travels as a fixed-size
+    BatchRef instead of a pickle."""
+
+    def __init__(self) -> None:
+        self._ids: dict[bytes, int] = {}
+
+    def lookup(self, plan: Any) -> tuple[int, bool]:
+        """(layout id, whether it is new), or (-1, False) when this plan's
+        layout cannot be named: it carries per-batch objects, or too many
+        layouts were named already."""
+        if plan.objects:
+            return -1, False
+        key = pickle.dumps(plan.layout(), protocol=pickle.HIGHEST_PROTOCOL)
+        got = self._ids.get(key)
+        if got is not None:
+            return got, False
+        if len(self._ids) >= MAX_NAMED_LAYOUTS:
+            return -1, False
+        self._ids[key] = len(self._ids)
+        return self._ids[key], True
+
+
 class _ProcessLink(_Link[_Encoded]):
     """A worker process's socket.  Reads ahead, so a stop request queued
     behind already-dispatched tasks is seen before the next task starts
@@ -291,6 +319,7 @@ class _ProcessLink(_Link[_Encoded]):
         self._pending: collections.deque[m.Task] = collections.deque()
         self._slabs: dict[int, Slab] = {}
         self._stopped = False
+        self._layouts = Layouts()
 
     def _read_one(self) -> None:
         task, fds = m.recv(self._sock)
@@ -337,8 +366,14 @@ class _ProcessLink(_Link[_Encoded]):
             if plan.nbytes == 0:
                 reply = m.Batch(task.epoch, task.batch_index, task.slab_id, 0, plan.layout(), None)
             elif slab is not None and slab.size >= plan.nbytes:
+                assert task.slab_id is not None
                 _, fill_ns = plan.fill(slab)
-                reply = m.Batch(task.epoch, task.batch_index, task.slab_id, plan.nbytes, plan.layout(), None)
+                layout_id, new = self._layouts.lookup(plan)
+                if layout_id >= 0 and not new and not task.profiling:
+                    return m.encode(m.BatchRef(task.epoch, task.batch_index, task.slab_id, plan.nbytes,
+                                               layout_id)), -1
+                reply = m.Batch(task.epoch, task.batch_index, task.slab_id, plan.nbytes, plan.layout(), None,
+                                layout_id)
             else:
                 size = slab_size_for(plan.nbytes, slab.size if slab is not None else 0)
                 new_fd = create_shared_fd(size)
