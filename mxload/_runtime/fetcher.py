@@ -162,6 +162,15 @@ class Fetcher:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
+        """Release the receiver's channels (descriptors it received for
+        frames never taken, such as a NewSlab's arriving during shutdown)
+        and the wake-up pipe.  A thread that outlived stop() keeps the
+        channels it is reading; they go with the receiver."""
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            for wid in list(self._attached):
+                self.receiver.detach(wid)
+            self._attached.clear()
         for fd in (self._wake_r, self._wake_w):
             _fds.close_fd(fd)
         self._wake_r = self._wake_w = -1
