@@ -153,3 +153,45 @@ def test_descriptors_of_a_rejected_frame_are_closed(pair):
     finally:
         os.close(r)
         os.close(w)
+
+
+@pytest.mark.parametrize("task", [
+    m.Task(3, 7, np.arange(1024, dtype=np.int64), 2, 65536, (0, 1, 5), True),
+    m.Task(3, 7, np.arange(6, dtype=np.int32)[::2], None, 0),       # converted to contiguous int64
+    m.Task(1, 2, np.arange(3, dtype=np.int64).tobytes(), 4, 8),
+    m.Task(0, 0, None),
+])
+def test_a_task_sent_without_pickle_arrives_as_the_same_task(task):
+    a, b = socket.socketpair()
+    r, w = os.pipe()
+    try:
+        m.send_task(a, task, [w])
+        got, fds = m.recv(b)
+        assert len(fds) == 1
+        os.close(fds[0])
+        want = None if task.indices is None else np.frombuffer(task.indices, np.int64) \
+            if isinstance(task.indices, bytes) else np.asarray(task.indices, np.int64)
+        assert isinstance(got, m.Task)
+        assert got._replace(indices=None) == task._replace(indices=None, drop_slabs=tuple(task.drop_slabs))
+        if want is None:
+            assert got.index_array() is None
+        else:
+            assert got.index_array().tolist() == want.tolist()
+    finally:
+        for s in (a, b):
+            s.close()
+        os.close(r)
+        os.close(w)
+
+
+def test_a_packed_task_of_the_wrong_size_is_a_protocol_error():
+    a, b = socket.socketpair()
+    try:
+        m.send_task(a, m.Task(0, 1, np.arange(4, dtype=np.int64)))
+        frame = b.recv(4096)
+        header, payload = frame[:m.HEADER_SIZE], frame[m.HEADER_SIZE:]
+        with pytest.raises(m.ProtocolError, match="announced 0 dropped slabs and 4 indices"):
+            m.decode(header[:4] + struct.pack("<I", len(payload) - 8) + header[8:], payload[:-8], 0)
+    finally:
+        a.close()
+        b.close()

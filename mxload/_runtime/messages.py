@@ -3,7 +3,9 @@ zygote and the workers (with ``mxload/_collate/layout.py``, which describes a
 batch inside a slab, the only module that defines one).
 
 A frame is a header, the message's fields pickled as a plain tuple (for a
-BatchRef: five little-endian int64, see BATCH_REF), and the frame's
+BatchRef: five little-endian int64, see BATCH_REF; for a Task sent by
+``send_task``: fixed fields, then the slabs to drop and the indices as
+little-endian int64, see _PACKED_TASK), and the frame's
 descriptors (SCM_RIGHTS) attached to the same ``sendmsg``: a message
 and its descriptor arrive together or not at all, and a frame cut short (the
 sender died mid-send) reads as the end of the channel.  The header names the
@@ -44,7 +46,7 @@ from .slabs import fd_limit_error
 
 __all__ = [
     "MAGIC", "VERSION", "ProtocolError", "ExceptionInfo", "Timings",
-    "BATCH_REF", "BATCH_REF_TAG", "HEADER_SIZE", "decode",
+    "BATCH_REF", "BATCH_REF_TAG", "HEADER_SIZE", "decode", "send_task",
     "Task", "Stop", "Batch", "BatchRef", "NewSlab", "Loaded", "Failed", "Exhausted", "InitFailed",
     "StartWorker", "Started", "StartFailed", "Exited", "Handover", "RemoteBatch", "ActorReady",
     "Message", "WorkerResult", "send", "send_encoded", "encode", "recv",
@@ -233,11 +235,21 @@ Message = (Task | Stop | Batch | NewSlab | Loaded | Failed | Exhausted | InitFai
            | Started | StartFailed | Exited | Handover | RemoteBatch | ActorReady | BatchRef)
 WorkerResult = Batch | NewSlab | Loaded | Failed | Exhausted | InitFailed
 
+class PackedTask(NamedTuple):
+    """The tag under which send_task sends a Task without pickle (the
+    indices as raw int64 straight from their array); decode gives the Task."""
+
+
 # The tag of each type is its position: append new types, never reorder.
 _TYPES: tuple[type[Any], ...] = (Task, Stop, Batch, NewSlab, Loaded, Failed, Exhausted, InitFailed,
                                  StartWorker, Started, StartFailed, Exited, Handover, RemoteBatch, ActorReady,
-                                 BatchRef)
+                                 BatchRef, PackedTask)
 _TAG = {t: i for i, t in enumerate(_TYPES)}
+# A PackedTask's fixed fields: epoch, batch index, slab id (-1: none), slab
+# size, flags (_PROFILING, _HAS_INDICES), slabs to drop, indices; then the
+# dropped slab ids and the indices, int64 each.
+_PACKED_TASK = struct.Struct("<qqqqBxxxII")
+_PROFILING, _HAS_INDICES = 1, 2
 HEADER_SIZE = _HEADER.size
 BATCH_REF_TAG = _TAG[BatchRef]
 # A whole BatchRef frame: the header, then epoch, batch index, slab id, bytes, layout id.
@@ -251,6 +263,41 @@ def encode(message: Message, nfds: int = 0) -> bytes:
         return BATCH_REF.pack(MAGIC, VERSION, BATCH_REF_TAG, _BATCH_REF_PAYLOAD.size, 0, *message)
     data = pickle.dumps(tuple(message), protocol=pickle.HIGHEST_PROTOCOL)
     return _HEADER.pack(MAGIC, VERSION, _TAG[type(message)], len(data), nfds) + data
+
+
+def send_task(sock: socket.socket, task: Task, fds: list[int] | tuple[int, ...] = ()) -> None:
+    """Send a Task without pickling it: its indices (an int64 array, or None
+    for a stream) go to the socket straight from their memory."""
+    raw = task.indices
+    indices = (None if raw is None else np.frombuffer(raw, "<i8") if isinstance(raw, bytes)
+               else np.ascontiguousarray(raw, "<i8"))
+    n = 0 if indices is None else len(indices)
+    drops = task.drop_slabs
+    fixed = _PACKED_TASK.pack(task.epoch, task.batch_index, -1 if task.slab_id is None else task.slab_id,
+                              task.slab_size, (_PROFILING if task.profiling else 0)
+                              | (0 if indices is None else _HAS_INDICES), len(drops), n)
+    if drops:
+        fixed += struct.pack(f"<{len(drops)}q", *drops)
+    head = _HEADER.pack(MAGIC, VERSION, _TAG[PackedTask], len(fixed) + 8 * n, len(fds)) + fixed
+    parts: list[Any] = [head] if indices is None else [head, indices.data.cast("B")]
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    sent = sock.sendmsg(parts, ancillary)
+    if sent < len(head) + 8 * n:   # a signal cut a large send short: the descriptors went first
+        sock.sendall(b"".join(bytes(p) for p in parts)[sent:])
+
+
+def _unpack_task(data: bytes) -> Task:
+    if len(data) < _PACKED_TASK.size:
+        raise ProtocolError(f"a packed Task of {len(data)} bytes, less than its {_PACKED_TASK.size} fixed")
+    epoch, idx, slab_id, slab_size, flags, ndrops, n = _PACKED_TASK.unpack_from(data)
+    at = _PACKED_TASK.size
+    if len(data) != at + 8 * (ndrops + n):
+        raise ProtocolError(f"a packed Task of {len(data)} bytes announced {ndrops} dropped slabs and "
+                            f"{n} indices")
+    drops = struct.unpack_from(f"<{ndrops}q", data, at) if ndrops else ()
+    at += 8 * ndrops
+    return Task(epoch, idx, data[at:] if flags & _HAS_INDICES else None, None if slab_id < 0 else slab_id,
+                slab_size, tuple(drops), bool(flags & _PROFILING))
 
 
 def send(sock: socket.socket, message: Message, fds: list[int] | tuple[int, ...] = ()) -> None:
@@ -304,6 +351,8 @@ def decode(header: bytes, data: bytes, fds_carried: int) -> Message:
     if fds_carried != nfds:
         raise EOFError(f"a frame announced {nfds} descriptors and carried {fds_carried}")
     kind = _TYPES[tag]
+    if kind is PackedTask:
+        return _unpack_task(data)
     if kind is BatchRef:
         if length != _BATCH_REF_PAYLOAD.size:
             raise ProtocolError(f"a BatchRef frame of {length} bytes, not {_BATCH_REF_PAYLOAD.size}")

@@ -7,8 +7,6 @@ from __future__ import annotations
 import signal
 import threading
 
-import numpy as np
-
 from .._core import RawBatch, ReorderBuffer
 from ..errors import SHARED_MEMORY_ADVICE, SharedMemoryError
 from . import lifecycle
@@ -95,13 +93,12 @@ class ProcessTransport(Transport):
         slab_id = slab.slab_id if slab is not None else None
         fd_follows = slab is not None and slab_id not in handle.known_slabs
         drops, handle.pending_drops = handle.pending_drops, []
-        indices = task.indices
-        raw = None if indices is None else np.ascontiguousarray(indices, np.int64).tobytes()
-        wire = m.Task(task.epoch, task.batch_index, raw, slab_id, slab.size if slab is not None else 0,
-                      tuple(drops), task.profiling)
+        wire = m.Task(task.epoch, task.batch_index, task.indices, slab_id,
+                      slab.size if slab is not None else 0, tuple(drops), task.profiling)
+        fds = [self.pool.fd(slab.slab_id)] if slab is not None and fd_follows else []
         try:
             assert handle.sock is not None
-            m.send(handle.sock, wire, [self.pool.fd(slab.slab_id)] if slab is not None and fd_follows else [])
+            m.send_task(handle.sock, wire, fds)
             if slab is not None and fd_follows:
                 handle.known_slabs.add(slab.slab_id)
         except OSError:
