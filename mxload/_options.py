@@ -69,7 +69,7 @@ class LoaderOptions:
     distributed: bool
     distributed_seed: int                         # the shuffle seed every rank shares: never a fresh one
     generator: Any                                # torch.Generator or None, kept for torch's view
-    multiprocessing_context: Any                  # as given (a name or a context), kept for torch's view
+    multiprocessing_context: str | mp_context.BaseContext | None   # as given, kept for torch's view
     start_method: str | None                      # None: the platform's default
     persistent_workers: bool
     in_order: bool
@@ -162,7 +162,7 @@ class LoaderOptions:
             try_nopython=try_nopython, backend=ray_backend)
 
 
-def is_iterable_dataset(dataset: Any) -> bool:
+def is_iterable_dataset(dataset: object) -> bool:
     """Decided as torch does (an instance of its IterableDataset, whose
     inherited __getitem__ fools duck typing), or mxload's, or any object
     with __iter__ and no __getitem__."""
@@ -171,7 +171,7 @@ def is_iterable_dataset(dataset: Any) -> bool:
     return hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
 
 
-def _check_kinds(last_batch: Any, batch_sampler: Any, batchify_fn: Any, collate_fn: Any) -> None:
+def _check_kinds(last_batch: object, batch_sampler: object, batchify_fn: object, collate_fn: object) -> None:
     """The arguments whose kind betrays torch's positional order passed to
     Gluon's, and the collation function."""
     if last_batch is not None and not isinstance(last_batch, str):
@@ -191,7 +191,7 @@ def _check_kinds(last_batch: Any, batch_sampler: Any, batchify_fn: Any, collate_
         raise TypeError(f"batchify_fn must be callable, got {type(fn).__name__}")
 
 
-def _check_distributed(iterable: bool, sampler: Any, batch_sampler: Any) -> None:
+def _check_distributed(iterable: bool, sampler: object, batch_sampler: object) -> None:
     clash = [name for name, bad in (("sampler", sampler is not None),
                                     ("batch_sampler", batch_sampler is not None)) if bad]
     if clash:
@@ -202,7 +202,7 @@ def _check_distributed(iterable: bool, sampler: Any, batch_sampler: Any) -> None
                          "(shard the stream by rank in the dataset instead)")
 
 
-def _run_seed(seed: int | None, generator: Any) -> int | None:
+def _run_seed(seed: int | None, generator: object) -> int | None:
     """seed=, else torch's generator= (or, when the program uses torch,
     torch's global RNG) as torch's DataLoader draws its base seed, so
     torch.manual_seed(s) fixes the run as it does with torch; None: neither
@@ -220,7 +220,7 @@ def _fresh_seed() -> int:
     return int(cast(int, np.random.SeedSequence().entropy) % 2 ** 63)
 
 
-def _check_batching(iterable: bool, batch_size: Any, shuffle: bool, sampler: Any, batch_sampler: Any,
+def _check_batching(iterable: bool, batch_size: object, shuffle: bool, sampler: object, batch_sampler: object,
                     last_batch: str | None) -> bool:
     """The batching arguments together; returns whether batches are made
     automatically (False: batch_size=None, each sample is its own batch)."""
@@ -254,13 +254,13 @@ def _check_batching(iterable: bool, batch_size: Any, shuffle: bool, sampler: Any
     return auto_batching
 
 
-def _check_prefetch(prefetch: Any, prefetch_factor: Any, num_workers: int) -> int | None:
+def _check_prefetch(prefetch: object, prefetch_factor: object, num_workers: int) -> int | None:
     """Batches in flight in all, from prefetch or torch's per-worker
     prefetch_factor; None: the default (two per worker)."""
     if prefetch is not None:
         prefetch = check_int("prefetch", prefetch, 1, or_none=True)
     if prefetch_factor is None:
-        return cast(int | None, prefetch)
+        return prefetch
     if num_workers == 0:
         raise ValueError("prefetch_factor (batches in flight per worker) needs num_workers > 0; leave it "
                          "None for num_workers=0")
@@ -270,7 +270,7 @@ def _check_prefetch(prefetch: Any, prefetch_factor: Any, num_workers: int) -> in
     return check_int("prefetch_factor", prefetch_factor, 1) * num_workers
 
 
-def _check_timeout(timeout: Any) -> float | None:
+def _check_timeout(timeout: object) -> float | None:
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer, np.floating)) \
@@ -280,7 +280,7 @@ def _check_timeout(timeout: Any) -> float | None:
     return None if timeout == 0 else cast(float, timeout)   # 0 is torch's "no timeout"
 
 
-def _check_start_method(start_method: Any, multiprocessing_context: Any) -> str | None:
+def _check_start_method(start_method: object, multiprocessing_context: object) -> str | None:
     if multiprocessing_context is not None:
         context_method = _start_method_of(multiprocessing_context)
         if start_method is not None and start_method != context_method:
@@ -289,10 +289,10 @@ def _check_start_method(start_method: Any, multiprocessing_context: Any) -> str 
         return context_method
     if start_method is not None and start_method not in START_METHODS:
         raise ValueError(f"start_method must be one of {START_METHODS} or None, got {start_method!r}")
-    return cast(str | None, start_method)
+    return start_method
 
 
-def _start_method_of(context: Any) -> str:
+def _start_method_of(context: object) -> str:
     """multiprocessing_context (a start method name or a context object, as
     torch takes it) as a start method name."""
     if isinstance(context, str):
@@ -308,7 +308,7 @@ def _start_method_of(context: Any) -> str:
     return name
 
 
-def _check_backend(backend: Any, thread_pool: bool, multiprocessing_context: Any,
+def _check_backend(backend: object, thread_pool: bool, multiprocessing_context: object,
                    start_method: str | None) -> RayBackend | None:
     ray_backend = resolve_backend(backend)
     if ray_backend is not None:
@@ -323,7 +323,7 @@ def _check_backend(backend: Any, thread_pool: bool, multiprocessing_context: Any
 
 
 def _check_no_worker_options(persistent_workers: bool, thread_pool: bool, max_worker_restarts: int,
-                             multiprocessing_context: Any, start_method: str | None, ray: bool) -> None:
+                             multiprocessing_context: object, start_method: str | None, ray: bool) -> None:
     unsupported = [name for name, used in (
         ("backend", ray),
         ("persistent_workers", persistent_workers), ("thread_pool", thread_pool),

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import copy
 import operator
-from collections.abc import Callable, Mapping, MutableMapping, MutableSequence, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, MutableSequence, Sequence, Sized
 from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike, NDArray
 
 from ._collate import layout
 from ._collate.gathered import GatheredSamples
@@ -94,8 +95,9 @@ class Pad(Batchify):
         [[[1.0, 1.0], [0.0, 0.0]], [[1.0, 0.0], [1.0, 0.0]]]
     """
 
-    def __init__(self, axis: int = 0, pad_val: Any = None, ret_length: bool = False, dtype: Any = None,
-                 round_to: int | None = None, *, val: Any = None, use_shared_mem: bool = False):
+    def __init__(self, axis: int = 0, pad_val: Any = None, ret_length: bool = False,
+                 dtype: DTypeLike | None = None, round_to: int | None = None, *, val: Any = None,
+                 use_shared_mem: bool = False):
         if pad_val is not None and val is not None:
             raise ValueError("pass pad_val or val (its Gluon 2.x name), not both")
         if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
@@ -150,15 +152,16 @@ class Tuple(Batchify):
         ([[5, 6], [7, 0]], [0, 1])
     """
 
-    def __init__(self, *fns: Any):
-        if len(fns) == 1 and isinstance(fns[0], (list, tuple)):
-            fns = tuple(fns[0])
-        if not fns:
+    def __init__(self, *fns: Callable[..., Any] | Sequence[Callable[..., Any]]):
+        given: Sequence[object] = fns[0] if len(fns) == 1 and isinstance(fns[0], (list, tuple)) else fns
+        if not given:
             raise ValueError("Tuple() needs at least one batchify function")
-        for i, fn in enumerate(fns):
+        checked: list[Callable[..., Any]] = []
+        for i, fn in enumerate(given):
             if not callable(fn):
                 raise TypeError(f"Tuple() argument {i} is not callable: {fn!r}")
-        self.fns = fns
+            checked.append(fn)
+        self.fns = tuple(checked)
 
     def plan(self, samples: Sequence[Any], path: str, planner: Planner) -> Node:
         columns = _columns(samples, len(self.fns), path, planner)
@@ -250,7 +253,7 @@ class Dict(Batchify):
         ([[1, 2], [3, 0]], [0, 1])
     """
 
-    def __init__(self, fns: Mapping[Any, Any] | None = None, **kwargs: Any):
+    def __init__(self, fns: Mapping[Any, Callable[..., Any]] | None = None, **kwargs: Callable[..., Any]):
         merged = dict(fns or {}, **kwargs)
         for k, fn in merged.items():
             if not callable(fn):
@@ -337,7 +340,7 @@ class _DefaultBatchify(Batchify):
                 return layout.dict_node(keys, children)
             return layout.mapping_node(template, keys, children)
         if isinstance(first, Sequence):   # range, user sequences, list/tuple subclasses
-            columns = _columns(samples, len(first), path, planner, kinds=Sequence)
+            columns = _columns(samples, len(first), path, planner, kinds=(Sequence,))
             children = [self.plan(c, f"{path}[{i}]", planner) for i, c in enumerate(columns)]
             template = _sequence_template(first)
             if template is None:
@@ -471,7 +474,7 @@ def _as_sample_array(x: Any, i: int, what: str) -> Any:
     return x
 
 
-def _cast_sample(x: Any, i: int, dtype: np.dtype) -> np.ndarray:
+def _cast_sample(x: Any, i: int, dtype: np.dtype[Any]) -> NDArray[Any]:
     if x is None:  # np.asarray(None, float) would silently be nan
         raise TypeError(f"sample {i} is None; cannot pad None")
     try:
@@ -481,7 +484,7 @@ def _cast_sample(x: Any, i: int, dtype: np.dtype) -> np.ndarray:
 
 
 def _columns(samples: Sequence[Any], width: int, path: str, planner: Planner,
-             kinds: Any = (tuple, list)) -> list[Any]:
+             kinds: tuple[type[Sized], ...] = (tuple, list)) -> list[Any]:
     for i, s in enumerate(samples):
         if s is None or not isinstance(s, kinds) or isinstance(s, (str, bytes)) or len(s) != width:
             ok = isinstance(s, kinds) and not isinstance(s, (str, bytes))

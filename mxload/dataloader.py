@@ -7,6 +7,7 @@ import dataclasses
 import warnings
 import weakref
 from collections.abc import Callable
+from multiprocessing.context import BaseContext
 from typing import Any, Generic, TypeVar, cast, overload
 
 import numpy as np
@@ -209,7 +210,7 @@ class DataLoader:
     max_worker_restarts = _Option[int]()
     profile = _Option[bool]()
     generator = _Option[Any]()
-    multiprocessing_context = _Option[Any]()
+    multiprocessing_context = _Option[str | BaseContext | None]()
     pin_memory = _Option[bool]()
     pin_memory_device = _Option[str]()
     pin_device_id = _Option[int]()

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from .layout import Node
 from .plan import Planner, gather_columns
@@ -46,7 +47,7 @@ class GatheredSamples(Sequence[Any]):
 
     __slots__ = ("sources", "indices", "single", "_columns", "_samples")
 
-    def __init__(self, sources: Sequence[Any], indices: np.ndarray[Any, Any], single: bool):
+    def __init__(self, sources: Sequence[Any], indices: NDArray[np.int64], single: bool):
         self.sources = tuple(sources)     # numpy arrays, indexed along axis 0
         self.indices = indices            # validated, 1-D int64
         self.single = single              # samples are bare elements, not tuples

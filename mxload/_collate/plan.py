@@ -21,9 +21,10 @@ import math
 import pickle
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
+from numpy.typing import NDArray
 
 from .. import _core
 from .._torch_compat import is_tensor, tensor_to_numpy
@@ -31,7 +32,8 @@ from . import layout
 from .layout import Layout, Node
 
 __all__ = [
-    "Field", "Planner", "Batchify", "BatchPlan", "plan_batch", "collate", "collate_profiled", "allocate",
+    "Field", "StackField", "PadField", "PadEveryAxisField", "CopyField", "TakeField", "Planner", "Batchify",
+    "BatchPlan", "plan_batch", "collate", "collate_profiled", "allocate",
     "stack_column", "pad_column", "gather_columns", "SCALAR_TYPES",
 ]
 
@@ -40,23 +42,109 @@ SCALAR_TYPES = (bool, int, float, complex, np.generic)
 
 
 class Field:
-    """One batched array of a plan: how to fill it and what it becomes."""
+    """One batched array of a plan: where it goes (shape, dtype) and, in each
+    subclass (one per kernel), what it is made of and how it is filled."""
 
-    __slots__ = ("path", "kernel", "inputs", "shape", "dtype", "axis", "pattern", "nbytes")
+    kernel: ClassVar[str]   # the profiler's name for the kernel
 
-    def __init__(self, path: str, kernel: str, inputs: Any, shape: tuple[int, ...], dtype: np.dtype[Any],
-                 axis: int = 0, pattern: bytes = b""):
+    __slots__ = ("path", "shape", "dtype", "nbytes")
+
+    def __init__(self, path: str, shape: tuple[int, ...], dtype: np.dtype[Any]):
         self.path = path
-        # "stack": a list of same-shape arrays; "pad": a list of arrays ragged
-        # along `axis`; "padn": ragged along several axes; "copy": one array;
-        # "take": (source array, indices) gathered along axis 0.
-        self.kernel = kernel
-        self.inputs = inputs
         self.shape = shape
         self.dtype = dtype
-        self.axis = axis
-        self.pattern = pattern      # the pad value's bytes, "pad"/"padn"
         self.nbytes = math.prod(shape) * dtype.itemsize
+
+    def fill(self, out: NDArray[Any]) -> int:
+        """Fill `out` (this field's place in the batch buffer); returns the
+        nanoseconds the copy took."""
+        raise NotImplementedError
+
+
+class StackField(Field):
+    """Same-shape samples (checked by stack_check) on a new axis 0."""
+
+    kernel = "stack"
+    __slots__ = ("arrays",)
+
+    def __init__(self, path: str, arrays: list[NDArray[Any]], shape: tuple[int, ...], dtype: np.dtype[Any]):
+        super().__init__(path, shape, dtype)
+        self.arrays = arrays
+
+    def fill(self, out: NDArray[Any]) -> int:
+        return _core.stack_fill(self.arrays, out)
+
+
+class PadField(Field):
+    """Samples ragged along one axis (checked by pad_check), each row's rest
+    filled with the pad value's bytes: the compiled kernel."""
+
+    kernel = "pad"
+    __slots__ = ("arrays", "axis", "pattern")
+
+    def __init__(self, path: str, arrays: list[NDArray[Any]], shape: tuple[int, ...], dtype: np.dtype[Any],
+                 axis: int, pattern: bytes):
+        super().__init__(path, shape, dtype)
+        self.arrays = arrays
+        self.axis = axis
+        self.pattern = pattern
+
+    def fill(self, out: NDArray[Any]) -> int:
+        return _core.pad_fill(self.arrays, out, self.axis, self.pattern)
+
+
+class PadEveryAxisField(Field):
+    """Samples ragged along several axes, each copied into the corner of its
+    row, the rest filled with the pad value (numpy; rarer than PadField)."""
+
+    kernel = "padn"
+    __slots__ = ("arrays", "pattern")
+
+    def __init__(self, path: str, arrays: list[NDArray[Any]], shape: tuple[int, ...], dtype: np.dtype[Any],
+                 pattern: bytes):
+        super().__init__(path, shape, dtype)
+        self.arrays = arrays
+        self.pattern = pattern
+
+    def fill(self, out: NDArray[Any]) -> int:
+        t0 = time.perf_counter_ns()
+        out[...] = np.frombuffer(self.pattern, out.dtype)[0]
+        for i, a in enumerate(self.arrays):
+            out[(i,) + tuple(slice(0, n) for n in a.shape)] = a
+        return time.perf_counter_ns() - t0
+
+
+class CopyField(Field):
+    """One finished array copied as it is."""
+
+    kernel = "copy"
+    __slots__ = ("array",)
+
+    def __init__(self, path: str, array: NDArray[Any]):
+        super().__init__(path, array.shape, array.dtype)
+        self.array = array
+
+    def fill(self, out: NDArray[Any]) -> int:
+        return _core.copy_into(self.array, out)
+
+
+class TakeField(Field):
+    """Rows of a source array at validated indices (GatheredSamples)."""
+
+    kernel = "take"
+    __slots__ = ("source", "indices")
+
+    def __init__(self, path: str, source: NDArray[Any], indices: NDArray[np.int64]):
+        super().__init__(path, (len(indices),) + source.shape[1:], source.dtype)
+        self.source = source
+        self.indices = indices
+
+    def fill(self, out: NDArray[Any]) -> int:
+        t0 = time.perf_counter_ns()
+        # mode="clip": the indices are validated, and an unbuffered take
+        # writes straight into the batch buffer.
+        np.take(self.source, self.indices, axis=0, out=out, mode="clip")
+        return time.perf_counter_ns() - t0
 
 
 class Planner:
@@ -98,9 +186,9 @@ class Planner:
             return fn.plan(samples, path, self)
         return self.add_value(path, fn(samples))
 
-    def add_array(self, path: str, array: np.ndarray[Any, Any]) -> Node:
+    def add_array(self, path: str, array: NDArray[Any]) -> Node:
         """Copy `array` (numbers, bools or fixed-size strings) into the batch buffer as it is."""
-        return self._add(Field(path, "copy", array, array.shape, array.dtype))
+        return self._add(CopyField(path, array))
 
     def add_value(self, path: str, value: Any) -> Node:
         """Add a finished value (the result of a custom batchify function):
@@ -198,28 +286,14 @@ class BatchPlan:
         self.offsets: list[int] = offsets.tolist()
         self.nbytes = int(total)
 
-    def fill(self, buffer: Any, base_offset: int = 0) -> tuple[list[np.ndarray[Any, Any]], list[int]]:
+    def fill(self, buffer: Any, base_offset: int = 0) -> tuple[list[NDArray[Any]], list[int]]:
         """Collate every field into `buffer` (anything exporting a writable
         buffer) starting at `base_offset`.  Returns (views, per-field ns)."""
         views = []
         times = []
         for field, off in zip(self.fields, self.offsets):
             out = np.ndarray(field.shape, field.dtype, buffer=buffer, offset=base_offset + off)
-            if field.kernel == "stack":
-                ns = _core.stack_fill(field.inputs, out)
-            elif field.kernel == "pad":
-                ns = _core.pad_fill(field.inputs, out, field.axis, field.pattern)
-            elif field.kernel == "padn":
-                ns = _pad_every_axis(field.inputs, out, field.pattern)
-            elif field.kernel == "take":
-                source, indices = field.inputs
-                t0 = time.perf_counter_ns()
-                # mode="clip": the indices are validated, and an unbuffered
-                # take writes straight into the batch buffer.
-                np.take(source, indices, axis=0, out=out, mode="clip")
-                ns = time.perf_counter_ns() - t0
-            else:
-                ns = _core.copy_into(field.inputs, out)
+            ns = field.fill(out)
             views.append(out)
             times.append(ns)
         return views, times
@@ -248,17 +322,7 @@ class BatchPlan:
         return stats, times
 
 
-def _pad_every_axis(arrays: list[np.ndarray[Any, Any]], out: np.ndarray[Any, Any], pattern: bytes) -> int:
-    """The "padn" kernel: samples ragged along several axes, each copied into
-    the corner of its row of `out`, the rest filled with the pad value."""
-    t0 = time.perf_counter_ns()
-    out[...] = np.frombuffer(pattern, out.dtype)[0]
-    for i, a in enumerate(arrays):
-        out[(i,) + tuple(slice(0, n) for n in a.shape)] = a
-    return time.perf_counter_ns() - t0
-
-
-def allocate(nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+def allocate(nbytes: int) -> NDArray[np.uint8]:
     """A private, 64-byte aligned uint8 buffer of `nbytes` bytes."""
     raw = np.empty(nbytes + _core.ALIGNMENT, np.uint8)
     start = (-raw.ctypes.data) % _core.ALIGNMENT
@@ -286,17 +350,17 @@ def stack_column(planner: Planner, samples: Sequence[Any], path: str) -> Node:
                 and not all(isinstance(s, (str, bytes)) for s in samples)):
             column = None  # numbers mixed with strings: let stack_check name the dtypes
         if column is not None and column.ndim == 1 and not column.dtype.hasobject:
-            return planner._add(Field(path, "copy", column, column.shape, column.dtype))
+            return planner._add(CopyField(path, column))
     try:
         arrays, shape, dtype = _core.stack_check(samples)
     except (ValueError, TypeError) as e:
         hint = "; use Pad() for fields of varying shape" if "shape" in str(e) else ""
         raise planner.error(type(e), path, f"{e}{hint}") from None
-    return planner._add(Field(path, "stack", arrays, shape, dtype))
+    return planner._add(StackField(path, arrays, shape, dtype))
 
 
-def pad_column(planner: Planner, arrays: list[np.ndarray[Any, Any]], path: str, axis: int, pad_val: Any,
-               round_to: int | None) -> tuple[Node, np.ndarray[Any, Any]]:
+def pad_column(planner: Planner, arrays: list[NDArray[Any]], path: str, axis: int, pad_val: Any,
+               round_to: int | None) -> tuple[Node, NDArray[Any]]:
     """Samples padded to the largest extent along every axis (rounded up to
     a multiple of `round_to`) and stacked; returns the node and each
     sample's length along `axis`.  Raises ValueError/TypeError with the
@@ -319,7 +383,7 @@ def pad_column(planner: Planner, arrays: list[np.ndarray[Any, Any]], path: str, 
         # compiled check names): the compiled single-axis kernel.
         checked, shape, dtype, lengths = _core.pad_check(arrays, axis)
         pattern = _core.pad_value_bytes(pad_val, dtype)
-        return planner._add(Field(path, "pad", checked, shape, dtype, axis, pattern)), lengths
+        return planner._add(PadField(path, checked, shape, dtype, axis, pattern)), lengths
     dtype = first.dtype
     for i, a in enumerate(arrays):
         if a.dtype != dtype:
@@ -329,10 +393,10 @@ def pad_column(planner: Planner, arrays: list[np.ndarray[Any, Any]], path: str, 
                         f"string dtypes can be collated")
     pattern = _core.pad_value_bytes(pad_val, dtype)
     shape = (len(arrays),) + tuple(int(n) for n in target)
-    return planner._add(Field(path, "padn", arrays, shape, dtype, axis, pattern)), shapes[:, axis].copy()
+    return planner._add(PadEveryAxisField(path, arrays, shape, dtype, pattern)), shapes[:, axis].copy()
 
 
-def gather_columns(planner: Planner, sources: Sequence[Any], indices: np.ndarray[Any, Any], single: bool,
+def gather_columns(planner: Planner, sources: Sequence[Any], indices: NDArray[np.int64], single: bool,
                    path: str) -> Node | None:
     """A batch gathered from columns (GatheredSamples): each column's rows
     at `indices` taken straight into the batch buffer; None if a column is
@@ -343,8 +407,7 @@ def gather_columns(planner: Planner, sources: Sequence[Any], indices: np.ndarray
         # Their elements are numpy scalars that lose the string width or
         # byte order, so the per-sample path would give another dtype.
         return None
-    nodes = [planner._add(Field(path if single else f"{path}[{i}]", "take", (a, indices),
-                                (len(indices),) + a.shape[1:], a.dtype))
+    nodes = [planner._add(TakeField(path if single else f"{path}[{i}]", a, indices))
              for i, a in enumerate(sources)]
     return nodes[0] if single else layout.tuple_node(None, nodes)
 
