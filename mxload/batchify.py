@@ -27,7 +27,7 @@ from ._collate import layout
 from ._collate.gathered import GatheredSamples
 from ._collate.layout import Node
 from ._collate.plan import (
-    SCALAR_TYPES,
+    ARRAY_OR_SCALAR,
     Batchify,
     BatchPlan,
     Planner,
@@ -316,7 +316,7 @@ class _DefaultBatchify(Batchify):
             if node is not None:
                 return node
         first = samples[0]
-        if isinstance(first, (np.ndarray,) + SCALAR_TYPES):
+        if isinstance(first, ARRAY_OR_SCALAR):
             return stack_column(planner, samples, path)
         if isinstance(first, tuple) and hasattr(first, "_fields"):  # namedtuple
             columns = _columns(samples, len(first), path, planner)

@@ -34,11 +34,13 @@ from .layout import Layout, Node
 __all__ = [
     "Field", "StackField", "PadField", "PadEveryAxisField", "CopyField", "TakeField", "Planner", "Batchify",
     "BatchPlan", "plan_batch", "collate", "collate_profiled", "allocate",
-    "stack_column", "pad_column", "gather_columns", "SCALAR_TYPES",
+    "stack_column", "pad_column", "gather_columns", "SCALAR_TYPES", "ARRAY_OR_SCALAR",
 ]
 
-# Sample leaves that stack as numbers (numpy scalars included).
+# Sample leaves that stack as numbers (numpy scalars included), and with
+# arrays: built once, as isinstance() runs on them for every column.
 SCALAR_TYPES = (bool, int, float, complex, np.generic)
+ARRAY_OR_SCALAR = (np.ndarray,) + SCALAR_TYPES
 
 
 class Field:
@@ -46,6 +48,9 @@ class Field:
     subclass (one per kernel), what it is made of and how it is filled."""
 
     kernel: ClassVar[str]   # the profiler's name for the kernel
+
+    # Subclasses call Field.__init__ by name: a field is made per column of
+    # every batch, and super() costs a third more.
 
     __slots__ = ("path", "shape", "dtype", "nbytes")
 
@@ -68,7 +73,7 @@ class StackField(Field):
     __slots__ = ("arrays",)
 
     def __init__(self, path: str, arrays: list[NDArray[Any]], shape: tuple[int, ...], dtype: np.dtype[Any]):
-        super().__init__(path, shape, dtype)
+        Field.__init__(self, path, shape, dtype)
         self.arrays = arrays
 
     def fill(self, out: NDArray[Any]) -> int:
@@ -84,7 +89,7 @@ class PadField(Field):
 
     def __init__(self, path: str, arrays: list[NDArray[Any]], shape: tuple[int, ...], dtype: np.dtype[Any],
                  axis: int, pattern: bytes):
-        super().__init__(path, shape, dtype)
+        Field.__init__(self, path, shape, dtype)
         self.arrays = arrays
         self.axis = axis
         self.pattern = pattern
@@ -102,7 +107,7 @@ class PadEveryAxisField(Field):
 
     def __init__(self, path: str, arrays: list[NDArray[Any]], shape: tuple[int, ...], dtype: np.dtype[Any],
                  pattern: bytes):
-        super().__init__(path, shape, dtype)
+        Field.__init__(self, path, shape, dtype)
         self.arrays = arrays
         self.pattern = pattern
 
@@ -121,7 +126,7 @@ class CopyField(Field):
     __slots__ = ("array",)
 
     def __init__(self, path: str, array: NDArray[Any]):
-        super().__init__(path, array.shape, array.dtype)
+        Field.__init__(self, path, array.shape, array.dtype)
         self.array = array
 
     def fill(self, out: NDArray[Any]) -> int:
@@ -135,7 +140,7 @@ class TakeField(Field):
     __slots__ = ("source", "indices")
 
     def __init__(self, path: str, source: NDArray[Any], indices: NDArray[np.int64]):
-        super().__init__(path, (len(indices),) + source.shape[1:], source.dtype)
+        Field.__init__(self, path, (len(indices),) + source.shape[1:], source.dtype)
         self.source = source
         self.indices = indices
 
@@ -337,7 +342,7 @@ def stack_column(planner: Planner, samples: Sequence[Any], path: str) -> Node:
     """Samples (arrays, numbers or tensors of one shape and dtype) stacked
     on a new axis 0."""
     first = samples[0]
-    if not isinstance(first, (np.ndarray,) + SCALAR_TYPES) and is_tensor(first):
+    if not isinstance(first, ARRAY_OR_SCALAR) and is_tensor(first):
         samples = [tensor_to_numpy(x) if is_tensor(x) else x for x in samples]
         first = samples[0]
     if not isinstance(first, np.ndarray) and isinstance(first, SCALAR_TYPES):
