@@ -224,8 +224,10 @@ def test_ctrl_c_while_workers_start_is_one_keyboard_interrupt(start_method):
                                        num_workers=4, start_method={start_method!r})
             print("ready", flush=True)
             pending = []
+            it = None
             try:
                 while True:
+                    it = None
                     it = iter(loader)
                     # Only start-up is under test here: a Ctrl-C during the
                     # close is held back and re-raised after it.
@@ -236,12 +238,21 @@ def test_ctrl_c_while_workers_start_is_one_keyboard_interrupt(start_method):
                         raise KeyboardInterrupt
             except KeyboardInterrupt:
                 print("caught", flush=True)
+                if it is not None:
+                    # Landed after iter() returned: the program holds a live
+                    # iterator, as after any statement; it closes it (or exits).
+                    it.close()
             from multiprocessing import resource_tracker
             def children():
                 return sorted(child_pids() - {{resource_tracker._resource_tracker._pid}})
             deadline = time.monotonic() + 3
             while children() and time.monotonic() < deadline:
                 time.sleep(0.02)
+            if children():   # what still holds the workers (for the failure message)
+                import gc
+                for o in gc.get_objects():
+                    if type(o).__name__ in ("Engine", "EpochIterator"):
+                        print("alive:", o, [type(r).__name__ for r in gc.get_referrers(o)], file=sys.stderr)
             print("children", children(), flush=True)
             print("threads", threading.active_count(), flush=True)
         """, start_new_session=True)
