@@ -1,7 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 # cython: initializedcheck=False
 """mxload's compiled core: reorder buffer, collation kernels, layout planner,
-shared-memory slabs, the fetcher's receive path and Ctrl-C deferral.  C declarations live in mxl_c.pxd;
+shared-memory slabs, the fetcher's receive path, Ctrl-C deferral and the workers' parent
+watchdog.  C declarations live in mxl_c.pxd;
 the code is split by job into the .pxi files included below."""
 
 cimport cython
@@ -15,6 +16,7 @@ from libc.errno cimport errno, EAGAIN, EINTR
 from libc.stdint cimport int64_t, uint64_t
 
 cimport numpy as cnp
+import os
 import warnings
 
 import numpy as np
@@ -28,6 +30,7 @@ include "reorder.pxi"
 include "collate.pxi"
 include "slab.pxi"
 include "receive.pxi"
+include "watchdog.pxi"
 
 cdef extern from *:
     """

@@ -16,7 +16,9 @@
 # and a SIGINT already pending when they swap handlers (signal.signal runs
 # pending handlers first) is caught here and deferred like the others.
 
-import signal as _signal
+# The C module, not `signal`: its getsignal/signal are Python wrappers, and a
+# Ctrl-C landing in their bytecode, before the deferral is active, would escape it.
+import _signal
 from types import MethodType as _MethodType
 
 # Main thread only (signal handlers run there, and only there can they be

@@ -34,6 +34,9 @@ cdef extern from "<pthread.h>" nogil:
     int pthread_cond_broadcast(pthread_cond_t *c)
     int pthread_cond_timedwait(pthread_cond_t *c, pthread_mutex_t *m, const timespec *abstime)
 
+cdef extern from "mxl_watchdog.h" nogil:
+    int mxl_start_watchdog(int fd)
+
 cdef extern from "mxl_cond.h" nogil:
     const char *MXL_COND_CLOCK_NAME
     int mxl_cond_init(pthread_cond_t *c)

@@ -187,3 +187,8 @@ def defer_sigint(fn: _F) -> _F:
 
 def sigint_safe_finalizer(fn: Callable[[_T], object]) -> Callable[[_T], None]:
     """A __del__ whose Ctrl-C is made pending again instead of ignored."""
+
+# ---------------------------------------------------------------- watchdog.pxi
+
+def watch_main_process(fd: int) -> None:
+    """SIGKILL this process when fd's peer (held by the main process alone) hangs up."""

@@ -66,14 +66,17 @@ class WorkerInfoDataset(mxload.Dataset):
 class SlowDataset(mxload.Dataset):
     """Sleeps in __getitem__ (for shutdown-while-busy tests)."""
 
-    def __init__(self, delay: float, n: int = 64):
+    def __init__(self, delay: float, n: int = 64, announce: bool = False):
         self.delay = delay
         self.n = n
+        self.announce = announce
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int):
+        if self.announce:
+            os.write(1, f"busy {os.getpid()}\n".encode())   # one write: lines of workers never interleave
         time.sleep(self.delay)
         return np.array([i])
 
@@ -93,6 +96,21 @@ class StuckDataset(mxload.Dataset):
             if self.ignore_sigterm:
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
             time.sleep(1000)
+        return np.array([i])
+
+
+class GilHoldingDataset(mxload.Dataset):
+    """__getitem__ holds the GIL without a break for as long as it likes
+    (catastrophic regex backtracking: _sre never releases it), as a C
+    extension busy in a long call does."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int):
+        import re
+        print("holding", flush=True)
+        re.match(r"(a+)+$", "a" * 40 + "b")   # 2**40 steps: never ends in a test's time
         return np.array([i])
 
 

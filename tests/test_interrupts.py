@@ -361,3 +361,22 @@ def test_the_fork_server_starts_with_ctrl_c_blocked(from_thread):
         print("ok")
     """)
     assert rc == 0 and out.strip().endswith("ok"), (out, err)
+
+
+@pytest.mark.parametrize("kind", ["defer_sigint", "sigint_safe_finalizer"])
+def test_a_deferral_runs_no_python_code_before_it_is_active(kind):
+    """A Ctrl-C lands between any two bytecodes.  If entering a deferral ran
+    Python code (the `signal` module's getsignal/signal are Python wrappers),
+    a Ctrl-C there would escape it: from a finalizer as 'Exception ignored',
+    and the user's Ctrl-C is lost.  Simulate one landing in those wrappers."""
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import signal
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        from mxload._core import {kind} as wrap
+        def landed(*a, **k):
+            raise KeyboardInterrupt("landed in the signal module's Python code")
+        signal.getsignal = signal.signal = landed
+        print(wrap(lambda: "ran")())
+    """)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["ran"]

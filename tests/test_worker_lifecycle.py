@@ -368,10 +368,10 @@ def test_parent_killed_busy_workers_die_within_two_seconds(start_method, from_th
     proc = _popen(f"""
         def run():
             global it
-            loader = mxload.DataLoader(SlowDataset(3.0, n=10_000), batch_size=2, num_workers=3,
-                                       start_method={start_method!r}, timeout=None)
-            it = iter(loader)
-            print(" ".join(str(p) for p in it.engine.worker_pids()), flush=True)
+            loader = mxload.DataLoader(SlowDataset(3.0, n=10_000, announce=True), batch_size=2,
+                                       num_workers=3, start_method={start_method!r}, timeout=None)
+            it = iter(loader)   # its pids in one write below: the workers print too
+            os.write(1, (" ".join(str(p) for p in it.engine.worker_pids()) + "\\n").encode())
             next(it)
             time.sleep(60)
         if {from_thread!r}:
@@ -382,9 +382,17 @@ def test_parent_killed_busy_workers_die_within_two_seconds(start_method, from_th
             run()
     """)
     try:
-        pids = [int(p) for p in proc.stdout.readline().split()]
-        assert len(pids) == 3, proc.stderr.read()
-        time.sleep(0.3)   # busy in __getitem__
+        pids: list[int] = []
+        busy: set[int] = set()
+        while not pids or busy != set(pids):   # the pids, and each worker saying it is busy
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()
+            if line.startswith("busy "):
+                busy.add(int(line.split()[1]))
+            else:
+                pids = [int(p) for p in line.split()]
+                assert len(pids) == 3, line
+        time.sleep(0.3)
         proc.kill()
         proc.wait(5)
         assert_gone(pids, within=2.0)
@@ -423,6 +431,81 @@ def test_a_worker_whose_zygote_died_before_it_armed_the_death_signal_ends_itself
     finally:
         if worker is not None and process_alive(worker):
             os.kill(worker, signal.SIGKILL)   # the orphan this test exists to prevent
+        proc.kill()
+        proc.wait(5)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+SLOW_MAIN_MODULE = """
+import os, sys, time
+sys.path.insert(0, {tests!r})
+if __name__ != "__main__":
+    time.sleep(60)   # a spawn worker re-imports the main module: a slow one (torch, models...)
+import mxload
+from datasets_for_tests import SlowDataset
+if __name__ == "__main__":
+    loader = mxload.DataLoader(SlowDataset(0.01), batch_size=2, num_workers=2, start_method="spawn")
+    it = iter(loader)
+    print(" ".join(str(p) for p in it.engine.worker_pids()), flush=True)
+    time.sleep(60)
+"""
+
+
+def test_parent_killed_while_spawn_workers_still_import_ends_them(tmp_path):
+    """The watchdog is armed before a spawn worker imports anything: killed
+    while its workers still import the main module (here for 60 s), the main
+    process takes them with it at once, not once they have finished."""
+    script = tmp_path / "train.py"
+    script.write_text(SLOW_MAIN_MODULE.format(tests=TESTS_DIR))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    pids: list[int] = []
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2, proc.stderr.read()
+        time.sleep(0.5)   # they are importing the main module
+        proc.kill()
+        proc.wait(5)
+        assert_gone(pids, within=3.0)
+    finally:
+        for pid in pids:
+            if process_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.wait(5)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_parent_killed_workers_holding_the_gil_die_with_it(start_method):
+    """The watchdog of a spawn or forkserver worker is a native thread: it needs
+    no GIL, so a worker whose dataset holds it (a long C call) still dies at
+    once with its main process."""
+    proc = _popen(f"""
+        from datasets_for_tests import GilHoldingDataset
+        if __name__ == "__main__":
+            loader = mxload.DataLoader(GilHoldingDataset(), batch_size=1, num_workers=2,
+                                       start_method={start_method!r}, timeout=None)
+            it = iter(loader)
+            print(" ".join(str(p) for p in it.engine.worker_pids()), flush=True)
+            next(it)
+    """)
+    pids: list[int] = []
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2, proc.stderr.read()
+        # Both workers print "holding" (inherited stdout) once inside the call.
+        assert [proc.stdout.readline().strip() for _ in pids] == ["holding", "holding"]
+        time.sleep(0.2)
+        proc.kill()
+        proc.wait(5)
+        assert_gone(pids, within=3.0)
+    finally:
+        for pid in pids:
+            if process_alive(pid):
+                os.kill(pid, signal.SIGKILL)
         proc.kill()
         proc.wait(5)
         proc.stdout.close()

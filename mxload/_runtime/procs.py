@@ -55,6 +55,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
+from .._core import watch_main_process
 from ..errors import WorkerError
 from . import fds as _fds
 from . import messages as m
@@ -184,6 +185,9 @@ def spawned_worker_main() -> None:
 
     from .worker import worker_process_main
     sock = socket.socket(fileno=int(sys.argv[1]))
+    # Before the main module is imported (spawn.prepare), which can take
+    # seconds (torch, models): a main process killed meanwhile takes us along.
+    watch_main_process(sock.fileno())
     handover, _ = m.recv(sock)
     if not isinstance(handover, m.Handover):
         raise m.ProtocolError(f"a spawn worker's first message is a Handover, not {type(handover).__name__}")

@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from .._collate import plan as _plan
-from .._core import Slab
+from .._core import Slab, watch_main_process
 from .._torch_compat import enter_worker
 from . import messages as m
 from .slabs import create_shared_fd, map_slab, slab_size_for
@@ -218,21 +218,6 @@ def _seed_worker(config: WorkerConfig, epoch: int) -> None:
         enter_worker(config.worker_id, config.num_workers, seed, _process_info.dataset, process=True)
 
 
-def _watch_main_process(sock: socket.socket) -> None:
-    """Die at once when the main process does, busy or not: only the main
-    process holds the other end of `sock`, so its death (or its closing the
-    socket at shutdown) hangs the socket up."""
-    def watch() -> None:
-        poller = select.poll()
-        poller.register(sock.fileno(), 0)   # POLLHUP is always reported; no data is consumed
-        while True:
-            for _, event in poller.poll():
-                if event & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
-                    os.kill(os.getpid(), signal.SIGKILL)
-
-    threading.Thread(target=watch, name="mxload-parent-watchdog", daemon=True).start()
-
-
 def enter_process(config: WorkerConfig, dataset: Any) -> None:
     """This process is worker `config.worker_id` (a worker process, or a Ray
     actor's process): get_worker_info() says so, and its RNGs are seeded."""
@@ -255,7 +240,7 @@ def worker_process_main(config: WorkerConfig, sock: socket.socket) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if not config.zygote_child:   # a zygote child was armed by the zygote (procs.die_with_parent)
-        _watch_main_process(sock)
+        watch_main_process(sock.fileno())
     payload = config.payload
     if isinstance(payload, bytes):
         payload = pickle.loads(payload)
