@@ -205,7 +205,11 @@ class Profiler:
             # The baseline of the worker's CPU time, while it is surely alive.
             cpu = _process_cpu_ns(pid)
             if cpu is not None:
-                self._cpu[pid] = [cpu, cpu, fetch_ns + collate_ns]
+                # Once per worker, so the lock costs nothing: report() and
+                # epoch_ended() iterate the dict, and a snapshot taken without
+                # it is not atomic (a collection inside it can switch threads).
+                with self._lock:
+                    self._cpu.setdefault(pid, [cpu, cpu, fetch_ns + collate_ns])
         if len(queue) >= FOLD_AT:
             self._fold()
 
@@ -302,8 +306,7 @@ class Profiler:
         self.batches += 1
 
     def _read_cpu(self) -> None:
-        # A snapshot: the fetcher thread adds workers' first readings without the lock.
-        for pid, readings in list(self._cpu.items()):
+        for pid, readings in self._cpu.items():   # lock held: see worker_batch
             cpu = _process_cpu_ns(pid)
             if cpu is not None:
                 readings[1] = cpu
@@ -357,7 +360,7 @@ class Profiler:
             main_cpu = self._main_cpu_ns
             if self._main_cpu_start is not None:
                 main_cpu += time.process_time_ns() - self._main_cpu_start
-            cpu_readings = list(self._cpu.items())   # see _read_cpu
+            cpu_readings = list(self._cpu.items())
             cpu_of_pid = {pid: r[1][0] - r[0][0] for pid, r in cpu_readings}
             waited_of_pid = {pid: r[1][1] - r[0][1] for pid, r in cpu_readings}
             unmeasured_of_pid = {pid: r[2] for pid, r in cpu_readings}
