@@ -79,3 +79,25 @@ def test_a_resumed_stream_yields_the_rest(kwargs):
     resumed.load_state_dict(state)
     assert [b.tolist() for b in resumed] == rest
     assert sorted(x for b in taken + rest for x in b) == list(range(20))
+
+
+@pytest.mark.parametrize("kwargs", [dict(thread_pool=True), dict()], ids=["threads", "processes"])
+def test_close_from_another_thread_ends_a_waiting_next_cleanly(kwargs):
+    """close() while another thread waits in next(): that next() ends the
+    epoch with StopIteration (never the reorder buffer's internal
+    BufferClosedError), within the shutdown's bound."""
+    import threading
+    import time
+
+    from datasets_for_tests import SlowDataset
+    loader = mxload.DataLoader(SlowDataset(1.0, n=8), batch_size=2, num_workers=2, **kwargs)
+    it = iter(loader)
+    closer = threading.Timer(0.2, it.close)
+    closer.start()
+    t0 = time.monotonic()
+    with pytest.raises(StopIteration):
+        next(it)
+    assert time.monotonic() - t0 < 5.0
+    closer.join()
+    with pytest.raises(StopIteration):
+        next(it)

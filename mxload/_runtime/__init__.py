@@ -1,2 +1,36 @@
-"""The loader's runtime: how a batch travels from the sampler to the consumer
-with worker processes or threads (one module per stage)."""
+"""The loader's runtime: how a batch travels from the sampler to the consumer,
+one module per stage.  Its only input is the loader's LoaderOptions
+(``mxload/_options.py``); only ``messages.py`` (and ``mxload/_collate``'s
+layout) define a format that crosses processes.
+
+    epoch.py       start_epoch, EpochPlan (which batches; resumed or not) and the
+                   one EpochIterator, for 0 workers (InProcessBatches) or N (the engine)
+    engine.py      Engine: prefetch window, dispatch (round-robin by batch index),
+                   consume from the ReorderBuffer, failure record, restart policy
+    transport.py   the seam: Transport (how tasks reach workers, results come back,
+                   shutdown phases) and ResultSink (the engine, as a transport sees it)
+    processes.py   ProcessTransport: sockets, pooled slabs, the fetcher
+      lifecycle.py   start method, starting/restarting/ending processes, the
+                     numbered shutdown sequence
+      fetcher.py     the fetcher thread: receive, adopt slabs, views, notice deaths
+      procs.py       the zygote (fork), spawn workers, SIGINT handling at starts
+      slabs.py       memfd slabs and the main process's pool
+      fds.py         descriptors no forked child may keep
+    threads.py     ThreadTransport: a task queue per worker thread
+    worker.py      the one task loop of process and thread workers; WorkerInfo, seeding
+    source.py      the samples of a batch (map-style indices or a stream)
+    messages.py    Task, Stop, Batch, NewSlab, Loaded, Failed, Exhausted, InitFailed,
+                   zygote and spawn messages; send/recv of one frame
+
+One batch with worker processes:
+
+    DataLoader.__iter__ -> epoch.start_epoch: the batch sampler's indices -> EpochPlan
+      -> Engine.begin_epoch -> Engine._dispatch_more -> Task -> ProcessTransport.dispatch
+         (attaches a pooled slab) -> messages.send over the worker's socket
+    worker process: worker.serve -> source.SampleSource.samples -> plan + fill the slab
+      -> Batch (or NewSlab with its descriptor, Failed, Exhausted) -> messages.send
+    fetcher thread: messages.recv -> fetcher.take_result (adopt the slab; numpy views
+      owned by a BatchOwner) -> Loaded -> Engine.deliver -> ReorderBuffer.put
+    training loop: EpochIterator.__next__ -> Engine.next_batch -> ReorderBuffer.get
+      -> (batch index, batch) -> progress.taken(index) -> the batch
+"""

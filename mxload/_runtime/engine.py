@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from multiprocessing import util as mp_util
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .._core import BufferClosedError, RawBatch, ReorderBuffer, defer_sigint
 from ..errors import LoaderTimeoutError, WorkerError
 from . import messages as m
@@ -55,7 +57,7 @@ class BatchFailure:
         self.error = error
 
 
-class _Marker:
+class Marker:
     def __init__(self, name: str):
         self._name = name
 
@@ -63,10 +65,10 @@ class _Marker:
         return self._name
 
 
-END = _Marker("END")            # the epoch delivered every batch
-CLOSED_BY_OTHER = _Marker("CLOSED")   # shut down meanwhile (close() from another thread)
-_EXHAUSTED = _Marker("EXHAUSTED")     # a worker's stream ended (not a batch)
-_NOT_SENT = _Marker("NOT_SENT")
+END = Marker("END")            # the epoch delivered every batch
+CLOSED_BY_OTHER = Marker("CLOSED")   # shut down meanwhile (close() from another thread)
+_EXHAUSTED = Marker("EXHAUSTED")     # a worker's stream ended (not a batch)
+_NOT_SENT = Marker("NOT_SENT")
 
 
 def rebuild_exception(info: m.ExceptionInfo, worker_id: int, pid: int | None,
@@ -102,7 +104,7 @@ class _Worker:
     alive: bool = True
     exhausted: bool = False
     # (epoch, batch index) -> indices, in dispatch order: what a restart sends again.
-    outstanding: dict[tuple[int, int], Any] = dataclasses.field(default_factory=dict)
+    outstanding: dict[tuple[int, int], np.ndarray | None] = dataclasses.field(default_factory=dict)
 
 
 class Engine:
@@ -129,7 +131,7 @@ class Engine:
         self._plan: EpochPlan | None = None
         self._discard = 0
         self._next_dispatch = self._yielded = self._in_flight = 0
-        self._finalizer: Any = None
+        self._finalizer: mp_util.Finalize | None = None
         config = WorkerConfig(0, options.num_workers, options.seed, epoch,
                               (options.dataset, options.batchify_fn, options.worker_init_fn),
                               options.iterable, options.fetch_batch_size, options.drop_last,
@@ -217,13 +219,13 @@ class Engine:
                 self._next_dispatch += 1
                 self._in_flight += 1
 
-    def _send(self, wid: int, idx: int, indices: Any) -> None:
+    def _send(self, wid: int, idx: int, indices: np.ndarray | None) -> None:
         self._workers[wid].outstanding[(self.epoch, idx)] = indices
         self.transport.dispatch(wid, m.Task(self.epoch, idx, indices, profiling=self.profiler is not None))
 
     # ------------------------------------------------------------------ consumer
 
-    def next_batch(self) -> tuple[int, Any] | _Marker:
+    def next_batch(self) -> tuple[int, Any] | Marker:
         """(batch index, batch or BatchFailure), END, or CLOSED_BY_OTHER.
         Raises what ended the epoch."""
         if os.getpid() != self._pid:

@@ -11,10 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
+
 from .._checkpoint import EpochProgress
 from .._collate import plan as _plan
 from .._core import defer_sigint, sigint_safe_finalizer
-from .engine import END, BatchFailure, Engine, _Marker
+from .engine import END, BatchFailure, Engine, Marker
 from .source import SampleSource
 
 if TYPE_CHECKING:
@@ -35,12 +37,12 @@ class EpochPlan:
         discard: stream batches to drop first (a resumed stream is replayed
             from its start; these were taken before the checkpoint).
     """
-    batches: list[Any] | None
+    batches: list[np.ndarray] | None
     order: list[int] | None
     discard: int = 0
 
     @classmethod
-    def of(cls, batches: list[Any] | None, progress: EpochProgress) -> EpochPlan:
+    def of(cls, batches: list[np.ndarray] | None, progress: EpochProgress) -> EpochPlan:
         """The plan of an epoch of `batches` (None: a stream) given what
         `progress` (fresh, or loaded from a state_dict) says was taken."""
         if batches is None:
@@ -57,7 +59,7 @@ class _Producer(Protocol):
 
     @property
     def total_batches(self) -> int | None: ...
-    def next_batch(self) -> tuple[int, Any] | _Marker: ...
+    def next_batch(self) -> tuple[int, Any] | Marker: ...
     def end(self, release: bool) -> None: ...
 
 
@@ -76,7 +78,7 @@ class InProcessBatches:
         self._source = SampleSource(options.dataset, options.iterable, options.fetch_batch_size,
                                     options.drop_last, options.seed)
 
-    def next_batch(self) -> tuple[int, Any] | _Marker:
+    def next_batch(self) -> tuple[int, Any] | Marker:
         """As torch: an error raised for one batch (dataset or collation)
         uses that batch up, so a loop that catches it goes on with the next one."""
         order = self._plan.order
@@ -85,29 +87,31 @@ class InProcessBatches:
         idx = order[self._position] if order is not None else self._plan.discard + self._position
         t0 = time.monotonic_ns()
         try:
-            samples = self._samples(idx)
+            batches = self._plan.batches
+            samples = (self._source.samples(self._epoch, batches[idx]) if batches is not None
+                       else self._stream_samples())
             if samples is None:
                 return END
-            batch = self._collate(idx, samples, t0)
+            if self.profiler is None:
+                batch = _plan.collate(self._batchify, samples, idx)
+            else:
+                batch = self._collate_profiled(idx, samples, t0)
         except Exception as e:
             self._position += 1
             return idx, BatchFailure(e)
         self._position += 1
         return idx, batch
 
-    def _samples(self, idx: int) -> Any:
-        if self._plan.batches is not None:
-            return self._source.samples(self._epoch, self._plan.batches[idx])
+    def _stream_samples(self) -> Any:
         while self._discard:   # resumed: replay the stream, drop what was seen
             if self._source.samples(self._epoch, None) is None:
                 return None
             self._discard -= 1
         return self._source.samples(self._epoch, None)
 
-    def _collate(self, idx: int, samples: Any, t0: int) -> Any:
+    def _collate_profiled(self, idx: int, samples: Any, t0: int) -> Any:
         profiler = self.profiler
-        if profiler is None:
-            return _plan.collate(self._batchify, samples, idx)
+        assert profiler is not None
         t1 = time.monotonic_ns()
         batch, stats, field_ns = _plan.collate_profiled(self._batchify, samples, idx)
         t2 = time.monotonic_ns()
@@ -136,7 +140,7 @@ class _EngineBatches:
     def total_batches(self) -> int | None:
         return self.engine.total_batches
 
-    def next_batch(self) -> tuple[int, Any] | _Marker:
+    def next_batch(self) -> tuple[int, Any] | Marker:
         return self.engine.next_batch()
 
     def end(self, release: bool) -> None:
@@ -275,7 +279,7 @@ class EpochIterator:
     __del__ = sigint_safe_finalizer(_finalize)
 
 
-def start_epoch(options: LoaderOptions, epoch: int, batches: Callable[[], list[Any]] | None,
+def start_epoch(options: LoaderOptions, epoch: int, batches: Callable[[], list[np.ndarray]] | None,
                 progress: EpochProgress, profiler: Profiler | None, engine: Engine | None,
                 persistent: bool, length: Callable[[], int],
                 on_engine: Callable[[Engine], None]) -> EpochIterator:

@@ -157,8 +157,13 @@ class Pausable(Protocol):
 
 # Every process transport of this process: forking a zygote pauses the
 # others' fetcher threads, so that mxload never forks while a thread of its own runs.
-_running: weakref.WeakSet[Any] = weakref.WeakSet()
+_running: weakref.WeakSet[Pausable] = weakref.WeakSet()
 _fork_lock = threading.Lock()
+
+
+def register_pausable(transport: Pausable) -> None:
+    """`transport` runs a thread that must pause while another engine forks its zygote."""
+    _running.add(transport)
 
 
 def _forget_inherited_workers() -> None:

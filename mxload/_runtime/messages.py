@@ -17,7 +17,8 @@ clear ``ProtocolError`` rather than a tuple decoded by position.
     worker -> main      Batch (filled into the task's slab), BatchRef (the same, for
                         a layout named by an earlier Batch), NewSlab (a new slab,
                         carrying its descriptor), Failed, Exhausted, InitFailed
-    main -> zygote      StartWorker (carrying the worker's socket end), Stop
+    main -> zygote      StartWorker (carrying the worker's socket end); its stop
+                        request is the main process's end of the socket closing
     zygote -> main      Started (carrying a pidfd of the worker), StartFailed, Exited
     main -> spawn worker Handover (once, before its first Task)
 
@@ -38,11 +39,15 @@ import pickle
 import socket
 import struct
 import traceback
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from .._collate.layout import Layout
 from .slabs import fd_limit_error
+
+if TYPE_CHECKING:
+    from .worker import WorkerConfig
 
 __all__ = [
     "MAGIC", "VERSION", "ProtocolError", "ExceptionInfo", "Timings",
@@ -126,7 +131,7 @@ class Batch(NamedTuple):
     batch_index: int
     slab_id: int | None
     nbytes: int
-    layout: tuple[Any, ...]
+    layout: Layout
     timings: Timings | None
     layout_id: int = -1
 
@@ -148,7 +153,7 @@ class NewSlab(NamedTuple):
     batch_index: int
     size: int
     nbytes: int
-    layout: tuple[Any, ...]
+    layout: Layout
     timings: Timings | None
 
 
@@ -207,7 +212,7 @@ class Handover(NamedTuple):
     """A spawn worker's start: multiprocessing's preparation data (sys.path,
     the main module) and its WorkerConfig."""
     preparation: dict[str, Any]
-    config: Any                # worker.WorkerConfig (imported there: it imports this module)
+    config: WorkerConfig
 
 
 class RemoteBatch(NamedTuple):

@@ -51,7 +51,7 @@ class ProcessTransport(Transport):
         self._handles = self.launcher.start_all(self._config.num_workers, self._config.epoch)
         self._fetcher = Fetcher(self.sink, self.lock, self.pool, self._buffer, self._config.num_workers,
                                 lambda: self._handles, self._on_death)
-        lifecycle._running.add(self)
+        lifecycle.register_pausable(self)
         self._fetcher.start()
 
     def pause(self) -> bool:

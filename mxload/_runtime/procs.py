@@ -10,7 +10,7 @@ Process tree with start_method="fork" (the default on Linux)::
              └──fork──> replacement of a dead worker, any time later
 
     control socket, main <-> zygote (messages.py):
-      main -> zygote  StartWorker carrying the worker's socket end; Stop
+      main -> zygote  StartWorker carrying the worker's socket end (hang-up: stop)
       zygote -> main  Started carrying a pidfd of the worker
                       StartFailed                      fork() itself failed
                       Exited                           after the zygote reaped it
@@ -53,12 +53,15 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._core import watch_main_process
 from ..errors import WorkerError
 from . import fds as _fds
 from . import messages as m
+
+if TYPE_CHECKING:
+    from .worker import WorkerConfig
 
 # How long the zygote may take to fork a worker and answer.
 ZYGOTE_REPLY_S = 10.0
@@ -118,7 +121,7 @@ class SpawnedWorker:
     """A spawn worker: a fresh interpreter in its own process group (the
     subset of multiprocessing.Process the engine uses)."""
 
-    def __init__(self, config: Any, sock: socket.socket):
+    def __init__(self, config: WorkerConfig, sock: socket.socket):
         """Start it serving `sock` (the caller closes its copy); it waits for
         hand_over()."""
         from multiprocessing import spawn, util
@@ -505,7 +508,7 @@ def _serve_zygote(sock: socket.socket, entry: Callable[[int, int, socket.socket]
                 except (EOFError, OSError):
                     return   # the main process closed or died
                 if not isinstance(msg, m.StartWorker):
-                    return   # Stop
+                    return   # not a request of this protocol: nothing to serve
                 worker_id, epoch = msg
                 worker_sock = socket.socket(fileno=fds[0])
                 try:

@@ -1,0 +1,95 @@
+"""The one task loop of process and thread workers (mxload/_runtime/worker.py),
+driven through a fake link: what a worker answers to each task."""
+import numpy as np
+import pytest
+
+from mxload._runtime import messages as m
+from mxload._runtime.source import SampleSource
+from mxload._runtime.worker import _Link, serve
+
+
+class FakeLink(_Link):
+    def __init__(self, tasks, batch_errors=(Exception,)):
+        super().__init__()
+        self.tasks = list(tasks)
+        self.sent = []
+        self.reseeded = []
+        self.batch_errors = batch_errors
+
+    def next_task(self):
+        return self.tasks.pop(0) if self.tasks else None
+
+    def reseed(self, epoch):
+        self.reseeded.append(epoch)
+
+    def collate(self, task, samples, batchify_fn, t0, t1):
+        assert t0 <= t1
+        return m.Loaded(task.epoch, task.batch_index, batchify_fn(samples), None)
+
+    def send_batch(self, reply):
+        self.sent.append(reply)
+
+    def send(self, message):
+        self.sent.append(message)
+
+
+class Squares:
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        if i == 7:
+            raise KeyError("sample 7 is missing")
+        return i * i
+
+
+def task(epoch, idx, indices):
+    return m.Task(epoch, idx, np.array(indices, dtype=np.int64).tobytes())
+
+
+def run(tasks, init=None, dataset=None, iterable=False, **link_kwargs):
+    link = FakeLink(tasks, **link_kwargs)
+    dataset = dataset if dataset is not None else Squares()
+    serve(link, 0, (dataset, list, init), SampleSource(dataset, iterable, 2, False, seed=1), epoch=0)
+    return link
+
+
+def test_every_task_gets_one_result_in_order_and_a_new_epoch_reseeds():
+    link = run([task(0, 0, [1, 2]), task(0, 1, [3]), task(1, 0, [4, 5]), task(1, 1, [0])])
+    assert link.sent == [m.Loaded(0, 0, [1, 4], None), m.Loaded(0, 1, [9], None),
+                         m.Loaded(1, 0, [16, 25], None), m.Loaded(1, 1, [0], None)]
+    assert link.reseeded == [1]
+
+
+def test_a_batch_error_is_that_batchs_failure_and_the_loop_goes_on():
+    link = run([task(0, 0, [6, 7]), task(0, 1, [8])])
+    failed, loaded = link.sent
+    assert isinstance(failed, m.Failed) and (failed.epoch, failed.batch_index) == (0, 0)
+    assert failed.error.qualname == "KeyError" and "sample 7 is missing" in failed.error.message
+    assert loaded == m.Loaded(0, 1, [64], None)
+
+
+def test_a_failed_worker_init_fn_is_reported_and_no_task_runs():
+    def init(worker_id):
+        raise RuntimeError(f"init failed in worker {worker_id}")
+    link = run([task(0, 0, [1])], init=init)
+    (failed,) = link.sent
+    assert isinstance(failed, m.InitFailed) and failed.error.message == "init failed in worker 0"
+    assert len(link.tasks) == 1
+
+
+def test_the_end_of_a_stream_is_exhausted_for_every_later_task():
+    link = run([m.Task(0, i, None) for i in range(3)], dataset=[10, 11, 12], iterable=True)
+    assert link.sent == [m.Loaded(0, 0, [10, 11], None), m.Loaded(0, 1, [12], None), m.Exhausted(0, 2)]
+
+
+def test_an_exception_that_is_not_a_batch_error_ends_the_loop_saying_what_it_was_doing():
+    class Exiting(Squares):
+        def __getitem__(self, i):
+            raise SystemExit(3)
+    link = FakeLink([task(0, 4, [1])])   # a thread's link: SystemExit is not a batch's failure
+    with pytest.raises(SystemExit):
+        serve(link, 0, (Exiting(), list, None), SampleSource(Exiting(), False, 2, False, 1), epoch=0)
+    assert link.doing == "loading batch 4" and link.sent == []
+    link = run([task(0, 4, [1])], dataset=Exiting(), batch_errors=(BaseException,))   # a process's
+    assert isinstance(link.sent[0], m.Failed) and link.sent[0].error.qualname == "SystemExit"
