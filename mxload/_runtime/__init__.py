@@ -17,6 +17,8 @@ layout) define a format that crosses processes.
       slabs.py       memfd slabs and the main process's pool
       fds.py         descriptors no forked child may keep
     threads.py     ThreadTransport: a task queue per worker thread
+    ray_transport.py  RayTransport (backend="ray"): Ray actors (ray_actor.py) as
+                   workers, anywhere in a Ray cluster
     worker.py      the one task loop of process and thread workers; WorkerInfo, seeding
     source.py      the samples of a batch (map-style indices or a stream)
     messages.py    Task, Stop, Batch, NewSlab, Loaded, Failed, Exhausted, InitFailed,
@@ -29,8 +31,11 @@ One batch with worker processes:
          (attaches a pooled slab) -> messages.send over the worker's socket
     worker process: worker.serve -> source.SampleSource.samples -> plan + fill the slab
       -> Batch (or NewSlab with its descriptor, Failed, Exhausted) -> messages.send
-    fetcher thread: messages.recv -> fetcher.take_result (adopt the slab; numpy views
-      owned by a BatchOwner) -> Loaded -> Engine.deliver -> ReorderBuffer.put
+    fetcher thread (compiled receive path, _core.FrameReceiver, GIL released): a BatchRef
+      (layout named before) goes into the ReorderBuffer as a C struct; any other frame:
+      messages.decode -> fetcher.take_result (adopt the slab; numpy views owned by a
+      BatchOwner) -> Loaded -> Engine.deliver -> ReorderBuffer.put
     training loop: EpochIterator.__next__ -> Engine.next_batch -> ReorderBuffer.get
-      -> (batch index, batch) -> progress.taken(index) -> the batch
+      (a raw one becomes views through the transport's claim) -> (batch index, batch)
+      -> progress.taken(index) -> the batch
 """
