@@ -142,9 +142,10 @@ class RayAllowance:
     of mxload's): idle pool workers the raylet starts at will, the processes
     of a cluster node the test added (ray_harness.replace_remote_node) and
     theirs; never a loader's actor (titled ray::LoaderActor, it must be
-    gone).  Also the gRPC sockets and event descriptors Ray's core worker
-    opens to new actors and keeps cached: mxload's Ray backend opens no
-    socket, pipe or slab itself."""
+    gone).  Also the gRPC (TCP) sockets and event descriptors Ray's core
+    worker opens to new actors and keeps cached: mxload's Ray backend opens
+    no socket, pipe or slab itself, and a local worker's leaked socketpair
+    is still reported."""
 
     @staticmethod
     def child(pid: int) -> bool:
@@ -161,7 +162,21 @@ class RayAllowance:
 
     @staticmethod
     def fd(fd: str) -> bool:
-        return _fd_target(fd).startswith(("socket:", "anon_inode:"))
+        target = _fd_target(fd)
+        if target.startswith("socket:["):   # only TCP (gRPC): a worker's socketpair is AF_UNIX
+            return target[len("socket:["):-1] in _tcp_inodes()
+        return target.startswith("anon_inode:")
+
+
+def _tcp_inodes() -> set:
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                inodes.update(line.split()[9] for line in list(f)[1:])
+        except (OSError, IndexError):
+            pass
+    return inodes
 
 
 def leftovers(before: dict, allowance: type[RayAllowance] | None = None) -> dict:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 from conftest import _snapshot, is_slab_mapping, leftovers
@@ -44,3 +45,38 @@ def test_only_slab_files_count_as_slab_mappings():
     assert is_slab_mapping(prefix + "/dev/shm/mxload-0123abcd\n")
     assert not is_slab_mapping("7f00-7f10 r-xp 00000000 08:01 99  /tmp/mxload-ci.X/venv/lib/libtorch.so\n")
     assert not is_slab_mapping("7f00-7f10 rw-p 00000000 00:00 0 \n")
+
+
+def test_ray_allowance_is_narrow():
+    """What tests marked `ray` may leave: Ray's idle pool workers and its TCP
+    (gRPC) sockets; never a loader's actor, another process, or a socketpair."""
+    import socket
+    import subprocess
+
+    from conftest import RayAllowance
+
+    before = _snapshot()
+    idle = subprocess.Popen(["bash", "-c", "exec -a ray::IDLE sleep 30"])
+    actor = subprocess.Popen(["bash", "-c", "exec -a ray::LoaderActor sleep 30"])
+    other = subprocess.Popen(["sleep", "30"])
+    pair = socket.socketpair()
+    tcp = socket.socket()
+    try:
+        tcp.bind(("127.0.0.1", 0))
+        tcp.listen()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not all(
+                open(f"/proc/{p.pid}/cmdline", "rb").read().startswith((b"ray::", b"sleep"))
+                for p in (idle, actor, other)):
+            time.sleep(0.01)   # bash has not exec'd yet
+        found = leftovers(before, RayAllowance)
+        assert sorted(found["children"]) == sorted([actor.pid, other.pid])
+        reported = {int(fd.split("->")[0]) for fd in found["fds"]}
+        # The socketpair's ends (one may reuse a number the snapshot saw open), never the TCP socket.
+        assert reported and reported <= {pair[0].fileno(), pair[1].fileno()}, found["fds"]
+    finally:
+        for p in (idle, actor, other):
+            p.kill()
+            p.wait()
+        for s in (*pair, tcp):
+            s.close()
