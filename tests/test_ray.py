@@ -149,7 +149,7 @@ def test_timeout_names_the_actors():
     t0 = time.monotonic()
     with pytest.raises(LoaderTimeoutError, match="Ray actor") as info:
         next(iter(loader))
-    assert time.monotonic() - t0 < 4.0
+    assert time.monotonic() - t0 < 8.0   # timeout=1 plus the shutdown; slack for a loaded machine
     assert "timeout=1" in str(info.value)
 
 
@@ -194,7 +194,7 @@ def test_a_killed_actor_is_a_worker_error_naming_actor_node_and_batch():
     message = str(info.value)
     assert "Ray actor" in message and victim["ActorID"][:12] in message and "node" in message
     assert str(victim["Pid"]) in message and "holding batches [" in message
-    assert noticed < 5.0, noticed   # about 0.1 s on a quiet machine; slack for a loaded one
+    assert noticed < 5.0, noticed   # 20 ms measured (bench/ray.py); slack for a loaded machine
 
 
 def test_restarted_actor_delivers_every_batch_exactly_once(tmp_path):
