@@ -187,3 +187,31 @@ def test_shutdown_closes_descriptors_the_receiver_holds():
         assert engine.state == "closed"
         assert _slab_fds() == []
         del engine, it
+
+
+def test_a_forked_child_cannot_take_the_parents_batches():
+    """The check costs no system call per batch (a fork counter, not
+    os.getpid()) and still refuses a child's next()."""
+    import warnings
+    loader = mxload.DataLoader(Rows(256), batch_size=16, num_workers=2)
+    it = iter(loader)
+    next(it)
+    r, w = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)   # our own fork, threads alive
+        pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            next(it)
+            os.write(w, b"took a batch")
+        except RuntimeError as e:
+            os.write(w, str(e).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        said = f.read().decode()
+    os.waitpid(pid, 0)
+    assert "not to this forked child" in said and "call iter(loader) again in the child" in said, said
+    assert sum(1 for _ in it) == 15

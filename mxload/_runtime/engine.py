@@ -47,6 +47,19 @@ if TYPE_CHECKING:
 
 RUNNING, SHUTTING_DOWN, CLOSED = "running", "shutting down", "closed"
 
+# Forks of this process so far, as seen in the child: a batch is taken only in
+# the process that made the engine, and comparing this costs nothing per batch
+# where os.getpid() is a system call (glibc caches no pid).
+_forks = 0
+
+
+def _count_fork() -> None:
+    global _forks
+    _forks += 1
+
+
+os.register_at_fork(after_in_child=_count_fork)
+
 
 class BatchFailure:
     """A batch's error (dataset or collation), in place of the batch: the
@@ -121,6 +134,7 @@ class Engine:
         self.epoch = epoch
         self.profiler: Profiler | None = None
         self._pid = os.getpid()                 # only this process may end the workers
+        self._forks = _forks
         self._lock = threading.RLock()          # dispatch, results, the worker table
         self._shutdown_lock = threading.Lock()
         self._rb = ReorderBuffer()
@@ -228,7 +242,7 @@ class Engine:
     def next_batch(self) -> tuple[int, Any] | Marker:
         """(batch index, batch or BatchFailure), END, or CLOSED_BY_OTHER.
         Raises what ended the epoch."""
-        if os.getpid() != self._pid:
+        if _forks != self._forks:
             raise RuntimeError(
                 f"this iterator's workers belong to process {self._pid}, not to this forked child "
                 f"(pid {os.getpid()}); call iter(loader) again in the child to start its own")
