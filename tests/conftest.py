@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import multiprocessing as mp
 import os
+import signal
 import threading
 import time
 
@@ -69,6 +70,27 @@ def assert_gone(pids, within: float = 2.0) -> None:
             return
         time.sleep(0.02)
     raise AssertionError(f"processes still alive after {within} s: {alive}")
+
+
+def kill_and_expect_workers_gone(proc, pids, within: float) -> None:
+    """SIGKILL the training process `proc`: every worker of its in `pids` must
+    be gone within `within` s (its death is theirs)."""
+    proc.kill()
+    proc.wait(5)
+    assert_gone(pids, within=within)
+
+
+def end_child(proc, orphans=()) -> None:
+    """A test's cleanup of the child process it started: end it, and any of
+    `orphans` (its workers) still alive, which a failing test would leave."""
+    for pid in orphans:
+        if process_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    proc.kill()
+    proc.wait(5)
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
 
 
 def open_fds() -> set:

@@ -18,7 +18,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import assert_gone, descendant_pids, shm_entries
+from conftest import assert_gone, descendant_pids, end_child, kill_and_expect_workers_gone, shm_entries
 from datasets_for_tests import (
     DictDataset,
     DyingDataset,
@@ -409,17 +409,13 @@ def test_parent_killed_workers_exit_and_no_shared_memory_remains(start_method):
         print(" ".join(str(p) for p in it.engine.worker_pids()), flush=True)
         time.sleep(60)
     """)
+    pids: list[int] = []
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
         assert len(pids) == 3
-        proc.kill()
-        proc.wait(5)
-        assert_gone(pids, within=2.0)
+        kill_and_expect_workers_gone(proc, pids, within=2.0)
     finally:
-        proc.kill()
-        proc.wait(5)
-        proc.stdout.close()
-        proc.stderr.close()
+        end_child(proc, pids)
     assert shm_entries() <= shm_before
 
 

@@ -19,7 +19,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import assert_gone, process_alive
+from conftest import assert_gone, end_child, kill_and_expect_workers_gone, process_alive
 from datasets_for_tests import PayloadDataset, SlowDataset, TupleDataset
 
 import mxload
@@ -381,8 +381,8 @@ def test_parent_killed_busy_workers_die_within_two_seconds(start_method, from_th
         else:
             run()
     """)
+    pids: list[int] = []
     try:
-        pids: list[int] = []
         busy: set[int] = set()
         while not pids or busy != set(pids):   # the pids, and each worker saying it is busy
             line = proc.stdout.readline()
@@ -393,14 +393,9 @@ def test_parent_killed_busy_workers_die_within_two_seconds(start_method, from_th
                 pids = [int(p) for p in line.split()]
                 assert len(pids) == 3, line
         time.sleep(0.3)
-        proc.kill()
-        proc.wait(5)
-        assert_gone(pids, within=2.0)
+        kill_and_expect_workers_gone(proc, pids, within=2.0)
     finally:
-        proc.kill()
-        proc.wait(5)
-        proc.stdout.close()
-        proc.stderr.close()
+        end_child(proc, pids)
 
 
 def test_a_worker_whose_zygote_died_before_it_armed_the_death_signal_ends_itself():
@@ -429,12 +424,7 @@ def test_a_worker_whose_zygote_died_before_it_armed_the_death_signal_ends_itself
         assert process_alive(worker)
         assert_gone([worker], within=5.0)
     finally:
-        if worker is not None and process_alive(worker):
-            os.kill(worker, signal.SIGKILL)   # the orphan this test exists to prevent
-        proc.kill()
-        proc.wait(5)
-        proc.stdout.close()
-        proc.stderr.close()
+        end_child(proc, [worker] if worker is not None else [])   # the orphan this test exists to prevent
 
 
 SLOW_MAIN_MODULE = """
@@ -465,17 +455,9 @@ def test_parent_killed_while_spawn_workers_still_import_ends_them(tmp_path):
         pids = [int(p) for p in proc.stdout.readline().split()]
         assert len(pids) == 2, proc.stderr.read()
         time.sleep(0.5)   # they are importing the main module
-        proc.kill()
-        proc.wait(5)
-        assert_gone(pids, within=3.0)
+        kill_and_expect_workers_gone(proc, pids, within=3.0)
     finally:
-        for pid in pids:
-            if process_alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        proc.kill()
-        proc.wait(5)
-        proc.stdout.close()
-        proc.stderr.close()
+        end_child(proc, pids)
 
 
 @pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
@@ -499,17 +481,9 @@ def test_parent_killed_workers_holding_the_gil_die_with_it(start_method):
         # Both workers print "holding" (inherited stdout) once inside the call.
         assert [proc.stdout.readline().strip() for _ in pids] == ["holding", "holding"]
         time.sleep(0.2)
-        proc.kill()
-        proc.wait(5)
-        assert_gone(pids, within=3.0)
+        kill_and_expect_workers_gone(proc, pids, within=3.0)
     finally:
-        for pid in pids:
-            if process_alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        proc.kill()
-        proc.wait(5)
-        proc.stdout.close()
-        proc.stderr.close()
+        end_child(proc, pids)
 
 
 def test_workers_started_from_a_thread_outlive_it():
