@@ -53,6 +53,17 @@ def time_interleaved(fns: dict, repeats: int, warmup: int = 3) -> dict:
     return out
 
 
+def busy_s() -> float:
+    """CPU seconds every process on this machine has used (/proc/stat); NaN without it."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return float("nan")
+    # user nice system idle iowait irq softirq steal ...
+    return (v[0] + v[1] + v[2] + v[5] + v[6] + (v[7] if len(v) > 7 else 0)) / os.sysconf("SC_CLK_TCK")
+
+
 def median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs))
 

@@ -40,7 +40,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import header, median, optional_torch, table  # noqa: E402
+from _common import busy_s, header, median, optional_torch, table  # noqa: E402
 
 import mxload  # noqa: E402
 from mxload import synthetic as D  # noqa: E402
@@ -135,17 +135,6 @@ def close_iter(it: Any) -> None:
             return
 
 
-def _busy_s() -> float:
-    """CPU seconds all processes on this machine have used (from /proc/stat)."""
-    try:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-    except OSError:
-        return float("nan")
-    # user nice system idle iowait irq softirq steal ...
-    return (v[0] + v[1] + v[2] + v[5] + v[6] + (v[7] if len(v) > 7 else 0)) / os.sysconf("SC_CLK_TCK")
-
-
 def _own_s() -> float:
     """CPU seconds this process and its reaped children have used."""
     t = os.times()
@@ -158,7 +147,7 @@ def run_once(impl: str, ds: Any, batch_size: int, workers: int, n_batches: int,
     load in cores: CPU used by other processes on the machine meanwhile)."""
     loader = make_loader(impl, ds, batch_size, workers)
     clock = time.perf_counter
-    busy0, own0 = _busy_s(), _own_s()
+    busy0, own0 = busy_s(), _own_s()
     t0 = clock()
     it = iter(loader)
     batch = next(it)
@@ -173,7 +162,7 @@ def run_once(impl: str, ds: Any, batch_size: int, workers: int, n_batches: int,
     close_iter(it)
     del it, loader
     t3 = clock()
-    foreign = max(0.0, ((_busy_s() - busy0) - (_own_s() - own0)) / (t3 - t0))
+    foreign = max(0.0, ((busy_s() - busy0) - (_own_s() - own0)) / (t3 - t0))
     steady = max(t2 - t1, 1e-9)
     return t1 - t0, (n_batches - 1) / steady, nbytes / steady, foreign
 
@@ -186,9 +175,9 @@ def wait_quiet(limit_s: float, threshold: float = 0.2) -> float:
     deadline = time.perf_counter() + limit_s
     load = float("nan")
     while True:
-        b0, o0, t0 = _busy_s(), _own_s(), time.perf_counter()
+        b0, o0, t0 = busy_s(), _own_s(), time.perf_counter()
         time.sleep(1.0)
-        load = ((_busy_s() - b0) - (_own_s() - o0)) / (time.perf_counter() - t0)
+        load = ((busy_s() - b0) - (_own_s() - o0)) / (time.perf_counter() - t0)
         if load < threshold or time.perf_counter() > deadline:
             return load
 

@@ -46,7 +46,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import header, median, optional_torch, table  # noqa: E402
+from _common import busy_s, header, median, optional_torch, table  # noqa: E402
 
 import mxload  # noqa: E402
 from mxload import synthetic  # noqa: E402
@@ -69,16 +69,6 @@ def thread_ns() -> dict[int, int]:
         except (OSError, ValueError, IndexError):
             pass   # the thread ended meanwhile
     return out
-
-
-def busy_s() -> float:
-    """CPU seconds every process on this machine has used (/proc/stat)."""
-    try:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-    except OSError:
-        return float("nan")
-    return (v[0] + v[1] + v[2] + v[5] + v[6] + (v[7] if len(v) > 7 else 0)) / os.sysconf("SC_CLK_TCK")
 
 
 def tree_s(pids: list[int]) -> float:
