@@ -14,6 +14,8 @@ from cpython.exc cimport PyErr_CheckSignals
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.errno cimport errno, EAGAIN, EINTR
 from libc.stdint cimport int64_t, uint64_t
+from libc.stdlib cimport malloc
+from libc.string cimport memcpy
 
 cimport numpy as cnp
 import os

@@ -121,6 +121,12 @@ cdef extern from "mxl_recv.h" nogil:
         int nfds
         int eof
         int fd_overflow
+        int end_reported
+        int death_reported
+    int mxl_event_open()
+    void mxl_event_signal(int fd)
+    void mxl_event_clear(int fd)
+    void mxl_event_close(int fd)
     void mxl_channel_init(mxl_channel *ch)
     void mxl_channel_reset(mxl_channel *ch)
     long mxl_channel_fill(mxl_channel *ch)

@@ -20,6 +20,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -49,6 +50,8 @@ typedef struct {
     int nfds;
     int eof;             /* the peer closed its end (or the channel broke) */
     int fd_overflow;     /* MSG_CTRUNC: this process had no room for a descriptor */
+    int end_reported;    /* the consumer was told of the end above: it stops polling the channel */
+    int death_reported;  /* the watcher was told the process ended: it stops polling the sentinel */
 } mxl_channel;
 
 static void mxl_channel_init(mxl_channel *ch)
@@ -215,6 +218,37 @@ static void mxl_batch_decode(const char *p, mxl_batch_frame *f)
     f->slab_id = mxl_le64(p + 16);
     f->nbytes = mxl_le64(p + 24);
     f->layout_id = mxl_le64(p + 32);
+}
+
+/* The consumer's wake-up: an eventfd that other threads signal when they
+ * change what the consumer waits for (an item put, the buffer closed, a
+ * worker attached).  Level-triggered until cleared, so none is lost. */
+static int mxl_event_open(void)
+{
+    return eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+}
+
+static void mxl_event_signal(int fd)
+{
+    uint64_t one = 1;
+    ssize_t r;
+    do {
+        r = write(fd, &one, sizeof(one));
+    } while (r < 0 && errno == EINTR);
+}
+
+static void mxl_event_close(int fd)
+{
+    close(fd);
+}
+
+static void mxl_event_clear(int fd)
+{
+    uint64_t value;
+    ssize_t r;
+    do {
+        r = read(fd, &value, sizeof(value));
+    } while (r < 0 && errno == EINTR);
 }
 
 #endif

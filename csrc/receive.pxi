@@ -1,18 +1,38 @@
-# The fetcher thread's compiled receive path.
+# The compiled receive path of process workers.
 #
-# FrameReceiver.wait() polls the wake-up pipe and every worker's socket and
-# sentinel with the GIL released, reads whatever arrived (mxl_recv.h), and
-# stores each batch frame of the current epoch straight into the
-# ReorderBuffer (put_raw, a C struct under its mutex): in the steady state a
-# batch crosses the main process without one Python object being made until
-# the consumer takes it.  wait() returns to Python only for what needs it:
-# a frame of another kind (pickled: errors, new slabs, new layouts), a
-# batch it could not store (stale epoch, closed buffer), a worker's end, a
-# wake-up, or the timeout.  Events are level-triggered: a frame wait()
-# reported stays first in its channel until take_frame() removes it.
+# Two threads use one FrameReceiver:
+# - The consumer (the thread iterating the loader) receives its batches
+#   itself: get() looks in the ReorderBuffer, and when the batch it needs is
+#   not there, reads what the workers sent and stores each batch frame
+#   straight into the buffer (put_raw, a C struct under its mutex), then
+#   sleeps in poll() on the workers' sockets, with the GIL released.  In the
+#   steady state a batch costs the training process one recvmsg (often
+#   shared by several batches) and no thread hand-off: no other thread wakes
+#   for it, and no Python object is made until the consumer takes it.
+# - The watcher (the fetcher thread) sleeps in watch() on the workers'
+#   sentinels and its wake-up pipe: it wakes only when a worker ends (and
+#   takes what that worker sent, see drain()), so a death is noticed at once
+#   even while the consumer is busy training.
+# Either returns to Python only for what needs it: a frame of another kind
+# (pickled: errors, new slabs, new layouts), a batch the buffer would not
+# store (stale epoch, closed buffer), a worker's end, a wake-up or a timeout.
+# A frame reported stays first in its channel until take_frame() removes it.
 #
-# One thread (the fetcher) calls wait(), take_frame(), attach() and detach().
-# Which epoch's batches are stored is the buffer's (ReorderBuffer.start_epoch).
+# Lock discipline.  The channels (buffers, descriptors, attachments) are
+# guarded by a native mutex, _mu, which is only ever held by C code that
+# touches no Python object (no allocation, no callback) and never blocks:
+# recvmsg is non-blocking, and poll() runs outside it on a snapshot of the
+# descriptors.  A thread takes _mu only with the GIL released (a try-lock
+# first, which never blocks), and never takes the GIL while holding it; the
+# only lock taken under _mu is the ReorderBuffer's (put_raw), which in turn
+# never waits for _mu.  So no two of the GIL, _mu and the buffer's mutex can
+# deadlock, and a finalizer that reaches the receiver from a collection
+# never finds _mu held by its own thread.
+#
+# A snapshot can outlive its descriptors (a worker detached and its socket
+# closed meanwhile, the number perhaps reused): the channel is then looked
+# up again under _mu with its tag, which names one worker process for good,
+# and nothing is read unless it is still the same worker.
 
 cdef enum:
     _EV_TIMEOUT = 0
@@ -21,6 +41,18 @@ cdef enum:
     _EV_CLOSED = 3     # the channel reached its end (or broke): the worker is gone or going
     _EV_ENDED = 4      # the worker's sentinel is ready: its process ended
     _EV_FD_LIMIT = 5   # a descriptor was lost: this process is at RLIMIT_NOFILE
+    _EV_READY = 6      # get(): the awaited batch is here
+    # Internal results of _scan() and _poll().
+    _NOTHING = -1
+    _STORED = -2       # batch frames were stored: look in the buffer again
+    _POLLED = -3       # poll() saw something (read in, or a wake-up cleared)
+
+cdef enum:
+    # What _poll() sleeps on.
+    _ON_SOCKETS = 1
+    _ON_SENTINELS = 2
+    _ON_WAKE_PIPE = 4
+    _ON_BUFFER = 8     # the consumer's wake-up (eventfd): the buffer changed, a worker attached
 
 EV_TIMEOUT = _EV_TIMEOUT
 EV_WAKE = _EV_WAKE
@@ -28,6 +60,7 @@ EV_FRAME = _EV_FRAME
 EV_CLOSED = _EV_CLOSED
 EV_ENDED = _EV_ENDED
 EV_FD_LIMIT = _EV_FD_LIMIT
+EV_READY = _EV_READY
 
 BATCH_FRAME_SIZE = MXL_BATCH_SIZE
 FRAME_HEADER_SIZE = MXL_FRAME_HEADER
@@ -35,21 +68,34 @@ FRAME_HEADER_SIZE = MXL_FRAME_HEADER
 
 @cython.final
 cdef class FrameReceiver:
-    """Receives every worker's frames for one ReorderBuffer, GIL-free.
+    """Receives every worker's frames for one ReorderBuffer.
 
     FrameReceiver(slots, wake_fd, buffer, magic, version, batch_tag)
     attach(slot, sock_fd, sentinel_fd, tag)   watch a worker (the caller keeps both fds
                                          open); its stored batches carry `tag`
     detach(slot)                         stop watching; close descriptors still held
-    wait(timeout) -> (event, slot)       EV_* (slot -1 for EV_TIMEOUT / EV_WAKE)
-    take_frame(slot) -> (header, payload, fds)   the frame EV_FRAME reported
+    get(idx, any_index, timeout) -> (event, slot, tag, item)
+                                         the consumer: EV_READY and the buffer's item for
+                                         batch idx (any_index: (idx, item), smallest
+                                         first), receiving meanwhile; or what needs Python
+    watch(timeout) -> (event, slot, tag) the watcher: EV_ENDED, EV_WAKE or EV_TIMEOUT
+    wait(timeout) -> (event, slot)       one thread doing both: receive and watch
+    drain(slot, tag) -> bool             read an ended worker's channel to its end and
+                                         store its batches; True if a frame for Python is first
+    take_frame(slot) -> (header, payload, fds)   the frame an event reported
+    close()                              detach everything; release the consumer's wake-up
     stats() -> {"gil_ns", "stored", "passed_up"}
     """
     cdef mxl_channel *_ch
     cdef pollfd *_pfds
-    cdef int *_pslot       # for each pollfd: its slot (-1: the wake-up pipe)
+    cdef int *_pslot       # for each pollfd: its slot's socket (>= 0), the wake-up pipe (-1),
+                           # the eventfd (-2), or a slot's sentinel (-3 - slot)
+    cdef int64_t *_ptag    # for each pollfd: the tag of its slot's worker when polled
     cdef int _slots
     cdef int _wake_fd
+    cdef int _event_fd     # the consumer's wake-up (owned); -1 once closed
+    cdef pthread_mutex_t _mu
+    cdef bint _mu_ready
     cdef ReorderBuffer _rb
     cdef int64_t _gil_ns
     cdef int64_t _t_out
@@ -62,34 +108,63 @@ cdef class FrameReceiver:
     def __cinit__(self, int slots, int wake_fd, ReorderBuffer buffer not None, bytes magic,
                   int version, int batch_tag):
         cdef int i
+        self._event_fd = -1
         if slots < 0:
             raise ValueError(f"slots must be >= 0, got {slots}")
         if len(magic) != 2 or not 0 <= version < 256 or not 0 <= batch_tag < 256:
             raise ValueError(f"a frame header has 2 magic bytes and byte-sized version and tag, "
                              f"got {magic!r}, {version}, {batch_tag}")
+        if buffer._wake_fd >= 0:
+            raise ValueError("this ReorderBuffer already has a FrameReceiver")
         self._magic[0] = magic[0]
         self._magic[1] = magic[1]
         self._version = version
         self._batch_tag = batch_tag
         self._ch = <mxl_channel *>PyMem_Malloc(max(slots, 1) * sizeof(mxl_channel))
-        self._pfds = <pollfd *>PyMem_Malloc((2 * slots + 1) * sizeof(pollfd))
-        self._pslot = <int *>PyMem_Malloc((2 * slots + 1) * sizeof(int))
-        if self._ch == NULL or self._pfds == NULL or self._pslot == NULL:
+        self._pfds = <pollfd *>PyMem_Malloc((2 * slots + 2) * sizeof(pollfd))
+        self._pslot = <int *>PyMem_Malloc((2 * slots + 2) * sizeof(int))
+        self._ptag = <int64_t *>PyMem_Malloc((2 * slots + 2) * sizeof(int64_t))
+        if self._ch == NULL or self._pfds == NULL or self._pslot == NULL or self._ptag == NULL:
             raise MemoryError()
         for i in range(slots):
             mxl_channel_init(&self._ch[i])
         self._slots = slots
+        if pthread_mutex_init(&self._mu, NULL) != 0:
+            raise MemoryError("pthread_mutex_init failed")
+        self._mu_ready = True
+        self._event_fd = mxl_event_open()
+        if self._event_fd < 0:
+            raise OSError(errno, "eventfd() failed: the consumer's wake-up")
         self._wake_fd = wake_fd
         self._rb = buffer
+        buffer._wake_fd = self._event_fd
 
     def __dealloc__(self):
         cdef int i
         if self._ch != NULL:
             for i in range(self._slots):
                 mxl_channel_reset(&self._ch[i])
+        self._release_event()
+        if self._mu_ready:
+            pthread_mutex_destroy(&self._mu)
         PyMem_Free(self._ch)
         PyMem_Free(self._pfds)
         PyMem_Free(self._pslot)
+        PyMem_Free(self._ptag)
+
+    cdef void _release_event(self) noexcept:
+        # With the GIL held: the buffer signals the eventfd under the GIL too,
+        # so it never writes to a closed (or reused) descriptor.
+        if self._event_fd >= 0:
+            if self._rb is not None and self._rb._wake_fd == self._event_fd:
+                self._rb._wake_fd = -1
+            mxl_event_close(self._event_fd)
+            self._event_fd = -1
+
+    cdef inline void _lock(self) noexcept:
+        if pthread_mutex_trylock(&self._mu) != 0:
+            with nogil:
+                pthread_mutex_lock(&self._mu)
 
     cdef int _check_slot(self, int slot) except -1:
         if not 0 <= slot < self._slots:
@@ -98,20 +173,39 @@ cdef class FrameReceiver:
 
     def attach(self, int slot, int sock, int sentinel=-1, int64_t tag=0):
         self._check_slot(slot)
+        self._lock()
         mxl_channel_reset(&self._ch[slot])
         self._ch[slot].sock = sock
         self._ch[slot].sentinel = sentinel
         self._ch[slot].tag = tag
+        pthread_mutex_unlock(&self._mu)
+        if self._event_fd >= 0:
+            mxl_event_signal(self._event_fd)   # a consumer in poll() adds the new socket
 
     def detach(self, int slot):
         self._check_slot(slot)
+        self._lock()
         mxl_channel_reset(&self._ch[slot])
+        pthread_mutex_unlock(&self._mu)
+
+    def close(self):
+        """Detach every worker (closing descriptors still held) and release
+        the consumer's wake-up; a consumer still in get() finds nothing to
+        read and returns within one wait slice."""
+        cdef int i
+        self._lock()
+        for i in range(self._slots):
+            mxl_channel_reset(&self._ch[i])
+        pthread_mutex_unlock(&self._mu)
+        self._release_event()
 
     cdef int _store_frames(self, int slot) noexcept nogil:
-        """Store the slot's complete batch frames; EV_FRAME when the first
-        remaining frame needs Python, else -1."""
+        """Store the slot's complete batch frames (_mu held) up to the first
+        that needs Python: _STORED if any was stored (the buffer is looked
+        at before that frame is reported), else EV_FRAME if one is first,
+        else _NOTHING."""
         cdef mxl_channel *ch = &self._ch[slot]
-        cdef int nfds
+        cdef int nfds, result = _NOTHING
         cdef const char *header
         cdef const char *payload
         cdef uint32_t plen
@@ -121,96 +215,239 @@ cdef class FrameReceiver:
                     or <unsigned char>header[MXL_HEADER_VERSION_AT] != self._version
                     or <unsigned char>header[MXL_HEADER_TAG_AT] != self._batch_tag
                     or plen != MXL_BATCH_SIZE or nfds != 0):
-                return _EV_FRAME
+                return _EV_FRAME if result == _NOTHING else result
             mxl_batch_decode(payload, &e.frame)
             e.slot = slot
             e.tag = ch.tag
             if self._rb.put_raw(&e) != 0:
-                return _EV_FRAME
+                return _EV_FRAME if result == _NOTHING else result
             mxl_channel_pop(ch, plen)
             self._stored += 1
-        return -1
+            result = _STORED
+        return result
 
-    cdef int _wait(self, int64_t deadline_ns, int *slot_out) noexcept nogil:
-        cdef int i, k, n, ev, timeout_ms
-        cdef int64_t left
+    cdef int _store_all(self, int slot) noexcept nogil:
+        """_store_frames until a frame that needs Python is first (EV_FRAME)
+        or none is complete (_NOTHING); _mu held."""
+        cdef int ev = _STORED
+        while ev == _STORED:
+            ev = self._store_frames(slot)
+        return ev
+
+    cdef int _scan(self, bint report_ends_once, int *slot_out, int64_t *tag_out) noexcept nogil:
+        """Store every channel's complete batch frames; the first event that
+        needs Python (a frame, a channel's end), else _STORED or _NOTHING."""
+        cdef int i, ev, result = _NOTHING
         cdef mxl_channel *ch
-        while True:
-            for i in range(self._slots):
-                ch = &self._ch[i]
-                if ch.sock < 0:
-                    continue
-                ev = self._store_frames(i)
-                if ev < 0 and ch.fd_overflow:
-                    ev = _EV_FD_LIMIT
-                if ev < 0 and ch.eof:
-                    ev = _EV_CLOSED
-                if ev >= 0:
-                    slot_out[0] = i
-                    return ev
-            n = 0
-            if self._wake_fd >= 0:
-                self._pfds[n].fd = self._wake_fd
-                self._pfds[n].events = POLLIN
-                self._pslot[n] = -1
-                n += 1
-            for i in range(self._slots):
-                if self._ch[i].sock < 0:
-                    continue
-                self._pfds[n].fd = self._ch[i].sock
-                self._pfds[n].events = POLLIN
-                self._pslot[n] = i
-                n += 1
-                if self._ch[i].sentinel >= 0:
-                    self._pfds[n].fd = self._ch[i].sentinel
-                    self._pfds[n].events = POLLIN
-                    self._pslot[n] = -2 - i
-                    n += 1
-            left = deadline_ns - mxl_monotonic_ns()
-            if left <= 0:
-                timeout_ms = 0
-            else:
-                timeout_ms = <int>((left + 999999) // 1000000)
-            k = poll(self._pfds, n, timeout_ms)
-            if k < 0:
-                if errno == EINTR:
-                    continue
-                slot_out[0] = -1
-                return _EV_TIMEOUT   # cannot poll: let Python look at its state
-            if k == 0:
-                if mxl_monotonic_ns() >= deadline_ns:
-                    slot_out[0] = -1
-                    return _EV_TIMEOUT
+        pthread_mutex_lock(&self._mu)
+        for i in range(self._slots):
+            ch = &self._ch[i]
+            if ch.sock < 0 or (report_ends_once and ch.end_reported):
                 continue
-            for i in range(n):
-                if self._pfds[i].revents == 0:
-                    continue
-                if self._pslot[i] == -1:
-                    slot_out[0] = -1
-                    return _EV_WAKE
-                if self._pslot[i] >= 0:
-                    ch = &self._ch[self._pslot[i]]
-                    if mxl_channel_fill(ch) < 0 and errno != EAGAIN:
-                        ch.eof = 1   # broken channel: the worker is gone
-                else:
-                    # The process ended: take everything it sent first.
-                    ch = &self._ch[-2 - self._pslot[i]]
-                    while not ch.eof and mxl_channel_fill(ch) > 0:
-                        pass
-                    ev = self._store_frames(-2 - self._pslot[i])
-                    slot_out[0] = -2 - self._pslot[i]
-                    return _EV_FRAME if ev >= 0 else _EV_ENDED
+            ev = self._store_frames(i)
+            if ev == _STORED:
+                result = _STORED
+                continue
+            if ev < 0 and ch.fd_overflow:
+                ev = _EV_FD_LIMIT
+            if ev < 0 and ch.eof:
+                ev = _EV_CLOSED
+            if ev >= 0:
+                if ev != _EV_FRAME and report_ends_once:
+                    ch.end_reported = 1
+                slot_out[0] = i
+                tag_out[0] = ch.tag
+                result = ev
+                break
+        pthread_mutex_unlock(&self._mu)
+        return result
 
-    def wait(self, double timeout):
-        """Block (GIL released) until something needs Python; (event, slot)."""
-        cdef int slot = -1, ev
-        cdef int64_t now = mxl_monotonic_ns()
-        cdef int64_t deadline = now + <int64_t>(max(timeout, 0.0) * 1e9)
+    cdef int _poll(self, int what, int timeout_ms, int *slot_out, int64_t *tag_out) noexcept nogil:
+        """Sleep in poll() on `what` (_ON_*) for up to timeout_ms, then read
+        the sockets that became readable.  Returns _POLLED, _EV_WAKE (the
+        pipe, left for the caller to read), _EV_ENDED (that worker's channel
+        read to its end), or _EV_TIMEOUT (also for EINTR: a signal handler
+        must run)."""
+        cdef int i, k, n = 0, slot
+        cdef mxl_channel *ch
+        pthread_mutex_lock(&self._mu)
+        if (what & _ON_WAKE_PIPE) and self._wake_fd >= 0:
+            self._pfds[n].fd = self._wake_fd
+            self._pslot[n] = -1
+            n += 1
+        if (what & _ON_BUFFER) and self._event_fd >= 0:
+            self._pfds[n].fd = self._event_fd
+            self._pslot[n] = -2
+            n += 1
+        for i in range(self._slots):
+            ch = &self._ch[i]
+            if ch.sock < 0:
+                continue
+            if (what & _ON_SOCKETS) and not ch.eof and not ch.end_reported:
+                self._pfds[n].fd = ch.sock
+                self._pslot[n] = i
+                self._ptag[n] = ch.tag
+                n += 1
+            if (what & _ON_SENTINELS) and ch.sentinel >= 0 and not ch.death_reported:
+                self._pfds[n].fd = ch.sentinel
+                self._pslot[n] = -3 - i
+                self._ptag[n] = ch.tag
+                n += 1
+        for i in range(n):
+            self._pfds[i].events = POLLIN
+            self._pfds[i].revents = 0
+        pthread_mutex_unlock(&self._mu)
+        slot_out[0] = -1
+        k = poll(self._pfds, n, timeout_ms)
+        if k <= 0:
+            return _EV_TIMEOUT   # nothing, or EINTR (or poll failed): let Python look at its state
+        for i in range(n):
+            if self._pfds[i].revents == 0:
+                continue
+            if self._pslot[i] == -1:
+                return _EV_WAKE
+            if self._pslot[i] == -2:
+                mxl_event_clear(self._pfds[i].fd)
+                continue
+            slot = self._pslot[i] if self._pslot[i] >= 0 else -3 - self._pslot[i]
+            pthread_mutex_lock(&self._mu)
+            ch = &self._ch[slot]
+            if ch.sock < 0 or ch.tag != self._ptag[i]:
+                pthread_mutex_unlock(&self._mu)   # detached meanwhile: not ours to read
+                continue
+            if self._pslot[i] >= 0:
+                if not ch.eof and mxl_channel_fill(ch) < 0 and errno != EAGAIN:
+                    ch.eof = 1   # broken channel: the worker is gone
+                pthread_mutex_unlock(&self._mu)
+                continue
+            # Its process ended: everything it sent is read before its end is reported.
+            while not ch.eof and mxl_channel_fill(ch) > 0:
+                pass
+            ch.death_reported = 1
+            pthread_mutex_unlock(&self._mu)
+            slot_out[0] = slot
+            tag_out[0] = self._ptag[i]
+            return _EV_ENDED
+        return _POLLED
+
+    cdef inline void _gil_back(self) noexcept:
+        self._t_out = mxl_monotonic_ns()
+
+    cdef inline void _gil_away(self, int64_t now) noexcept:
         if self._t_out != 0:
             self._gil_ns += now - self._t_out
+
+    @staticmethod
+    cdef int64_t _deadline(timeout) except? -2:
+        """Monotonic ns deadline of `timeout` seconds; -1 for None (no deadline)."""
+        if timeout is None:
+            return -1
+        if not timeout >= 0:
+            raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
+        if timeout > _MAX_TIMEOUT_S:
+            return -1   # longer than any run: wait forever (no overflow)
+        return mxl_monotonic_ns() + <int64_t>(timeout * 1e9)
+
+    @staticmethod
+    cdef int _slice_ms(int64_t deadline, int64_t slice_ns) noexcept nogil:
+        """Milliseconds to sleep: up to the deadline, at most slice_ns (if > 0)."""
+        cdef int64_t left = slice_ns
+        if deadline >= 0:
+            left = deadline - mxl_monotonic_ns()
+            if slice_ns > 0 and left > slice_ns:
+                left = slice_ns
+        if left <= 0:
+            return 0
+        return <int>((left + 999999) // 1000000)
+
+    def get(self, Py_ssize_t idx, bint any_index=False, timeout=None):
+        """The consumer's wait: (EV_READY, -1, 0, item) once the buffer holds
+        batch `idx` (any_index: any batch, item = (idx, item) with the
+        smallest index), receiving what the workers send meanwhile;
+        (event, slot, tag, None) for what needs Python (EV_FRAME, EV_CLOSED,
+        EV_FD_LIMIT; an end is reported once per attachment).  Raises
+        BufferClosedError once the buffer is closed, TimeoutError after
+        `timeout` seconds (None: no limit).  Sleeps with the GIL released, in
+        slices that let signal handlers (Ctrl-C) run."""
+        cdef int64_t deadline = FrameReceiver._deadline(timeout)
+        cdef int64_t tag = 0
+        cdef int slot = -1, ev
+        cdef int slice_ms
+        cdef ReorderBuffer rb = self._rb
+        while True:
+            if rb._closed:
+                raise rb._closed_error()
+            found = rb._pop_smallest() if any_index else rb._pop(idx)
+            if found is not _MISSING:
+                return _EV_READY, -1, 0, found
+            with nogil:
+                ev = self._scan(True, &slot, &tag)
+            if ev == _STORED:
+                continue
+            if ev >= 0:
+                self._passed_up += 1
+                return ev, slot, tag, None
+            if deadline >= 0 and mxl_monotonic_ns() >= deadline:
+                what = "any batch" if any_index else f"batch {idx}"
+                raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+            slice_ms = FrameReceiver._slice_ms(deadline, <int64_t>(_WAIT_SLICE_S * 1e9))
+            with nogil:
+                ev = self._poll(_ON_SOCKETS | _ON_BUFFER, slice_ms, &slot, &tag)
+            if ev == _EV_TIMEOUT:
+                PyErr_CheckSignals()   # Ctrl-C reaches a consumer waiting here
+
+    def watch(self, double timeout):
+        """The watcher's wait (GIL released): (EV_ENDED, slot, tag) when a
+        worker's process ended (its channel read to its end; Python takes
+        the rest with drain()), (EV_WAKE, -1, 0) when the wake-up pipe is
+        readable (until the caller reads it), or (EV_TIMEOUT, -1, 0)."""
+        cdef int slot = -1, ev
+        cdef int64_t tag = 0
+        cdef int64_t now = mxl_monotonic_ns()
+        cdef int64_t deadline = now + <int64_t>(max(timeout, 0.0) * 1e9)
+        self._gil_away(now)
         with nogil:
-            ev = self._wait(deadline, &slot)
-        self._t_out = mxl_monotonic_ns()
+            while True:
+                ev = self._poll(_ON_SENTINELS | _ON_WAKE_PIPE, FrameReceiver._slice_ms(deadline, 0),
+                                &slot, &tag)
+                if (ev != _POLLED and ev != _EV_TIMEOUT) or mxl_monotonic_ns() >= deadline:
+                    break
+        self._gil_back()
+        if ev != _EV_ENDED and ev != _EV_WAKE:
+            return _EV_TIMEOUT, -1, 0
+        return ev, slot, tag
+
+    def wait(self, double timeout):
+        """Receive and watch in one thread (GIL released) until something
+        needs Python: (event, slot), slot -1 for EV_TIMEOUT / EV_WAKE.  Ends
+        are reported until the slot is detached."""
+        cdef int slot = -1, ev
+        cdef int64_t tag = 0
+        cdef int64_t now = mxl_monotonic_ns()
+        cdef int64_t deadline = now + <int64_t>(max(timeout, 0.0) * 1e9)
+        self._gil_away(now)
+        with nogil:
+            while True:
+                ev = self._scan(False, &slot, &tag)
+                if ev >= 0:
+                    break
+                if ev == _STORED:
+                    continue
+                ev = self._poll(_ON_SOCKETS | _ON_SENTINELS | _ON_WAKE_PIPE,
+                                FrameReceiver._slice_ms(deadline, 0), &slot, &tag)
+                if ev == _EV_ENDED:
+                    # Its frames are read: one that needs Python comes first.
+                    pthread_mutex_lock(&self._mu)
+                    if self._store_all(slot) == _EV_FRAME:
+                        ev = _EV_FRAME
+                    pthread_mutex_unlock(&self._mu)
+                    break
+                if ev == _EV_WAKE or mxl_monotonic_ns() >= deadline:
+                    if ev != _EV_WAKE:
+                        ev = _EV_TIMEOUT
+                    slot = -1
+                    break
+        self._gil_back()
         if ev == _EV_FRAME:
             self._passed_up += 1
         return ev, slot
@@ -220,24 +457,58 @@ cdef class FrameReceiver:
         until its next wait() is not the fetcher's."""
         self._t_out = 0
 
+    def drain(self, int slot, int64_t tag):
+        """Read a worker's channel to its end (or until nothing is waiting)
+        and store its batch frames; True if a frame that needs Python is
+        first, False if none is left (or the slot now holds another worker)."""
+        cdef int ev
+        cdef mxl_channel *ch
+        self._check_slot(slot)
+        with nogil:
+            pthread_mutex_lock(&self._mu)
+            ch = &self._ch[slot]
+            if ch.sock < 0 or ch.tag != tag:
+                ev = _NOTHING
+            else:
+                while not ch.eof and mxl_channel_fill(ch) > 0:
+                    pass
+                ev = self._store_all(slot)
+            pthread_mutex_unlock(&self._mu)
+        return ev == _EV_FRAME
+
     def take_frame(self, int slot):
         """(header bytes, payload bytes, descriptors) of the slot's first
         complete frame, removed from the channel; EOFError if it announced
         more descriptors than arrived (closed here), LookupError if none is
-        complete."""
-        cdef int nfds, got
+        complete (another thread took it)."""
+        cdef int nfds = 0, got = 0, found = 0
         cdef const char *header
         cdef const char *payload
-        cdef uint32_t plen
+        cdef uint32_t plen = 0
         cdef int fds[MXL_FDQ]
+        cdef char *copy = NULL
         self._check_slot(slot)
         cdef mxl_channel *ch = &self._ch[slot]
-        if ch.sock < 0 or not mxl_channel_next(ch, &header, &payload, &plen, &nfds):
+        with nogil:
+            pthread_mutex_lock(&self._mu)
+            if ch.sock >= 0 and mxl_channel_next(ch, &header, &payload, &plen, &nfds):
+                # Copied out under the mutex, made into Python objects after it.
+                copy = <char *>malloc(MXL_FRAME_HEADER + <size_t>plen)
+                if copy != NULL:
+                    found = 1
+                    memcpy(copy, header, MXL_FRAME_HEADER + <size_t>plen)
+                    got = mxl_channel_take_fds(ch, nfds if nfds < MXL_FDQ else MXL_FDQ, fds)
+                    mxl_channel_pop(ch, plen)
+            pthread_mutex_unlock(&self._mu)
+        if not found:
+            if plen != 0 or nfds != 0:
+                raise MemoryError(f"no memory to copy a frame of {plen} bytes")
             raise LookupError(f"no complete frame waiting in slot {slot}")
-        head = PyBytes_FromStringAndSize(header, MXL_FRAME_HEADER)
-        data = PyBytes_FromStringAndSize(payload, plen)
-        got = mxl_channel_take_fds(ch, min(nfds, MXL_FDQ), fds)
-        mxl_channel_pop(ch, plen)
+        try:
+            head = PyBytes_FromStringAndSize(copy, MXL_FRAME_HEADER)
+            data = PyBytes_FromStringAndSize(copy + MXL_FRAME_HEADER, plen)
+        finally:
+            free(copy)
         out = [fds[i] for i in range(got)]
         if got != nfds:
             import os as _os
@@ -247,8 +518,8 @@ cdef class FrameReceiver:
         return head, data, out
 
     def stats(self):
-        """GIL-held ns of the thread calling wait() (between its waits),
-        batches stored without Python, frames passed up to Python."""
+        """GIL-held ns of the watcher thread (between its waits), batches
+        stored without Python, frames passed up to Python."""
         return {"gil_ns": self._gil_ns, "stored": self._stored, "passed_up": self._passed_up}
 
 

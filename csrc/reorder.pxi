@@ -96,12 +96,18 @@ cdef class ReorderBuffer:
     cdef Py_ssize_t _rawcap
     cdef bint _c_closed        # under _mutex: close() as put_raw() sees it
     cdef int64_t _raw_epoch    # under _mutex: put_raw() stores batches of this epoch only
+    # A FrameReceiver's consumer wake-up (eventfd) while one receives for this
+    # buffer, else -1: put() and close() signal it, so a consumer waiting in
+    # the receiver's poll() sees them (see receive.pxi).  Set and read with
+    # the GIL held.
+    cdef int _wake_fd
 
     def __cinit__(self):
         self._raw = NULL
         self._nraw = self._rawcap = 0
         self._c_closed = False
         self._raw_epoch = -1
+        self._wake_fd = -1
         if pthread_mutex_init(&self._mutex, NULL) != 0:
             raise MemoryError("pthread_mutex_init failed")
         if mxl_cond_init(&self._cond) != 0:
@@ -141,6 +147,8 @@ cdef class ReorderBuffer:
             self._c_closed = True
         pthread_cond_broadcast(&self._cond)
         pthread_mutex_unlock(&self._mutex)
+        if self._wake_fd >= 0:
+            mxl_event_signal(self._wake_fd)
 
     cdef int put_raw(self, const mxl_raw_entry *e) noexcept nogil:
         """Store a batch without the GIL: 0 stored, 1 the buffer is closed,

@@ -42,7 +42,7 @@ def chan():
     rcv.attach(0, main.fileno(), -1)
     rb.start_epoch(3)
     yield rcv, rb, worker, wake_w
-    rcv.detach(0)
+    rcv.close()
     for s in (main, worker):
         s.close()
     os.close(wake_r)
@@ -183,7 +183,7 @@ def test_an_ended_process_has_its_frames_taken_first():
         assert rcv.wait(1) == (_core.EV_ENDED, 1)
         assert 0 in rb and 1 in rb
     finally:
-        rcv.detach(1)
+        rcv.close()
         main.close()
         worker.close()
         os.close(sentinel_r)
@@ -265,8 +265,8 @@ def _one_concurrent_round(senders: int, n: int) -> None:
         stop.set()
         for t in threads:
             t.join()
-        for k, (main, worker) in enumerate(socks):
-            rcv.detach(k)
+        rcv.close()
+        for main, worker in socks:
             main.close()
             worker.close()
 
@@ -313,7 +313,7 @@ def test_raw_batches_of_another_epoch_or_worker():
         assert sorted(rb.take_raw(41)) == [3, 4] and len(rb) == 0
         assert rb.take_raw(41) == {}
     finally:
-        rcv.detach(0)
+        rcv.close()
         main.close()
         worker.close()
 
@@ -330,3 +330,132 @@ def test_foreign_frames_go_to_python(chan):
     worker.sendall(good[:2] + bytes([m.VERSION + 1]) + good[3:])
     assert rcv.wait(1) == (_core.EV_FRAME, 0)
     assert 1 not in rb
+
+
+# ------------------------------------------------ the consumer's get() and the watcher's watch()
+
+def test_the_consumer_receives_its_batch_itself(chan):
+    """No other thread reads: get() reads the socket while it waits and
+    returns the stored batch."""
+    rcv, rb, worker, _ = chan
+    sender = threading.Timer(0.05, lambda: worker.sendall(batch_frame(3, 1) + batch_frame(3, 0)))
+    sender.start()
+    try:
+        event, slot, tag, item = rcv.get(0, False, 5)
+    finally:
+        sender.join()
+    assert (event, slot, tag) == (_core.EV_READY, -1, 0)
+    assert (item.idx, item.slot) == (0, 0)
+    assert rcv.get(1, False, 0)[3].idx == 1        # read by the same recvmsg: no wait
+    with pytest.raises(TimeoutError, match="batch 2"):
+        rcv.get(2, False, 0.05)
+    worker.sendall(batch_frame(3, 8) + batch_frame(3, 6))
+    assert [rcv.get(0, True, 5)[3][0] for _ in range(2)] == [6, 8]   # any index: smallest first
+
+
+def test_get_hands_up_frames_for_python_and_ends_once(chan):
+    rcv, rb, worker, _ = chan
+    worker.sendall(batch_frame(3, 4) + pickled_frame(b"hello") + batch_frame(3, 5))
+    assert rcv.get(4, False, 5)[3].idx == 4
+    assert rcv.get(5, False, 5)[:3] == (_core.EV_FRAME, 0, 0)   # in order: the pickled frame first
+    assert rcv.take_frame(0)[1] == b"hello"
+    assert rcv.get(5, False, 5)[3].idx == 5
+    worker.close()
+    assert rcv.get(6, False, 5)[:3] == (_core.EV_CLOSED, 0, 0)
+    with pytest.raises(TimeoutError):                           # reported once per attachment
+        rcv.get(6, False, 0.1)
+
+
+def test_get_finds_items_other_threads_put_and_wakes_on_close(chan):
+    rcv, rb, _, _ = chan
+    for k in range(20):
+        putter = threading.Timer(0.01, rb.put, (100 + k, k))
+        putter.start()
+        assert rcv.get(100 + k, False, 5) == (_core.EV_READY, -1, 0, k)
+        putter.join()
+    closer = threading.Timer(0.05, rb.close, ("stopped",))
+    closer.start()
+    with pytest.raises(_core.BufferClosedError, match="stopped"):
+        rcv.get(0, False, 10)
+    closer.join()
+
+
+def test_watch_reports_an_ended_worker_once_with_its_frames_read():
+    main, worker = socket.socketpair()
+    sentinel_r, sentinel_w = os.pipe()
+    rb = _core.ReorderBuffer()
+    rcv = receiver(2, -1, rb)
+    try:
+        rcv.attach(1, main.fileno(), sentinel_r, tag=9)
+        rb.start_epoch(0)
+        worker.sendall(batch_frame(0, 0) + pickled_frame(b"last words") + batch_frame(0, 1))
+        assert rcv.watch(0.05) == (_core.EV_TIMEOUT, -1, 0)    # sockets are the consumer's
+        assert len(rb) == 0
+        os.close(sentinel_w)
+        sentinel_w = -1
+        assert rcv.watch(5) == (_core.EV_ENDED, 1, 9)
+        assert rcv.watch(0.05) == (_core.EV_TIMEOUT, -1, 0)    # once per attachment
+        assert rcv.drain(1, 8) is False                        # another worker's tag: not read
+        assert rcv.drain(1, 9) is True                         # batch 0 stored, then a frame for Python
+        assert 0 in rb and 1 not in rb
+        assert rcv.take_frame(1)[1] == b"last words"
+        assert rcv.drain(1, 9) is False and 1 in rb
+    finally:
+        rcv.close()
+        main.close()
+        worker.close()
+        os.close(sentinel_r)
+        if sentinel_w >= 0:
+            os.close(sentinel_w)
+
+
+@pytest.mark.parametrize("senders", [1, 3])
+def test_a_consumer_receiving_beside_a_watcher_loses_nothing(senders):
+    """The consumer reads in get() while the watcher sleeps in watch() and
+    senders write at once: every batch arrives exactly once (50 rounds)."""
+    for _ in range(50):
+        _consumer_beside_watcher_round(senders, 200)
+
+
+def _consumer_beside_watcher_round(senders: int, n: int) -> None:
+    socks = [socket.socketpair() for _ in range(senders)]
+    rb = _core.ReorderBuffer()
+    rcv = receiver(senders, -1, rb)
+    rb.start_epoch(1)
+    for k, (main, _) in enumerate(socks):
+        rcv.attach(k, main.fileno(), -1, tag=k)
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            rcv.watch(0.01)
+
+    def send(k):
+        for i in range(k, n, senders):
+            socks[k][1].sendall(batch_frame(1, i))
+    threads = [threading.Thread(target=watch)] + [threading.Thread(target=send, args=(k,))
+                                                  for k in range(senders)]
+    for t in threads:
+        t.start()
+    try:
+        got = [rcv.get(i, False, 10) for i in range(n)]
+        assert [(e, item.idx, item.tag) for e, _, _, item in got] == \
+            [(_core.EV_READY, i, i % senders) for i in range(n)]
+        assert len(rb) == 0
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        rcv.close()
+        for main, worker in socks:
+            main.close()
+            worker.close()
+
+
+def test_one_receiver_per_buffer():
+    rb = _core.ReorderBuffer()
+    rcv = receiver(1, -1, rb)
+    with pytest.raises(ValueError, match="already has a FrameReceiver"):
+        receiver(1, -1, rb)
+    rcv.close()
+    receiver(1, -1, rb).close()   # a closed receiver lets the buffer go

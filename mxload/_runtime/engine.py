@@ -255,9 +255,9 @@ class Engine:
             try:
                 if self.options.in_order:
                     idx = order[self._yielded] if order is not None else self._yielded
-                    item = self._rb.get(idx, timeout)
+                    item = self.transport.next_result(self._rb, idx, False, timeout)
                 else:
-                    idx, item = self._rb.pop_next(timeout)
+                    idx, item = self.transport.next_result(self._rb, 0, True, timeout)
             except TimeoutError:
                 raise self._timeout_error(idx) from None
             except BufferClosedError:

@@ -1,13 +1,22 @@
-"""The fetcher thread of a process transport: receives the workers'
-results, adopts the slabs they made, turns each batch into numpy views of
-its slab, and notices a worker's death at once (its socket's end, its
-sentinel).
+"""Receiving the results of process workers: each batch arrives as a frame
+naming its slab and layout; the slabs the workers made are adopted, each
+batch becomes numpy views of its slab, and a worker's death is noticed at
+once (its sentinel, its socket's end).
 
-The thread waits in the compiled receive path (``_core.FrameReceiver``) with
-the GIL released.  A BatchRef (a batch whose layout its worker named before)
-goes from the socket into the ReorderBuffer as a C struct, without Python;
-the consumer makes it a batch (``adopt_raw``, through the transport's
-``claim``).  Every other frame comes back here, as before."""
+Two threads share the compiled receive path (``_core.FrameReceiver``):
+
+* the consumer, in ``Fetcher.next_result``: when the batch it needs is not
+  in the ReorderBuffer yet, it reads the workers' sockets itself, with the
+  GIL released.  A BatchRef goes from the socket into the buffer as a C
+  struct, and the consumer makes it a batch (``adopt_raw``, through the
+  transport's ``claim``).  No other thread wakes for a batch.
+* the watcher thread (``mxload-fetcher``), asleep on the workers'
+  sentinels: when one ends it takes what that worker sent and reports the
+  loss, so a restart begins while the consumer is still busy training.
+
+Every other frame (pickled: errors, new slabs, new layouts) is handled in
+Python by whichever of the two found it, under the engine lock, in the
+order its worker sent it."""
 from __future__ import annotations
 
 import os
@@ -15,6 +24,7 @@ import pickle
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from .. import _core
 from .._collate.layout import compile_template, views_from_layout, views_from_template
@@ -97,8 +107,10 @@ def _views(msg: m.Batch | m.NewSlab, slab: Slab | None, pool: SlabPool) -> objec
 
 
 class Fetcher:
-    """One thread moving results into the engine (through `sink`, under
-    `lock`); it can be paused (another engine forks its zygote) and stopped."""
+    """The receive path of one process transport: results into the engine
+    (through `sink`, under `lock`), taken by the consumer in next_result();
+    a watcher thread for deaths, which can be paused (another engine forks
+    its zygote) and stopped."""
 
     def __init__(self, sink: ResultSink, lock: threading.RLock, pool: SlabPool, buffer: ReorderBuffer,
                  slots: int, handles: Callable[[], list[ProcessHandle]],
@@ -120,7 +132,7 @@ class Fetcher:
         # Worker id -> the handle attached to the receiver.  Kept across
         # threads (a pause ends one, a resume starts another): attaching again
         # would drop what the receiver holds of a channel (frames after one
-        # it handed up, or half received).
+        # it handed up, or half received).  Changed under the engine lock.
         self._attached: dict[int, ProcessHandle] = {}
 
     def start(self) -> None:
@@ -138,7 +150,7 @@ class Fetcher:
         return thread is not None and thread.is_alive()
 
     def pause(self) -> bool:
-        """Stop the thread for a moment; False if it is not running or did not stop in time."""
+        """Stop the watcher thread for a moment; False if it is not running or did not stop in time."""
         with self._thread_lock:
             thread = self._thread
             if thread is None or not thread.is_alive() or self._stop:
@@ -152,8 +164,8 @@ class Fetcher:
             return True
 
     def stop(self, deadline: float) -> None:
-        """Stop the thread and join it (until `deadline`): its select() is
-        woken through the self-pipe, never left blocked on a worker socket."""
+        """Take no result from now on; stop the watcher thread and join it
+        (until `deadline`): its poll() is woken through the self-pipe."""
         with self._thread_lock:
             self._stop = True
             thread = self._thread
@@ -162,14 +174,13 @@ class Fetcher:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
-        """Release the receiver's channels (descriptors it received for
-        frames never taken, such as a NewSlab's arriving during shutdown)
-        and the wake-up pipe.  A thread that outlived stop() keeps the
-        channels it is reading; they go with the receiver."""
-        thread = self._thread
-        if thread is None or not thread.is_alive():
-            for wid in list(self._attached):
-                self.receiver.detach(wid)
+        """Detach every channel (closing descriptors the receiver holds for
+        frames never taken, such as a NewSlab's arriving during shutdown) and
+        release the wake-ups.  Called before the sockets are closed: a
+        consumer still in next_result() (close() from another thread) then
+        reads none of them."""
+        with self._lock:
+            self.receiver.close()
             self._attached.clear()
         for fd in (self._wake_r, self._wake_w):
             _fds.close_fd(fd)
@@ -182,15 +193,37 @@ class Fetcher:
             except OSError:
                 pass
 
+    # ------------------------------------------------------------------ the consumer
+
+    def next_result(self, idx: int, any_index: bool, timeout: float | None) -> Any:
+        """The buffer's item for batch `idx` (any_index: (index, item) of the
+        smallest index there), receiving what the workers sent meanwhile.
+        Raises TimeoutError, or BufferClosedError once the epoch failed or
+        the engine shuts down."""
+        receiver = self.receiver
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            event, slot, tag, item = receiver.get(
+                idx, any_index, None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if event == _core.EV_READY:
+                return item
+            try:
+                self._handle(event, slot, tag)
+            except Exception as e:   # as the watcher: the epoch fails with a clear error, never hangs
+                self._sink.fail(WorkerError(
+                    f"mxload could not take a worker's result: {type(e).__name__}: {e}"))
+
+    # ------------------------------------------------------------------ the watcher
+
     def _loop(self) -> None:
-        """Move worker results into the engine and notice dead workers at
-        once (their channels end, their sentinels become ready)."""
+        """Notice dead workers at once (their sentinels become ready), even
+        while the consumer is away training."""
         block_sigint_in_this_thread()
         receiver = self.receiver
         try:
             while not (self._stop or self._pause):
-                self._sync()
-                event, slot = receiver.wait(1.0)
+                self.sync()
+                event, slot, tag = receiver.watch(1.0)
                 if self._stop or self._pause:
                     return
                 if event == _core.EV_WAKE:
@@ -198,88 +231,120 @@ class Fetcher:
                         os.read(self._wake_r, 64)   # a pause request's wake-up
                     except OSError:
                         pass
-                    continue
-                if event == _core.EV_TIMEOUT:
-                    continue
-                handle = self._attached[slot]
-                if event == _core.EV_FRAME:
-                    if self._receive(handle, slot):
-                        continue
-                elif event == _core.EV_FD_LIMIT:   # out of descriptors here, in the main process
-                    self._sink.fail(fd_limit_error("receiving a shared-memory descriptor"))
-                    return
-                # EV_CLOSED, EV_ENDED or a broken frame: the worker is gone.
-                if handle.alive:
-                    self._settle(handle)
-                    self._on_death(handle)
+                elif event == _core.EV_ENDED:
+                    self._handle(event, slot, tag)
         except BaseException as e:  # never die silently: the consumer must not hang
             if not self._stop:
                 self._sink.fail(WorkerError(f"mxload fetcher thread failed: {type(e).__name__}: {e}"))
         finally:
             receiver.end_gil_span()
 
-    def _sync(self) -> None:
+    # ------------------------------------------------------------------ either thread
+
+    def _handle(self, event: int, slot: int, tag: int) -> None:
+        """What the receiver handed up about the worker in `slot` (tagged `tag`)."""
+        handle = self._attached.get(slot)
+        if handle is None or handle.tag != tag:
+            return   # detached (and perhaps replaced) meanwhile: handled by the other thread
+        if self._stop:
+            self._discard(handle, slot)
+            return
+        if event == _core.EV_FRAME:
+            if self._receive(handle, slot):
+                return
+        elif event == _core.EV_FD_LIMIT:   # out of descriptors here, in the main process
+            self._sink.fail(fd_limit_error("receiving a shared-memory descriptor"))
+            return
+        # EV_CLOSED, EV_ENDED or a broken frame: the worker is gone.
+        self._worker_gone(handle, slot)
+
+    def _discard(self, handle: ProcessHandle, slot: int) -> None:
+        """After stop(): no result is taken; the worker's channel is let go."""
+        with self._lock:
+            if self._attached.get(slot) is handle:
+                self.receiver.detach(slot)
+                del self._attached[slot]
+
+    def sync(self) -> None:
         """Watch exactly the live workers (a restart replaces a handle).  A
         dead worker's descriptors are closed by the time we get here, and a
         replacement may have reused their numbers: so a slot is detached
         before its new handle is attached."""
         with self._lock:
-            handles = self._handles()
-        wanted = {h.worker_id: h for h in handles if h.alive and h.sock is not None}
-        for wid, handle in list(self._attached.items()):
-            if wanted.get(wid) is not handle:
-                self.receiver.detach(wid)
-                del self._attached[wid]
-        for wid, h in wanted.items():
-            if wid not in self._attached:
-                assert h.sock is not None
-                self.receiver.attach(wid, h.sock.fileno(), h.process.sentinel, h.tag)
-                self._attached[wid] = h
+            if self._stop:
+                return
+            wanted = {h.worker_id: h for h in self._handles() if h.alive and h.sock is not None}
+            for wid, handle in list(self._attached.items()):
+                if wanted.get(wid) is not handle:
+                    self.receiver.detach(wid)
+                    del self._attached[wid]
+            for wid, h in wanted.items():
+                if wid not in self._attached:
+                    assert h.sock is not None
+                    self.receiver.attach(wid, h.sock.fileno(), h.process.sentinel, h.tag)
+                    self._attached[wid] = h
+
+    def _worker_gone(self, handle: ProcessHandle, slot: int) -> None:
+        """`handle`'s worker ended (or broke its channel): what it sent is
+        delivered, in order, before its loss is reported (its unanswered
+        tasks are then dispatched again).  Once per worker, by whichever
+        thread sees it first."""
+        with self._lock:
+            if self._attached.get(slot) is not handle or not handle.alive:
+                return
+            while self.receiver.drain(slot, handle.tag):   # a frame for Python is first
+                if not self._receive(handle, slot):
+                    break
+            self._settle(handle)
+            self.receiver.detach(slot)
+            del self._attached[slot]
+            handle.alive = False   # sync() never attaches it again
+        self._on_death(handle)
+        self.sync()   # its replacement
 
     def _settle(self, handle: ProcessHandle) -> None:
         """A dead worker's batches the receiver stored are delivered, as if
-        received one by one, before its loss is reported (its unanswered
-        tasks are then dispatched again)."""
-        with self._lock:
-            for _, raw in sorted(self._buffer.take_raw(handle.tag).items()):
-                try:
-                    loaded = adopt_raw(raw, handle, self._pool)
-                except m.ProtocolError as e:
-                    self._sink.fail(self._main_side_error(handle, None, "taking its result", e))
-                    return
-                if loaded is not None:
-                    self._sink.deliver(handle.worker_id, loaded)
+        received one by one (engine lock held)."""
+        for _, raw in sorted(self._buffer.take_raw(handle.tag).items()):
+            try:
+                loaded = adopt_raw(raw, handle, self._pool)
+            except m.ProtocolError as e:
+                self._sink.fail(self._main_side_error(handle, None, "taking its result", e))
+                return
+            if loaded is not None:
+                self._sink.deliver(handle.worker_id, loaded)
 
     def _receive(self, handle: ProcessHandle, slot: int) -> bool:
-        """Handle the frame the receiver holds for `handle`'s worker; False
-        if it is broken (the worker is treated as dead)."""
-        try:
-            header, data, fds = self.receiver.take_frame(slot)
-        except (EOFError, LookupError):
-            return False
-        try:
-            msg = m.decode(header, data, len(fds))
-        except (EOFError, pickle.UnpicklingError):
-            self._close(fds)
-            return False
-        except m.ProtocolError as e:   # garbage on its channel: nothing it sends can be trusted
-            self._close(fds)
-            self._sink.fail(self._main_side_error(handle, None, "reading its message", e))
-            return False
-        except Exception as e:   # a whole frame whose objects cannot be rebuilt here
-            self._close(fds)
-            self._sink.fail(self._main_side_error(handle, None, "unpickling its result", e))
-            return True
-        try:
-            with self._lock:
+        """Take and handle the frame the receiver holds first for `handle`'s
+        worker (taken and handled under the engine lock, so that the two
+        threads keep a worker's frames in order); False if it is broken (the
+        worker is treated as dead)."""
+        with self._lock:
+            try:
+                header, data, fds = self.receiver.take_frame(slot)
+            except LookupError:
+                return True    # the other thread took it
+            except EOFError:
+                return False
+            try:
+                try:
+                    msg = m.decode(header, data, len(fds))
+                except (EOFError, pickle.UnpicklingError):
+                    return False
+                except m.ProtocolError as e:   # garbage on its channel: nothing it sends can be trusted
+                    self._sink.fail(self._main_side_error(handle, None, "reading its message", e))
+                    return False
+                except Exception as e:   # a whole frame whose objects cannot be rebuilt here
+                    self._sink.fail(self._main_side_error(handle, None, "unpickling its result", e))
+                    return True
                 try:
                     result = take_result(msg, fds, handle, self._handles(), self._pool)
                 except Exception as e:   # mapping its slab, building its views: the batch's error
                     self._sink.fail(self._main_side_error(handle, msg, "taking its result", e))
                 else:
                     self._sink.deliver(handle.worker_id, result)
-        finally:
-            self._close(fds)   # any the message did not take
+            finally:
+                self._close(fds)   # any the message did not take
         return True
 
     @staticmethod

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from typing import Any
 
 from .._core import RawBatch, ReorderBuffer
 from ..errors import SHARED_MEMORY_ADVICE, SharedMemoryError
@@ -51,6 +52,7 @@ class ProcessTransport(Transport):
         self._handles = self.launcher.start_all(self._config.num_workers, self._config.epoch)
         self._fetcher = Fetcher(self.sink, self.lock, self.pool, self._buffer, self._config.num_workers,
                                 lambda: self._handles, self._on_death)
+        self._fetcher.sync()
         lifecycle.register_pausable(self)
         self._fetcher.start()
 
@@ -61,6 +63,11 @@ class ProcessTransport(Transport):
     def resume(self) -> None:
         if self._fetcher is not None:
             self._fetcher.start()
+
+    def next_result(self, buffer: ReorderBuffer, idx: int, any_index: bool, timeout: float | None) -> Any:
+        if self._fetcher is None:
+            return super().next_result(buffer, idx, any_index, timeout)
+        return self._fetcher.next_result(idx, any_index, timeout)
 
     def claim(self, raw: RawBatch) -> m.Loaded | None:
         handle = self._handles[raw.slot] if raw.slot < len(self._handles) else None
@@ -169,11 +176,11 @@ class ProcessTransport(Transport):
         self.launcher.end_all(procs, start, deadline)
 
     def release(self) -> None:
+        if self._fetcher is not None:
+            self._fetcher.close()   # first: no thread reads a socket once it is closed
         for h in self._handles:
             h.close_channel()
             h.slabs.clear()
             h.alive = False
-        if self._fetcher is not None:
-            self._fetcher.close()
         self.pool.close()
 

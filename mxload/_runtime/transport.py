@@ -5,7 +5,7 @@ The engine (engine.py) decides which batch goes to which worker, keeps the
 prefetch window, the reorder buffer and the failure record; a Transport
 moves tasks and results and owns the workers' lives.  Two implement it today,
 ``processes.ProcessTransport`` (local processes: sockets, shared-memory slabs,
-a fetcher thread) and ``threads.ThreadTransport``; a remote one (Ray) is one
+a receive path the consumer runs itself) and ``threads.ThreadTransport``; a remote one (Ray) is one
 more module implementing the same contract.
 """
 from __future__ import annotations
@@ -14,9 +14,9 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
-from .._core import RawBatch
+from .._core import RawBatch, ReorderBuffer
 from ..errors import WorkerError
 from . import messages as m
 
@@ -100,6 +100,13 @@ class Transport(ABC):
         for `epoch`); its unanswered tasks will get no result (the engine
         sends them again).  False if shutdown began meanwhile; raises if it
         cannot start one (engine lock held)."""
+
+    def next_result(self, buffer: ReorderBuffer, idx: int, any_index: bool, timeout: float | None) -> Any:
+        """The consumer's wait: `buffer`'s item for batch `idx` (any_index:
+        (index, item) of the smallest index there).  By default another
+        thread delivers the results, and the consumer waits in the buffer; a
+        transport whose consumer receives them itself overrides this."""
+        return buffer.pop_next(timeout) if any_index else buffer.get(idx, timeout)
 
     def claim(self, raw: RawBatch) -> m.Loaded | None:
         """The batch a receive path stored raw in the ReorderBuffer (engine
