@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -107,6 +109,55 @@ def test_a_worker_killed_with_batches_stored_loses_and_repeats_none(tries):
                 if k == 10:
                     os.kill(it.engine.worker_pids()[0], signal.SIGKILL)
         assert seen == list(range(128))
+
+
+def _switches(tid: int) -> int:
+    """Voluntary context switches of thread `tid` of this process so far (each a sleep)."""
+    with open(f"/proc/self/task/{tid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
+
+
+def test_no_thread_but_the_consumer_wakes_for_a_batch():
+    """The consumer receives its batches itself: over 300 batches the
+    fetcher thread (asleep on the workers' sentinels) hardly wakes, where it
+    used to wake for every batch."""
+    loader = mxload.DataLoader(Rows(300 * 4), batch_size=4, num_workers=2, persistent_workers=True)
+    try:
+        assert len(list(loader)) == 300   # warm-up: layouts named, slabs mapped
+        fetcher = next(t for t in threading.enumerate() if t.name == "mxload-fetcher")
+        before = _switches(fetcher.native_id)
+        stored = _receiver_stats(loader)["stored"]
+        t0 = time.monotonic()
+        assert sum(1 for _ in loader) == 300
+        seconds = time.monotonic() - t0
+        woke = _switches(fetcher.native_id) - before
+        assert _receiver_stats(loader)["stored"] - stored >= 290
+        # One wake-up per second of its 1 s watch() slices, and the epoch's start.
+        assert woke <= seconds + 5, f"the fetcher thread woke {woke} times in {seconds:.1f} s for 300 batches"
+    finally:
+        loader.close()
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_worker_dying_while_the_consumer_trains_is_replaced_at_once(start_method):
+    """Nobody is in next(): the fetcher thread notices the death (its
+    sentinel), takes what the worker sent and restarts it; the epoch then
+    delivers every batch exactly once."""
+    loader = mxload.DataLoader(Rows(64 * 16), batch_size=16, num_workers=2, max_worker_restarts=1,
+                               start_method=start_method, timeout=60)
+    it = iter(loader)
+    seen = [int(next(it)[1][0]) // 16]
+    victim = it.engine.worker_pids()[0]
+    with pytest.warns(RuntimeWarning, match="restarting it"):
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while it.engine.stats["worker_restarts"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)   # "training": the loader is not called
+        assert it.engine.stats["worker_restarts"] == 1, "the death was not noticed while the consumer trained"
+        assert it.engine.worker_pids()[0] != victim
+        seen += [int(y[0]) // 16 for _, y in it]
+    assert seen == list(range(64))
 
 
 class _CountingReceiver:

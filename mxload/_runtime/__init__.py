@@ -9,10 +9,11 @@ layout) define a format that crosses processes.
                    consume from the ReorderBuffer, failure record, restart policy
     transport.py   the seam: Transport (how tasks reach workers, results come back,
                    shutdown phases) and ResultSink (the engine, as a transport sees it)
-    processes.py   ProcessTransport: sockets, pooled slabs, the fetcher
+    processes.py   ProcessTransport: sockets, pooled slabs, the receive path
       lifecycle.py   start method, starting/restarting/ending processes, the
                      numbered shutdown sequence
-      fetcher.py     the fetcher thread: receive, adopt slabs, views, notice deaths
+      fetcher.py     the receive path (run by the consumer) and the watcher thread:
+                     adopt slabs, views, notice deaths
       procs.py       the zygote (fork), spawn workers, SIGINT handling at starts
       slabs.py       memfd slabs and the main process's pool
       fds.py         descriptors no forked child may keep
@@ -31,11 +32,14 @@ One batch with worker processes:
          (attaches a pooled slab) -> messages.send over the worker's socket
     worker process: worker.serve -> source.SampleSource.samples -> plan + fill the slab
       -> Batch (or NewSlab with its descriptor, Failed, Exhausted) -> messages.send
-    fetcher thread (compiled receive path, _core.FrameReceiver, GIL released): a BatchRef
-      (layout named before) goes into the ReorderBuffer as a C struct; any other frame:
-      messages.decode -> fetcher.take_result (adopt the slab; numpy views owned by a
-      BatchOwner) -> Loaded -> Engine.deliver -> ReorderBuffer.put
-    training loop: EpochIterator.__next__ -> Engine.next_batch -> ReorderBuffer.get
-      (a raw one becomes views through the transport's claim) -> (batch index, batch)
+    training loop: EpochIterator.__next__ -> Engine.next_batch -> transport.next_result:
+      the batch is in the ReorderBuffer, or the consumer receives it itself
+      (Fetcher.next_result -> _core.FrameReceiver.get, GIL released: reads the workers'
+      sockets, a BatchRef (layout named before) goes into the ReorderBuffer as a C struct;
+      any other frame: messages.decode -> fetcher.take_result (adopt the slab; numpy views
+      owned by a BatchOwner) -> Loaded -> Engine.deliver -> ReorderBuffer.put)
+      -> a raw one becomes views through the transport's claim -> (batch index, batch)
       -> progress.taken(index) -> the batch
+    fetcher thread (FrameReceiver.watch): asleep on the workers' sentinels; when one
+      ends it takes what that worker sent and reports the loss (restart) at once
 """

@@ -255,6 +255,10 @@ _TAG = {t: i for i, t in enumerate(_TYPES)}
 # dropped slab ids and the indices, int64 each.
 _PACKED_TASK = struct.Struct("<qqqqBxxxII")
 _PROFILING, _HAS_INDICES = 1, 2
+# A PackedTask's header and fixed fields in one pack (the per-batch path).
+_TASK_FRAME = struct.Struct(_HEADER.format + _PACKED_TASK.format[1:])
+_PACKED_TASK_TAG = _TAG[PackedTask]
+_INT64 = np.dtype("<i8")
 HEADER_SIZE = _HEADER.size
 BATCH_REF_TAG = _TAG[BatchRef]
 # A whole BatchRef frame: the header, then epoch, batch index, slab id, bytes, layout id.
@@ -274,16 +278,17 @@ def send_task(sock: socket.socket, task: Task, fds: list[int] | tuple[int, ...] 
     """Send a Task without pickling it: its indices (an int64 array, or None
     for a stream) go to the socket straight from their memory."""
     raw = task.indices
-    indices = (None if raw is None else np.frombuffer(raw, "<i8") if isinstance(raw, bytes)
-               else np.ascontiguousarray(raw, "<i8"))
+    indices = (None if raw is None else np.frombuffer(raw, _INT64) if isinstance(raw, bytes)
+               else np.ascontiguousarray(raw, _INT64))
     n = 0 if indices is None else len(indices)
     drops = task.drop_slabs
-    fixed = _PACKED_TASK.pack(task.epoch, task.batch_index, -1 if task.slab_id is None else task.slab_id,
-                              task.slab_size, (_PROFILING if task.profiling else 0)
-                              | (0 if indices is None else _HAS_INDICES), len(drops), n)
+    length = _PACKED_TASK.size + 8 * (len(drops) + n)
+    flags = (_PROFILING if task.profiling else 0) | (0 if indices is None else _HAS_INDICES)
+    slab_id = -1 if task.slab_id is None else task.slab_id
+    head = _TASK_FRAME.pack(MAGIC, VERSION, _PACKED_TASK_TAG, length, len(fds), task.epoch, task.batch_index,
+                            slab_id, task.slab_size, flags, len(drops), n)
     if drops:
-        fixed += struct.pack(f"<{len(drops)}q", *drops)
-    head = _HEADER.pack(MAGIC, VERSION, _TAG[PackedTask], len(fixed) + 8 * n, len(fds)) + fixed
+        head += struct.pack(f"<{len(drops)}q", *drops)
     parts: list[Any] = [head] if indices is None else [head, indices.data.cast("B")]
     ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
     sent = sock.sendmsg(parts, ancillary)
