@@ -87,10 +87,6 @@ cdef class FrameReceiver:
     stats() -> {"gil_ns", "stored", "passed_up"}
     """
     cdef mxl_channel *_ch
-    cdef pollfd *_pfds
-    cdef int *_pslot       # for each pollfd: its slot's socket (>= 0), the wake-up pipe (-1),
-                           # the eventfd (-2), or a slot's sentinel (-3 - slot)
-    cdef int64_t *_ptag    # for each pollfd: the tag of its slot's worker when polled
     cdef int _slots
     cdef int _wake_fd
     cdef int _event_fd     # the consumer's wake-up (owned); -1 once closed
@@ -121,10 +117,7 @@ cdef class FrameReceiver:
         self._version = version
         self._batch_tag = batch_tag
         self._ch = <mxl_channel *>PyMem_Malloc(max(slots, 1) * sizeof(mxl_channel))
-        self._pfds = <pollfd *>PyMem_Malloc((2 * slots + 2) * sizeof(pollfd))
-        self._pslot = <int *>PyMem_Malloc((2 * slots + 2) * sizeof(int))
-        self._ptag = <int64_t *>PyMem_Malloc((2 * slots + 2) * sizeof(int64_t))
-        if self._ch == NULL or self._pfds == NULL or self._pslot == NULL or self._ptag == NULL:
+        if self._ch == NULL:
             raise MemoryError()
         for i in range(slots):
             mxl_channel_init(&self._ch[i])
@@ -148,9 +141,6 @@ cdef class FrameReceiver:
         if self._mu_ready:
             pthread_mutex_destroy(&self._mu)
         PyMem_Free(self._ch)
-        PyMem_Free(self._pfds)
-        PyMem_Free(self._pslot)
-        PyMem_Free(self._ptag)
 
     cdef void _release_event(self) noexcept:
         # With the GIL held: the buffer signals the eventfd under the GIL too,
@@ -263,8 +253,26 @@ cdef class FrameReceiver:
         return result
 
     cdef int _poll(self, int what, int timeout_ms, int *slot_out, int64_t *tag_out) noexcept nogil:
+        # Each call polls its own arrays: the consumer and the watcher poll at
+        # the same time, and the kernel writes revents back into them.
+        cdef int m = 2 * self._slots + 2, r
+        cdef char *block = <char *>malloc(m * (sizeof(pollfd) + sizeof(int) + sizeof(int64_t)))
+        if block == NULL:
+            slot_out[0] = -1
+            return _EV_TIMEOUT
+        r = self._poll_in(what, timeout_ms, slot_out, tag_out, <pollfd *>block,
+                          <int *>(block + m * sizeof(pollfd)),
+                          <int64_t *>(block + m * (sizeof(pollfd) + sizeof(int))))
+        free(block)
+        return r
+
+    cdef int _poll_in(self, int what, int timeout_ms, int *slot_out, int64_t *tag_out, pollfd *pfds,
+                      int *pslot, int64_t *ptag) noexcept nogil:
         """Sleep in poll() on `what` (_ON_*) for up to timeout_ms, then read
-        the sockets that became readable.  Returns _POLLED, _EV_WAKE (the
+        the sockets that became readable.  For each pollfd, pslot says what
+        it is: a slot's socket (>= 0), the wake-up pipe (-1), the eventfd
+        (-2) or a slot's sentinel (-3 - slot); ptag, whose channel it was
+        when polled.  Returns _POLLED, _EV_WAKE (the
         pipe, left for the caller to read), _EV_ENDED (that worker's channel
         read to its end), or _EV_TIMEOUT (also for EINTR: a signal handler
         must run)."""
@@ -272,50 +280,50 @@ cdef class FrameReceiver:
         cdef mxl_channel *ch
         pthread_mutex_lock(&self._mu)
         if (what & _ON_WAKE_PIPE) and self._wake_fd >= 0:
-            self._pfds[n].fd = self._wake_fd
-            self._pslot[n] = -1
+            pfds[n].fd = self._wake_fd
+            pslot[n] = -1
             n += 1
         if (what & _ON_BUFFER) and self._event_fd >= 0:
-            self._pfds[n].fd = self._event_fd
-            self._pslot[n] = -2
+            pfds[n].fd = self._event_fd
+            pslot[n] = -2
             n += 1
         for i in range(self._slots):
             ch = &self._ch[i]
             if ch.sock < 0:
                 continue
             if (what & _ON_SOCKETS) and not ch.eof and not ch.end_reported:
-                self._pfds[n].fd = ch.sock
-                self._pslot[n] = i
-                self._ptag[n] = ch.tag
+                pfds[n].fd = ch.sock
+                pslot[n] = i
+                ptag[n] = ch.tag
                 n += 1
             if (what & _ON_SENTINELS) and ch.sentinel >= 0 and not ch.death_reported:
-                self._pfds[n].fd = ch.sentinel
-                self._pslot[n] = -3 - i
-                self._ptag[n] = ch.tag
+                pfds[n].fd = ch.sentinel
+                pslot[n] = -3 - i
+                ptag[n] = ch.tag
                 n += 1
         for i in range(n):
-            self._pfds[i].events = POLLIN
-            self._pfds[i].revents = 0
+            pfds[i].events = POLLIN
+            pfds[i].revents = 0
         pthread_mutex_unlock(&self._mu)
         slot_out[0] = -1
-        k = poll(self._pfds, n, timeout_ms)
+        k = poll(pfds, n, timeout_ms)
         if k <= 0:
             return _EV_TIMEOUT   # nothing, or EINTR (or poll failed): let Python look at its state
         for i in range(n):
-            if self._pfds[i].revents == 0:
+            if pfds[i].revents == 0:
                 continue
-            if self._pslot[i] == -1:
+            if pslot[i] == -1:
                 return _EV_WAKE
-            if self._pslot[i] == -2:
-                mxl_event_clear(self._pfds[i].fd)
+            if pslot[i] == -2:
+                mxl_event_clear(pfds[i].fd)
                 continue
-            slot = self._pslot[i] if self._pslot[i] >= 0 else -3 - self._pslot[i]
+            slot = pslot[i] if pslot[i] >= 0 else -3 - pslot[i]
             pthread_mutex_lock(&self._mu)
             ch = &self._ch[slot]
-            if ch.sock < 0 or ch.tag != self._ptag[i]:
+            if ch.sock < 0 or ch.tag != ptag[i]:
                 pthread_mutex_unlock(&self._mu)   # detached meanwhile: not ours to read
                 continue
-            if self._pslot[i] >= 0:
+            if pslot[i] >= 0:
                 if not ch.eof and mxl_channel_fill(ch) < 0 and errno != EAGAIN:
                     ch.eof = 1   # broken channel: the worker is gone
                 pthread_mutex_unlock(&self._mu)
@@ -326,7 +334,7 @@ cdef class FrameReceiver:
             ch.death_reported = 1
             pthread_mutex_unlock(&self._mu)
             slot_out[0] = slot
-            tag_out[0] = self._ptag[i]
+            tag_out[0] = ptag[i]
             return _EV_ENDED
         return _POLLED
 

@@ -459,3 +459,57 @@ def test_one_receiver_per_buffer():
         receiver(1, -1, rb)
     rcv.close()
     receiver(1, -1, rb).close()   # a closed receiver lets the buffer go
+
+
+def test_the_watcher_keeps_watching_while_the_consumer_polls():
+    """The consumer (get) and the watcher (watch) sleep in poll() at the same
+    time, each on its own descriptors: a socket that becomes readable for the
+    consumer is never taken for the watcher's sentinel, so the worker's later
+    end is still reported (10 trials of 0.5 s; shared poll arrays lost 6 of 8)."""
+    for _ in range(10):
+        _watch_beside_consumer_round(0.5)
+
+
+def _watch_beside_consumer_round(seconds: float) -> None:
+    rb = _core.ReorderBuffer()
+    rb.start_epoch(0)
+    wake_r, wake_w = os.pipe()
+    rcv = receiver(1, wake_r, rb)   # with a wake-up pipe, as the loader's: the arrays' layouts differ
+    main, worker = socket.socketpair()
+    sentinel_r, sentinel_w = os.pipe()
+    rcv.attach(0, main.fileno(), sentinel_r, tag=7)
+    # A frame announcing 1 MB, then a trickle of its bytes: the consumer's
+    # poll() keeps waking for a frame that never completes.
+    worker.sendall(pickled_frame(b"")[:HEADER.size - 5] + struct.pack("<IB", 1 << 20, 0))
+    stop = threading.Event()
+
+    def trickle():
+        while not stop.wait(0.0005):
+            worker.send(b"\0", socket.MSG_DONTWAIT)
+
+    def consume():
+        with pytest.raises(TimeoutError):
+            rcv.get(10**6, False, seconds)
+    threads = [threading.Thread(target=trickle), threading.Thread(target=consume)]
+    try:
+        for t in threads:
+            t.start()
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            assert rcv.watch(0.02)[0] == _core.EV_TIMEOUT
+        threads[1].join()
+        stop.set()
+        threads[0].join()
+        os.close(sentinel_w)
+        sentinel_w = -1
+        assert rcv.watch(2) == (_core.EV_ENDED, 0, 7)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        rcv.close()
+        main.close()
+        worker.close()
+        for fd in (sentinel_r, sentinel_w, wake_r, wake_w):
+            if fd >= 0:
+                os.close(fd)

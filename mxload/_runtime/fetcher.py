@@ -134,6 +134,9 @@ class Fetcher:
         # would drop what the receiver holds of a channel (frames after one
         # it handed up, or half received).  Changed under the engine lock.
         self._attached: dict[int, ProcessHandle] = {}
+        # Threads inside _worker_gone (the consumer too): stop() waits for them.
+        self._gone_busy: set[int] = set()
+        self._gone_idle = threading.Condition(lock)
 
     def start(self) -> None:
         with self._thread_lock:
@@ -172,6 +175,10 @@ class Fetcher:
         self._wake()
         if thread is not None and thread.ident is not None and thread is not threading.current_thread():
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        me = threading.get_ident()
+        with self._gone_idle:   # a consumer handling a death: let it finish before processes are ended
+            self._gone_idle.wait_for(lambda: not (self._gone_busy - {me}),
+                                     timeout=max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
         """Detach every channel (closing descriptors the receiver holds for
@@ -299,8 +306,16 @@ class Fetcher:
             self.receiver.detach(slot)
             del self._attached[slot]
             handle.alive = False   # sync() never attaches it again
-        self._on_death(handle)
-        self.sync()   # its replacement
+            if self._stop:
+                return   # shutting down: the shutdown reaps it
+            self._gone_busy.add(threading.get_ident())
+        try:
+            self._on_death(handle)
+            self.sync()   # its replacement
+        finally:
+            with self._gone_idle:
+                self._gone_busy.discard(threading.get_ident())
+                self._gone_idle.notify_all()
 
     def _settle(self, handle: ProcessHandle) -> None:
         """A dead worker's batches the receiver stored are delivered, as if
@@ -320,6 +335,8 @@ class Fetcher:
         threads keep a worker's frames in order); False if it is broken (the
         worker is treated as dead)."""
         with self._lock:
+            if self._attached.get(slot) is not handle:
+                return True    # its end was handled meanwhile: the slot may hold its replacement
             try:
                 header, data, fds = self.receiver.take_frame(slot)
             except LookupError:
