@@ -236,31 +236,36 @@ def test_concurrent_batches_reach_a_waiting_consumer(senders):
     """A receiver thread storing while the consumer waits in get(): every
     batch arrives once, none is lost between a look and a sleep (50 rounds)."""
     for _ in range(50):
-        _one_concurrent_round(senders, 200)
+        _concurrent_round(senders, 200, lambda rcv: rcv.wait(0.01), lambda rcv, rb, i: rb.get(i, timeout=10))
 
 
-def _one_concurrent_round(senders: int, n: int) -> None:
+def _concurrent_round(senders: int, n: int, background, take) -> None:
+    """`senders` threads send batch frames 0..n-1 (frame i from sender i %
+    senders, tagged so) while a thread calls background(rcv) in a loop;
+    take(rcv, rb, i) must return batch i, exactly once each."""
     socks = [socket.socketpair() for _ in range(senders)]
     rb = _core.ReorderBuffer()
     rcv = receiver(senders, -1, rb)
     rb.start_epoch(1)
     for k, (main, _) in enumerate(socks):
-        rcv.attach(k, main.fileno(), -1)
+        rcv.attach(k, main.fileno(), -1, tag=k)
     stop = threading.Event()
 
-    def fetch():
+    def run_background():
         while not stop.is_set():
-            rcv.wait(0.01)
+            background(rcv)
 
     def send(k):
         for i in range(k, n, senders):
             socks[k][1].sendall(batch_frame(1, i))
-    threads = [threading.Thread(target=fetch)] + [threading.Thread(target=send, args=(k,))
-                                                  for k in range(senders)]
+    threads = [threading.Thread(target=run_background)] + [threading.Thread(target=send, args=(k,))
+                                                           for k in range(senders)]
     for t in threads:
         t.start()
     try:
-        assert [rb.get(i, timeout=10).idx for i in range(n)] == list(range(n))
+        got = [take(rcv, rb, i) for i in range(n)]
+        assert [(b.idx, b.tag) for b in got] == [(i, i % senders) for i in range(n)]
+        assert len(rb) == 0
     finally:
         stop.set()
         for t in threads:
@@ -414,42 +419,13 @@ def test_a_consumer_receiving_beside_a_watcher_loses_nothing(senders):
     """The consumer reads in get() while the watcher sleeps in watch() and
     senders write at once: every batch arrives exactly once (50 rounds)."""
     for _ in range(50):
-        _consumer_beside_watcher_round(senders, 200)
+        _concurrent_round(senders, 200, lambda rcv: rcv.watch(0.01), _consumer_take)
 
 
-def _consumer_beside_watcher_round(senders: int, n: int) -> None:
-    socks = [socket.socketpair() for _ in range(senders)]
-    rb = _core.ReorderBuffer()
-    rcv = receiver(senders, -1, rb)
-    rb.start_epoch(1)
-    for k, (main, _) in enumerate(socks):
-        rcv.attach(k, main.fileno(), -1, tag=k)
-    stop = threading.Event()
-
-    def watch():
-        while not stop.is_set():
-            rcv.watch(0.01)
-
-    def send(k):
-        for i in range(k, n, senders):
-            socks[k][1].sendall(batch_frame(1, i))
-    threads = [threading.Thread(target=watch)] + [threading.Thread(target=send, args=(k,))
-                                                  for k in range(senders)]
-    for t in threads:
-        t.start()
-    try:
-        got = [rcv.get(i, False, 10) for i in range(n)]
-        assert [(e, item.idx, item.tag) for e, _, _, item in got] == \
-            [(_core.EV_READY, i, i % senders) for i in range(n)]
-        assert len(rb) == 0
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
-        rcv.close()
-        for main, worker in socks:
-            main.close()
-            worker.close()
+def _consumer_take(rcv, rb, i):
+    event, _, _, item = rcv.get(i, False, 10)
+    assert event == _core.EV_READY
+    return item
 
 
 def test_one_receiver_per_buffer():
