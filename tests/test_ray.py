@@ -231,7 +231,9 @@ _CHILD = textwrap.dedent("""
     from datasets_for_tests import SlowDataset
     ray.init(address={address!r}, log_to_driver=False)
     print(ray.get_runtime_context().get_job_id(), flush=True)
-    loader = mxload.DataLoader(SlowDataset(0.05, n=400), batch_size=2, num_workers=2,
+    # An epoch far longer than the test (about 500 s): on a loaded machine the
+    # Ctrl-C must still find it in progress, not finished.
+    loader = mxload.DataLoader(SlowDataset(0.05, n=20_000), batch_size=2, num_workers=2,
                                backend=mxload.RayBackend(num_cpus_per_worker=0.25))
     it = iter(loader)
     next(it)
