@@ -226,6 +226,7 @@ def test_profiler_reports_actor_busy_time_and_the_transfer():
 
 _CHILD = textwrap.dedent("""
     import os, sys, time, signal
+    signal.signal(signal.SIGINT, signal.default_int_handler)   # even if the suite runs with SIGINT ignored
     sys.path.insert(0, {tests!r})
     import ray, mxload
     from datasets_for_tests import SlowDataset
