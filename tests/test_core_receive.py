@@ -169,26 +169,37 @@ def test_wake_and_timeout(chan):
     timer.join()
 
 
-def test_an_ended_process_has_its_frames_taken_first():
+@pytest.fixture
+def ended_worker():
+    """(receiver, buffer, worker-side socket, end) for a worker in slot 1
+    tagged 9, whose sentinel is a pipe: end() makes it ready, as the
+    worker's process ending would."""
     main, worker = socket.socketpair()
     sentinel_r, sentinel_w = os.pipe()
     rb = _core.ReorderBuffer()
     rcv = receiver(2, -1, rb)
-    try:
-        rcv.attach(1, main.fileno(), sentinel_r)
-        rb.start_epoch(0)
-        worker.sendall(batch_frame(0, 0) + batch_frame(0, 1))
-        os.close(sentinel_w)   # the process "ended"; its socket end is still open (e.g. a grandchild)
-        sentinel_w = -1
-        assert rcv.wait(1) == (_core.EV_ENDED, 1)
-        assert 0 in rb and 1 in rb
-    finally:
-        rcv.close()
-        main.close()
-        worker.close()
-        os.close(sentinel_r)
-        if sentinel_w >= 0:
-            os.close(sentinel_w)
+    rcv.attach(1, main.fileno(), sentinel_r, tag=9)
+    rb.start_epoch(0)
+    ended = []
+
+    def end():
+        os.close(sentinel_w)
+        ended.append(True)
+    yield rcv, rb, worker, end
+    rcv.close()
+    main.close()
+    worker.close()
+    os.close(sentinel_r)
+    if not ended:
+        os.close(sentinel_w)
+
+
+def test_an_ended_process_has_its_frames_taken_first(ended_worker):
+    rcv, rb, worker, end = ended_worker
+    worker.sendall(batch_frame(0, 0) + batch_frame(0, 1))
+    end()   # the process "ended"; its socket end is still open (e.g. a grandchild)
+    assert rcv.wait(1) == (_core.EV_ENDED, 1)
+    assert 0 in rb and 1 in rb
 
 
 def test_slots_are_checked():
@@ -385,33 +396,19 @@ def test_get_finds_items_other_threads_put_and_wakes_on_close(chan):
     closer.join()
 
 
-def test_watch_reports_an_ended_worker_once_with_its_frames_read():
-    main, worker = socket.socketpair()
-    sentinel_r, sentinel_w = os.pipe()
-    rb = _core.ReorderBuffer()
-    rcv = receiver(2, -1, rb)
-    try:
-        rcv.attach(1, main.fileno(), sentinel_r, tag=9)
-        rb.start_epoch(0)
-        worker.sendall(batch_frame(0, 0) + pickled_frame(b"last words") + batch_frame(0, 1))
-        assert rcv.watch(0.05) == (_core.EV_TIMEOUT, -1, 0)    # sockets are the consumer's
-        assert len(rb) == 0
-        os.close(sentinel_w)
-        sentinel_w = -1
-        assert rcv.watch(5) == (_core.EV_ENDED, 1, 9)
-        assert rcv.watch(0.05) == (_core.EV_TIMEOUT, -1, 0)    # once per attachment
-        assert rcv.drain(1, 8) is False                        # another worker's tag: not read
-        assert rcv.drain(1, 9) is True                         # batch 0 stored, then a frame for Python
-        assert 0 in rb and 1 not in rb
-        assert rcv.take_frame(1)[1] == b"last words"
-        assert rcv.drain(1, 9) is False and 1 in rb
-    finally:
-        rcv.close()
-        main.close()
-        worker.close()
-        os.close(sentinel_r)
-        if sentinel_w >= 0:
-            os.close(sentinel_w)
+def test_watch_reports_an_ended_worker_once_with_its_frames_read(ended_worker):
+    rcv, rb, worker, end = ended_worker
+    worker.sendall(batch_frame(0, 0) + pickled_frame(b"last words") + batch_frame(0, 1))
+    assert rcv.watch(0.05) == (_core.EV_TIMEOUT, -1, 0)    # sockets are the consumer's
+    assert len(rb) == 0
+    end()
+    assert rcv.watch(5) == (_core.EV_ENDED, 1, 9)
+    assert rcv.watch(0.05) == (_core.EV_TIMEOUT, -1, 0)    # once per attachment
+    assert rcv.drain(1, 8) is False                        # another worker's tag: not read
+    assert rcv.drain(1, 9) is True                         # batch 0 stored, then a frame for Python
+    assert 0 in rb and 1 not in rb
+    assert rcv.take_frame(1)[1] == b"last words"
+    assert rcv.drain(1, 9) is False and 1 in rb
 
 
 @pytest.mark.parametrize("senders", [1, 3])
