@@ -28,7 +28,7 @@ from typing import Any
 
 from .. import _core
 from .._collate.layout import compile_template, views_from_layout, views_from_template
-from .._core import BatchOwner, FrameReceiver, RawBatch, ReorderBuffer, Slab
+from .._core import BatchOwner, FrameReceiver, RawBatch, ReorderBuffer, Slab, defer_sigint
 from ..errors import SharedMemoryError, WorkerError
 from . import fds as _fds
 from . import messages as m
@@ -329,11 +329,13 @@ class Fetcher:
             if loaded is not None:
                 self._sink.deliver(handle.worker_id, loaded)
 
+    @defer_sigint
     def _receive(self, handle: ProcessHandle, slot: int) -> bool:
         """Take and handle the frame the receiver holds first for `handle`'s
         worker (taken and handled under the engine lock, so that the two
         threads keep a worker's frames in order); False if it is broken (the
-        worker is treated as dead)."""
+        worker is treated as dead).  Whole, Ctrl-C deferred: a descriptor
+        the frame carries is either adopted or closed, never dropped half way."""
         with self._lock:
             if self._attached.get(slot) is not handle:
                 return True    # its end was handled meanwhile: the slot may hold its replacement
