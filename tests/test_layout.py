@@ -87,3 +87,59 @@ def test_a_buffer_too_small_for_the_layout_is_an_error():
     plan = plan_batch(default_batchify, [np.zeros(16)] * 4)
     with pytest.raises(TypeError, match="buffer is too small"):
         layout.views_from_layout(plan.layout(), bytearray(plan.nbytes - 1))
+
+
+@pytest.mark.parametrize("shape", ["one array", "flat tuple", "tuple out of order", "tuple of one",
+                                   "list", "namedtuple", "nested tuple", "dict"])
+def test_a_cached_template_rebuilds_what_the_layout_does(shape):
+    """compile_template (the per-batch path: a layout cached by id) takes
+    shortcuts for a single array and a plain tuple of fields in order; every
+    other structure is rebuilt node by node.  Each gives the same batch as
+    views_from_layout, as views over the slab's bytes."""
+    import os
+
+    from mxload._core import BatchOwner, Slab
+    a, b = np.arange(6, dtype=np.float32).reshape(2, 3), np.array([1, 2], np.int64)
+    (fields, offsets), _ = _fields_and_buffer([a, b])
+    f0, f1 = layout.field_node(0), layout.field_node(1)
+    root, arrays = {
+        "one array": (f0, [a]),
+        "flat tuple": (layout.tuple_node(None, [f0, f1]), [a, b]),
+        "tuple out of order": (layout.tuple_node(None, [f1, f0]), [a, b]),
+        "tuple of one": (layout.tuple_node(None, [f0]), [a]),
+        "list": (layout.tuple_node(list, [f0, f1]), [a, b]),
+        "namedtuple": (layout.tuple_node(Point, [f0, f1]), [a, b]),
+        "nested tuple": (layout.tuple_node(None, [f0, layout.tuple_node(None, [f1])]), [a, b]),
+        "dict": (layout.dict_node(("x", "y"), [f0, f1]), [a, b]),
+    }[shape]
+    wire = pickle.loads(pickle.dumps(layout.encode(root, arrays, offsets[:len(arrays)]),
+                                     protocol=pickle.HIGHEST_PROTOCOL))
+    fd = os.memfd_create("mxload-test-template")
+    try:
+        os.ftruncate(fd, 4096)
+        slab = Slab(fd, 4096)
+    finally:
+        os.close(fd)
+    for arr, off in zip(arrays, offsets):
+        np.ndarray(arr.shape, arr.dtype, buffer=slab, offset=off)[...] = arr
+    released = []
+    owner = BatchOwner(slab, 0, 4096, released.append)
+    got = layout.views_from_template(layout.compile_template(wire), owner)
+    want = layout.views_from_layout(wire, slab)
+
+    def same(x, y, base):
+        assert type(x) is type(y)
+        if isinstance(x, np.ndarray):
+            np.testing.assert_array_equal(x, y)
+            assert x.dtype == y.dtype and np.shares_memory(x, slab) and x.base is base
+        elif isinstance(x, dict):
+            assert list(x) == list(y)
+            for k in x:
+                same(x[k], y[k], base)
+        else:
+            assert len(x) == len(y)
+            for p, q in zip(x, y):
+                same(p, q, base)
+    same(got, want, owner)
+    del owner, got
+    assert released == [slab]   # the last view gone: the slab goes back to its pool

@@ -145,6 +145,9 @@ class Engine:
         self._plan: EpochPlan | None = None
         self._discard = 0
         self._next_dispatch = self._yielded = self._in_flight = 0
+        # The workers that take tasks (alive, stream not exhausted), by id;
+        # None once any worker's state changed (worker_lost, deliver, begin_epoch).
+        self._takers: list[int] | None = None
         self._finalizer: mp_util.Finalize | None = None
         config = WorkerConfig(0, options.num_workers, options.seed, epoch,
                               (options.dataset, options.batchify_fn, options.worker_init_fn),
@@ -198,6 +201,7 @@ class Engine:
                     self._claim(item)   # of the epoch before: its slab returns to the pool
             for w in self._workers:
                 w.exhausted = False
+            self._takers = None
             self._plan = plan
             self._discard = plan.discard
             self._next_dispatch = self._yielded = self._in_flight = 0
@@ -205,7 +209,9 @@ class Engine:
         del stale  # recycled slabs of the previous epoch, released outside the lock
 
     def _pick_worker(self, idx: int) -> int | None:
-        live = [wid for wid, w in enumerate(self._workers) if w.alive and not w.exhausted]
+        live = self._takers
+        if live is None:
+            live = self._takers = [wid for wid, w in enumerate(self._workers) if w.alive and not w.exhausted]
         if not live:
             return None
         # Round-robin by batch index, not least-loaded: which worker loads
@@ -247,13 +253,18 @@ class Engine:
                 f"this iterator's workers belong to process {self._pid}, not to this forked child "
                 f"(pid {os.getpid()}); call iter(loader) again in the child to start its own")
         timeout = self.options.timeout
+        in_order = self.options.in_order
         while True:
-            if self._finished():
+            plan = self._plan
+            order = plan.order if plan is not None else None
+            if order is not None:
+                if self._yielded >= len(order):   # only the consumer moves _yielded
+                    return END
+            elif self._finished():
                 return END
-            order = self._plan.order if self._plan is not None else None
             idx = -1
             try:
-                if self.options.in_order:
+                if in_order:
                     idx = order[self._yielded] if order is not None else self._yielded
                     item = self.transport.next_result(self._rb, idx, False, timeout)
                 else:
@@ -350,6 +361,7 @@ class Engine:
                                                transported=self.transport.transported)
             elif isinstance(result, m.Exhausted):
                 w.exhausted = True
+                self._takers = None
                 self._store(idx, _EXHAUSTED)
             else:
                 self._store(idx, BatchFailure(rebuild_exception(result.error, worker_id, pid, idx)))
@@ -373,6 +385,7 @@ class Engine:
         with self._lock:
             wid = loss.worker_id
             self._workers[wid].alive = False
+            self._takers = None
             if self.state != RUNNING:
                 return
             held = sorted(self.held(wid))
@@ -406,6 +419,7 @@ class Engine:
             self.fail(WorkerError(f"could not restart worker {wid}: {e}", wid))
             return
         dead, self._workers[wid] = self._workers[wid], _Worker()
+        self._takers = None
         for (epoch, idx), indices in sorted(dead.outstanding.items()):
             if epoch == self.epoch:
                 self._send(wid, idx, indices)
@@ -435,6 +449,7 @@ class Engine:
                 for w in self._workers:
                     w.outstanding.clear()
                     w.alive = False
+                self._takers = None
             finally:
                 # Whatever happened above, this engine is finished: never run twice.
                 self.state = CLOSED

@@ -40,14 +40,16 @@ from .transport import Delivery, ResultSink
 __all__ = ["Fetcher", "take_result", "adopt_raw"]
 
 
+_NO_TASK: Any = object()
+
+
 def adopt_raw(raw: RawBatch, handle: ProcessHandle, pool: SlabPool) -> m.Loaded | None:
     """The batch the receive path stored for `handle` as views of its slab,
     from the cached layout; None if its task is no longer the handle's
     (engine lock held)."""
-    key = (raw.epoch, raw.idx)
-    if key not in handle.slabs:
+    slab = handle.slabs.pop((raw.epoch, raw.idx), _NO_TASK)
+    if slab is _NO_TASK:
         return None
-    slab = handle.slabs.pop(key)
     cached = handle.layouts.get(raw.layout_id)
     if slab is None or slab.slab_id != raw.slab_id or cached is None:
         if slab is not None:

@@ -39,6 +39,7 @@ import pickle
 import socket
 import struct
 import traceback
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAGIC", "VERSION", "ProtocolError", "ExceptionInfo", "Timings",
-    "BATCH_REF", "BATCH_REF_TAG", "HEADER_SIZE", "decode", "send_task",
+    "BATCH_REF", "BATCH_REF_TAG", "HEADER_SIZE", "decode", "send_task", "send_task_fields",
     "Task", "Stop", "Batch", "BatchRef", "NewSlab", "Loaded", "Failed", "Exhausted", "InitFailed",
     "StartWorker", "Started", "StartFailed", "Exited", "Handover", "RemoteBatch", "ActorReady",
     "Message", "WorkerResult", "send", "send_encoded", "encode", "recv",
@@ -277,23 +278,38 @@ def encode(message: Message, nfds: int = 0) -> bytes:
 def send_task(sock: socket.socket, task: Task, fds: list[int] | tuple[int, ...] = ()) -> None:
     """Send a Task without pickling it: its indices (an int64 array, or None
     for a stream) go to the socket straight from their memory."""
-    raw = task.indices
-    indices = (None if raw is None else np.frombuffer(raw, _INT64) if isinstance(raw, bytes)
-               else np.ascontiguousarray(raw, _INT64))
-    n = 0 if indices is None else len(indices)
-    drops = task.drop_slabs
-    length = _PACKED_TASK.size + 8 * (len(drops) + n)
-    flags = (_PROFILING if task.profiling else 0) | (0 if indices is None else _HAS_INDICES)
-    slab_id = -1 if task.slab_id is None else task.slab_id
-    head = _TASK_FRAME.pack(MAGIC, VERSION, _PACKED_TASK_TAG, length, len(fds), task.epoch, task.batch_index,
-                            slab_id, task.slab_size, flags, len(drops), n)
-    if drops:
-        head += struct.pack(f"<{len(drops)}q", *drops)
-    parts: list[Any] = [head] if indices is None else [head, indices.data.cast("B")]
-    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-    sent = sock.sendmsg(parts, ancillary)
+    send_task_fields(sock, task.epoch, task.batch_index, task.indices, task.profiling,
+                     -1 if task.slab_id is None else task.slab_id, task.slab_size, task.drop_slabs, fds)
+
+
+def send_task_fields(sock: socket.socket, epoch: int, batch_index: int, indices: bytes | np.ndarray | None,
+                     profiling: bool, slab_id: int, slab_size: int, drop_slabs: Sequence[int],
+                     fds: list[int] | tuple[int, ...]) -> None:
+    """send_task from the fields of the Task (slab_id -1: none): the
+    per-batch path, which builds no Task of its own."""
+    data: memoryview | bytes = b""
+    if indices is None:
+        n = 0
+        flags = _PROFILING if profiling else 0
+    else:
+        data = (np.frombuffer(indices, _INT64) if type(indices) is bytes
+                else np.ascontiguousarray(indices, _INT64)).data
+        n = len(data)
+        flags = (_PROFILING | _HAS_INDICES) if profiling else _HAS_INDICES
+    ndrops = len(drop_slabs)
+    head = _TASK_FRAME.pack(MAGIC, VERSION, _PACKED_TASK_TAG, _PACKED_TASK.size + 8 * (ndrops + n), len(fds),
+                            epoch, batch_index, slab_id, slab_size, flags, ndrops, n)
+    if ndrops:
+        head += struct.pack(f"<{ndrops}q", *drop_slabs)
+    if fds:
+        sent = sock.sendmsg([head] if n == 0 else [head, data],
+                            [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    elif n == 0:
+        sent = sock.send(head)
+    else:
+        sent = sock.sendmsg([head, data])
     if sent < len(head) + 8 * n:   # a signal cut a large send short: the descriptors went first
-        sock.sendall(b"".join(bytes(p) for p in parts)[sent:])
+        sock.sendall((head + bytes(data))[sent:])
 
 
 def _unpack_task(data: bytes) -> Task:

@@ -95,21 +95,29 @@ class ProcessTransport(Transport):
 
     def dispatch(self, worker_id: int, task: m.Task) -> None:
         handle = self._handles[worker_id]
+        sock = handle.sock
+        assert sock is not None
         slab = self.pool.acquire()
         handle.slabs[(task.epoch, task.batch_index)] = slab
-        slab_id = slab.slab_id if slab is not None else None
-        fd_follows = slab is not None and slab_id not in handle.known_slabs
-        drops, handle.pending_drops = handle.pending_drops, []
-        wire = m.Task(task.epoch, task.batch_index, task.indices, slab_id,
-                      slab.size if slab is not None else 0, tuple(drops), task.profiling)
-        fds = [self.pool.fd(slab.slab_id)] if slab is not None and fd_follows else []
+        fds: tuple[int, ...] = ()
+        if slab is None:
+            slab_id = -1
+            slab_size = 0
+        else:
+            slab_id = slab.slab_id
+            slab_size = slab.size
+            if slab_id not in handle.known_slabs:
+                fds = (self.pool.fd(slab_id),)
+        drops = handle.pending_drops
+        if drops:
+            handle.pending_drops = []
         try:
-            assert handle.sock is not None
-            m.send_task(handle.sock, wire, fds)
-            if slab is not None and fd_follows:
-                handle.known_slabs.add(slab.slab_id)
+            m.send_task_fields(sock, task.epoch, task.batch_index, task.indices, task.profiling, slab_id,
+                               slab_size, drops, fds)
         except OSError:
-            pass  # the worker is dead; the fetcher reports it
+            return  # the worker is dead; the fetcher reports it
+        if fds:
+            handle.known_slabs.add(slab_id)
 
     def _on_death(self, handle: ProcessHandle) -> None:
         """The fetcher saw `handle`'s worker end (fetcher thread)."""
