@@ -39,12 +39,19 @@ the repeats:
 * other load: cores used by other processes meanwhile (from /proc/stat minus
   this process tree).  CPU time per batch is robust to it; b/s is not.
 
+Then, once: the Python bytecodes the training thread runs per batch in
+mxload's own code (2 workers, `epochs-per-repeat` epochs, counted with
+sys.settrace opcode events).  A count does not move with the machine's load,
+so it shows a change to the per-batch Python path that CPU times on a shared
+machine cannot resolve.
+
 The consumer only touches one element of each batch, so everything it
 spends is the loader's.  Ratios are between rows of the same run.
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import gc
 import os
 import resource
@@ -127,6 +134,39 @@ def receive_gil_ns(loader: Any) -> int | None:
     transport = getattr(getattr(loader, "_engine", None), "transport", None)
     stats = getattr(transport, "receive_stats", None)
     return None if stats is None else int(stats["gil_ns"])
+
+
+def loader_bytecodes(loader: Any, epochs: int) -> tuple[float, list[tuple[str, float]]]:
+    """Python bytecodes the training thread runs in mxload's own code per
+    batch over `epochs` whole epochs (sys.settrace opcode events: a count,
+    independent of the machine's load, unlike CPU time), and the functions
+    that run most of them."""
+    counts: collections.Counter[str] = collections.Counter()
+    package = os.path.dirname(mxload.__file__)
+
+    def in_frame(frame: Any, event: str, arg: Any) -> Any:
+        if event == "opcode":
+            counts[frame.f_code.co_name] += 1
+        return in_frame
+
+    def on_call(frame: Any, event: str, arg: Any) -> Any:
+        if not frame.f_code.co_filename.startswith(package):
+            return None
+        frame.f_trace_opcodes = True
+        frame.f_trace_lines = False
+        return in_frame
+
+    taken = 0
+    sys.settrace(on_call)
+    try:
+        for _ in range(epochs):
+            for batch in loader:
+                batch[0][0, 0]
+                taken += 1
+    finally:
+        sys.settrace(None)
+    per = max(taken, 1)
+    return sum(counts.values()) / per, [(name, n / per) for name, n in counts.most_common(6)]
 
 
 class Config:
@@ -242,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
             k = r % len(configs)
             for c in configs[k:] + configs[:k]:
                 c.measure(args.epochs_per_repeat)
+        two = next(c for c in configs if c.name == "mxload, 2 workers")
+        bytecodes, top = loader_bytecodes(two.loader, args.epochs_per_repeat)
     finally:
         for c in configs:
             c.close()
@@ -271,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
                        "GIL (fetcher) us", "b/s", "torch CPU / this", "other load"]))
     print("# us per batch, medians; '+ step' rows exclude the step's own CPU time; 'other load': cores "
           "used by other processes meanwhile (CPU times are robust to it, b/s is not)")
+    print(f"# Python bytecodes per batch in mxload's code, training thread (mxload, 2 workers; a count, "
+          f"not a time): {bytecodes:.0f}; most in " + ", ".join(f"{name} {n:.0f}" for name, n in top))
     for c in configs:
         if c.name.startswith("mxload, 2 workers"):
             v = base[c.name]
