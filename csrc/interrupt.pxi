@@ -64,12 +64,15 @@ cdef object _call_deferring_sigint(object fn, tuple args, dict kwargs, bint fina
                 PyErr_CheckSignals()   # the KeyboardInterrupt wins, chained to fn's error
         raise
     if _end_deferral(previous, interrupted):
-        if finalizer:
-            _rearm_sigint()
-        else:
-            result = None          # released first: its own finalizer ends what it holds
-            _rearm_sigint()
-            PyErr_CheckSignals()   # raises here, as the handler would have
+        _rearm_sigint()
+        if not finalizer:
+            try:
+                PyErr_CheckSignals()   # runs the handler here, as the signal would have
+            except BaseException:
+                result = None          # released first: its own finalizer ends what it holds
+                raise
+            # A handler that does not raise (a program's "stop after this
+            # step" flag) has run: the call's result stands.
     return result
 
 
@@ -109,7 +112,9 @@ cdef class _SigintDeferred:
 def defer_sigint(fn):
     """Decorator: in the main thread, a Ctrl-C (SIGINT with a Python handler)
     that arrives while `fn` runs is held back until `fn` has returned or
-    raised, then delivered once (KeyboardInterrupt raised from the call).
+    raised, then delivered once: the handler runs as the call ends (Python's
+    raises KeyboardInterrupt from the call; one that does not raise leaves
+    the call's result as it was).
     Nested calls defer to the outermost one; other threads run `fn` as is."""
     return _SigintDeferred(fn, False)
 

@@ -163,6 +163,34 @@ def test_ctrl_c_while_the_training_loop_adopts_a_new_slab_leaves_no_descriptor(s
     assert rc == 0, err
 
 
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_sigint_handler_that_does_not_raise_leaves_the_epoch_running(start_method):
+    """A program's own SIGINT handler that only sets a flag ("stop after this
+    step"), and a SIGINT landing while the training loop handles a frame
+    (Ctrl-C deferred there): the handler runs once, afterwards, and the
+    frame's result stands.  Before, the deferred call returned None and a
+    healthy worker was taken for dead ("died unexpectedly (still running)")."""
+    out, err, rc = run_child(f"""
+        from mxload._runtime import fds as owned_fds
+        original = owned_fds.own
+        def own(obj):
+            original(obj)
+            if sys._getframe(1).f_code.co_name == "adopt":
+                interrupt_self()
+        owned_fds.own = own
+        calls = []
+        signal.signal(signal.SIGINT, lambda signum, frame: calls.append(signum))
+        loader = mxload.DataLoader(TupleDataset(16), batch_size=4, num_workers=2,
+                                   start_method={start_method!r})
+        print("batches", len(list(loader)), flush=True)
+        print("handler ran", len(calls) > 0, flush=True)
+        print("children", children(), flush=True)
+    """)
+    assert out.split("\n")[:3] == ["batches 4", "handler ran True", "children []"], (out, err)
+    assert "Traceback" not in err and "Warning" not in err, err
+    assert rc == 0, err
+
+
 # ---------------------------------------------------------------- Ctrl-C during start-up (item 13)
 
 
