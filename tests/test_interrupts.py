@@ -51,6 +51,18 @@ def children():
 def interrupt_self():
     '''A Ctrl-C landing exactly here.'''
     os.kill(os.getpid(), signal.SIGINT)
+
+
+def interrupt_when_a_slab_is_adopted():
+    '''A Ctrl-C landing inside SlabPool.adopt, after a worker's new slab is
+    mapped and before its descriptor is kept (the training loop takes it).'''
+    from mxload._runtime import fds as owned_fds
+    original = owned_fds.own
+    def own(obj):
+        original(obj)
+        if sys._getframe(1).f_code.co_name == "adopt":
+            interrupt_self()
+    owned_fds.own = own
 """
 
 
@@ -129,13 +141,7 @@ def test_ctrl_c_while_the_training_loop_adopts_a_new_slab_leaves_no_descriptor(s
     random-moments test).  Now the frame is handled whole, then the one
     KeyboardInterrupt is raised, and the shutdown closes every descriptor."""
     out, err, rc = run_child(f"""
-        from mxload._runtime import fds as owned_fds
-        original = owned_fds.own
-        def own(obj):
-            original(obj)
-            if sys._getframe(1).f_code.co_name == "adopt":   # the pool adopting a worker's slab
-                interrupt_self()
-        owned_fds.own = own
+        interrupt_when_a_slab_is_adopted()
 
         def slab_fds():
             found = []
@@ -171,13 +177,7 @@ def test_a_sigint_handler_that_does_not_raise_leaves_the_epoch_running(start_met
     frame's result stands.  Before, the deferred call returned None and a
     healthy worker was taken for dead ("died unexpectedly (still running)")."""
     out, err, rc = run_child(f"""
-        from mxload._runtime import fds as owned_fds
-        original = owned_fds.own
-        def own(obj):
-            original(obj)
-            if sys._getframe(1).f_code.co_name == "adopt":
-                interrupt_self()
-        owned_fds.own = own
+        interrupt_when_a_slab_is_adopted()
         calls = []
         signal.signal(signal.SIGINT, lambda signum, frame: calls.append(signum))
         loader = mxload.DataLoader(TupleDataset(16), batch_size=4, num_workers=2,
