@@ -113,8 +113,8 @@ def defer_sigint(fn):
     """Decorator: in the main thread, a Ctrl-C (SIGINT with a Python handler)
     that arrives while `fn` runs is held back until `fn` has returned or
     raised, then delivered once: the handler runs as the call ends (Python's
-    raises KeyboardInterrupt from the call; one that does not raise leaves
-    the call's result as it was).
+    default handler raises KeyboardInterrupt from the call; a handler that
+    does not raise leaves the call's result as it was).
     Nested calls defer to the outermost one; other threads run `fn` as is."""
     return _SigintDeferred(fn, False)
 

@@ -53,6 +53,16 @@ def interrupt_self():
     os.kill(os.getpid(), signal.SIGINT)
 
 
+def iterate_until_interrupted(loader):
+    '''One epoch; prints "caught" for a KeyboardInterrupt, "carried on" without.'''
+    try:
+        for batch in loader:
+            pass
+        print("carried on", flush=True)
+    except KeyboardInterrupt:
+        print("caught", flush=True)
+
+
 def interrupt_when_a_slab_is_adopted():
     '''A Ctrl-C landing inside SlabPool.adopt, after a worker's new slab is
     mapped and before its descriptor is kept (the training loop takes it).'''
@@ -155,12 +165,7 @@ def test_ctrl_c_while_the_training_loop_adopts_a_new_slab_leaves_no_descriptor(s
 
         loader = mxload.DataLoader(TupleDataset(16), batch_size=4, num_workers=2,
                                    start_method={start_method!r})
-        try:
-            for batch in loader:
-                pass
-            print("carried on", flush=True)
-        except KeyboardInterrupt:
-            print("caught", flush=True)
+        iterate_until_interrupted(loader)
         print("slab fds", slab_fds(), flush=True)
         print("children", children(), flush=True)
     """)
@@ -231,12 +236,7 @@ def test_ctrl_c_during_engine_start_up_leaves_nothing(where):
         fds = set(os.listdir("/proc/self/fd"))
         threads = set(threading.enumerate())
         loader = mxload.DataLoader(SlowDataset(0.01, n=40), batch_size=2, num_workers=2, **kwargs)
-        try:
-            for batch in loader:
-                pass
-            print("carried on", flush=True)
-        except KeyboardInterrupt:
-            print("caught", flush=True)
+        iterate_until_interrupted(loader)
         deadline = time.monotonic() + 2
         while time.monotonic() < deadline and (children() or set(threading.enumerate()) - threads):
             time.sleep(0.02)

@@ -146,7 +146,8 @@ class Engine:
         self._discard = 0
         self._next_dispatch = self._yielded = self._in_flight = 0
         # The workers that take tasks (alive, stream not exhausted), by id;
-        # None once any worker's state changed (worker_lost, deliver, begin_epoch).
+        # None once any worker's state changed (begin_epoch, an Exhausted delivered,
+        # worker_lost, _restart, shutdown).
         self._takers: list[int] | None = None
         self._finalizer: mp_util.Finalize | None = None
         config = WorkerConfig(0, options.num_workers, options.seed, epoch,
