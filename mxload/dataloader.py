@@ -10,8 +10,6 @@ from collections.abc import Callable
 from multiprocessing.context import BaseContext
 from typing import Any, Generic, TypeVar, cast, overload
 
-import numpy as np
-
 from ._checkpoint import EpochProgress, check_state
 from ._core import defer_sigint, sigint_safe_finalizer
 from ._cpus import warn_if_oversubscribed
@@ -24,6 +22,7 @@ from .sampler import (
     DistributedSampler,
     RandomSampler,
     SequentialSampler,
+    batch_sampler_indices,
     load_sampler_state,
     sampler_state,
 )
@@ -289,9 +288,8 @@ class DataLoader:
     def _epoch_batches(self) -> list[Any]:
         """This epoch's batches of indices (advances the sampler's epoch)."""
         epoch_batches: Callable[[], list[Any]] | None = getattr(self.batch_sampler, "epoch_batches", None)
-        if epoch_batches is not None:
-            return epoch_batches()
-        return [np.asarray(b, dtype=np.int64) for b in self.batch_sampler]
+        batches = epoch_batches() if epoch_batches is not None else self.batch_sampler
+        return [batch_sampler_indices(b, i) for i, b in enumerate(batches)]
 
     def __iter__(self) -> Any:
         """A new epoch.  Iterators are independent, as in torch (zip(loader,

@@ -100,11 +100,28 @@ def _sampler_indices(sampler: Any) -> IndexArray:
         # User-defined samplers may be any iterable of ints (even a list);
         # operator.index rejects floats that fromiter would silently truncate.
         indices = np.fromiter(map(operator.index, sampler), dtype=np.int64)
+    return _checked_indices(indices, "a sampler's epoch")
+
+
+def batch_sampler_indices(batch: Any, position: int) -> IndexArray:
+    """Batch number `position` of a batch_sampler as a 1-D int64 array.
+
+    Checked in the main process, where the error can name the batch: sent to a
+    worker as it was, a 2-D batch would not match its frame's length and a
+    boolean mask would be taken as indices 0 and 1."""
+    what = f"the batch_sampler's batch {position}"
+    try:
+        indices = np.asarray(batch)
+    except (TypeError, ValueError) as e:   # ragged nesting, an object numpy cannot convert
+        raise ValueError(f"{what} is not a sequence of indices: {e}") from e
+    return _checked_indices(indices, what)
+
+
+def _checked_indices(indices: np.ndarray, what: str) -> IndexArray:
     if indices.ndim != 1:
-        raise ValueError(
-            f"sampler must produce a 1-D sequence of indices, got shape {indices.shape}")
+        raise ValueError(f"{what} must be a 1-D sequence of indices, got shape {indices.shape}")
     if indices.size and indices.dtype.kind not in "iu":
-        raise ValueError(f"sampler must produce integer indices, got dtype {indices.dtype}")
+        raise ValueError(f"{what} must hold integer indices, got dtype {indices.dtype}")
     return indices.astype(np.int64, copy=False)
 
 

@@ -3,6 +3,7 @@ producing exactly the batches of the single-process loader."""
 from __future__ import annotations
 
 import collections
+import multiprocessing as mp
 import os
 import warnings
 
@@ -107,6 +108,48 @@ def test_drop_last_and_collate_fn_aliases():
 def test_conflicting_or_bad_arguments_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         mxload.DataLoader(mxload.SimpleDataset(list(range(10))), **kwargs)
+
+
+class ListedBatches:
+    """A user's batch_sampler: any iterable of batches, with a length."""
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self):
+        return len(self.batches)
+
+
+class PlannedBatches(ListedBatches):
+    """One that makes the whole epoch at once, as mxload's BatchSampler does."""
+    def epoch_batches(self):
+        return list(self.batches)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("sampler_type", [ListedBatches, PlannedBatches])
+@pytest.mark.parametrize("bad,match", [
+    (np.arange(8).reshape(2, 4), r"batch 1 .*1-D.*shape \(2, 4\)"),
+    (np.array([True, False, True]), r"batch 1 .*integer.*dtype bool"),
+    ([1.0, 2.5], r"batch 1 .*integer.*dtype float64"),
+    (["3", "4"], r"batch 1 .*integer.*dtype <U1"),
+    ([[1], [2, 3]], r"batch 1 is not a sequence of indices"),
+])
+def test_a_batch_sampler_batch_that_is_not_1d_integers_is_named_before_any_worker_starts(
+        num_workers, sampler_type, bad, match):
+    # Sent to a worker as it was, a 2-D batch desynchronised the worker's
+    # stream (it died with a protocol error) and a mask became indices 0/1.
+    loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(100) * 10),
+                               batch_sampler=sampler_type([[0, 1], bad, [5]]), num_workers=num_workers)
+    with pytest.raises(ValueError, match="batch_sampler's " + match):
+        iter(loader)
+    assert mp.active_children() == []
+    good = sampler_type([[0, 1], np.array([2], np.uint8), (5,)])
+    assert [b.tolist() for b in mxload.DataLoader(
+        mxload.ArrayDataset(np.arange(100) * 10), batch_sampler=good, num_workers=num_workers)] == [
+        [0, 10], [20], [50]]
 
 
 def test_non_callable_batchify_and_worker_init_rejected():
