@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 # cython: initializedcheck=False
 """mxload's compiled core: reorder buffer, collation kernels, layout planner,
-shared-memory slabs, the fetcher's receive path, Ctrl-C deferral and the workers' parent
+shared-memory slabs, the fetcher's receive path, the per-batch task send, Ctrl-C deferral and the workers' parent
 watchdog.  C declarations live in mxl_c.pxd;
 the code is split by job into the .pxi files included below."""
 
@@ -32,6 +32,7 @@ include "reorder.pxi"
 include "collate.pxi"
 include "slab.pxi"
 include "receive.pxi"
+include "task.pxi"
 include "watchdog.pxi"
 
 cdef extern from *:

@@ -141,3 +141,10 @@ ctypedef struct mxl_raw_entry:
     mxl_batch_frame frame
     int slot
     int64_t tag
+
+cdef extern from "mxl_send.h" nogil:
+    enum: MXL_TASK_FIXED
+    void mxl_put_le(char *p, uint64_t v, int nbytes)
+    void mxl_pack_task(char *head, const char *prefix, int64_t epoch, int64_t idx, int64_t slab_id,
+                       int64_t slab_size, int flags, uint32_t ndrops, uint32_t nindices, int nfds)
+    long mxl_send_frame(int sock, const char *head, size_t hlen, const char *data, size_t dlen, int fd)

@@ -3,8 +3,9 @@
 Keep in step with csrc/_core.pyx and the .pxi files it includes:
 interrupt.pxi (defer_sigint, sigint_safe_finalizer), reorder.pxi
 (ReorderBuffer, BufferClosedError, RawBatch), collate.pxi (kernels,
-layout planner, ALIGNMENT, monotonic_ns), slab.pxi (Slab, BatchOwner) and
-receive.pxi (FrameReceiver, build_views, the frame constants)."""
+layout planner, ALIGNMENT, monotonic_ns), slab.pxi (Slab, BatchOwner),
+receive.pxi (FrameReceiver, build_views, the frame constants) and task.pxi
+(send_task)."""
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, Self, TypedDict, TypeVar, overload
 
@@ -161,6 +162,10 @@ class _ReceiveStats(TypedDict):
     gil_ns: int
     stored: int
     passed_up: int
+
+def send_task(sock: int, prefix: bytes, epoch: int, batch_index: int,
+              indices: bytes | NDArray[Any] | None, profiling: bool, slab_id: int, slab_size: int,
+              drop_slabs: Sequence[int], slab_fd: int) -> tuple[bytes, bool] | None: ...
 
 class FrameReceiver:
     """Receives every worker's frames for one ReorderBuffer: the consumer in

@@ -3,12 +3,16 @@ survives a round trip with its descriptors; a cut-short, foreign or
 malformed frame is a clear error, never a tuple decoded by position."""
 import os
 import pickle
+import signal
 import socket
 import struct
+import threading
+import time
 
 import numpy as np
 import pytest
 
+from mxload import _core
 from mxload._runtime import messages as m
 
 ERROR = m.ExceptionInfo.of(ValueError("bad sample 3"))
@@ -182,6 +186,109 @@ def test_a_task_sent_without_pickle_arrives_as_the_same_task(task):
             s.close()
         os.close(r)
         os.close(w)
+
+
+def test_the_compiled_task_frame_is_byte_for_byte_the_documented_layout():
+    # Dropped slabs past what the packer keeps on its stack (16) take its heap path.
+    indices = np.array([5, -1, 2**40], dtype=np.int64)
+    drops = tuple(range(100, 120))
+    a, b = socket.socketpair()
+    try:
+        m.send_task(a, m.Task(2**33, 9, indices, 7, 1 << 20, drops, True))
+        frame = b.recv(65536)
+    finally:
+        a.close()
+        b.close()
+    payload = (m._PACKED_TASK.pack(2**33, 9, 7, 1 << 20, 3, len(drops), len(indices))
+               + struct.pack(f"<{len(drops)}q", *drops) + indices.astype("<i8").tobytes())
+    assert frame == m._HEADER.pack(m.MAGIC, m.VERSION, m._PACKED_TASK_TAG, len(payload), 0) + payload
+
+
+@pytest.mark.parametrize("full", [True, False], ids=["nothing_fits", "part_fits"])
+def test_a_task_to_a_full_socket_is_finished_blocking_with_its_descriptor(full):
+    # A worker that stopped reading: the compiled send gets nothing (or part)
+    # out without blocking; the rest, and the slab's descriptor with the
+    # frame's first byte, go once the worker reads again.
+    a, b = socket.socketpair()
+    r, w = os.pipe()
+    got = []
+    try:
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        a.setblocking(False)
+        filler = b"\0" * 4096
+        try:
+            while full:
+                a.send(filler)
+        except BlockingIOError:
+            pass
+        a.setblocking(True)
+        backlog = 0
+        b.setblocking(False)
+        try:
+            while True:
+                backlog += len(b.recv(1 << 20, socket.MSG_PEEK))
+                break
+        except BlockingIOError:
+            pass
+        b.setblocking(True)
+        reader = threading.Thread(target=lambda: got.append(_read_after(b, backlog)))
+        reader.start()
+        task = m.Task(1, 3, np.arange(100_000, dtype=np.int64), 2, 65536, (4,), False)
+        m.send_task(a, task, [w])
+        reader.join(30)
+        assert not reader.is_alive()
+        (message, fds), = got
+        assert len(fds) == 1 and os.path.samestat(os.fstat(fds[0]), os.fstat(w))
+        os.close(fds[0])
+        assert message._replace(indices=None) == task._replace(indices=None)
+        assert message.index_array().tolist() == list(range(100_000))
+    finally:
+        a.close()
+        b.close()
+        os.close(r)
+        os.close(w)
+
+
+def _read_after(sock, backlog):
+    """Skip the filler queued before the task (after a pause: the sender finds
+    the socket full), then take the task."""
+    time.sleep(0.2)
+    skipped = 0
+    while skipped < backlog:
+        skipped += len(sock.recv(min(65536, backlog - skipped)))
+    return m.recv(sock)
+
+
+def test_a_task_to_a_worker_that_is_gone_is_an_oserror_not_sigpipe():
+    a, b = socket.socketpair()
+    b.close()
+    previous = signal.signal(signal.SIGPIPE, signal.SIG_DFL)   # as a program that restored it
+    try:
+        with pytest.raises(BrokenPipeError):
+            m.send_task(a, m.Task(0, 1, np.arange(4, dtype=np.int64)))
+    finally:
+        signal.signal(signal.SIGPIPE, previous)
+        a.close()
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda s: _core.send_task(s.fileno(), b"MX", 0, 0, None, False, -1, 0, (), -1),
+     "prefix is 4 bytes, got 2"),
+    (lambda s: _core.send_task(s.fileno(), b"MX\x01\x10", 0, 0, b"1234567", False, -1, 0, (), -1),
+     "7 bytes, not a whole number of int64"),
+    (lambda s: m.send_task(s, m.Task(0, 0, None), [1, 2]), "at most one slab descriptor, got 2"),
+])
+def test_a_malformed_task_send_is_refused_before_anything_is_sent(call, match):
+    a, b = socket.socketpair()
+    try:
+        with pytest.raises(ValueError, match=match):
+            call(a)
+        b.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            b.recv(1)
+    finally:
+        a.close()
+        b.close()
 
 
 def test_a_packed_task_of_the_wrong_size_is_a_protocol_error():

@@ -303,13 +303,13 @@ class Engine:
         """The batch the receive path stored raw, with its task taken as
         deliver() would; None if the task is gone or of an abandoned epoch."""
         with self._lock:
-            loaded = self.transport.claim(raw)
-            if loaded is None:
+            batch = self.transport.claim(raw)
+            if batch is None:
                 return None
             w = self._workers[raw.slot]
             if w.outstanding.pop((raw.epoch, raw.idx), _NOT_SENT) is _NOT_SENT or raw.epoch != self.epoch:
                 return None   # dropping the batch returns its slab to the pool
-            return loaded.batch
+            return batch
 
     def _timeout_error(self, idx: int) -> LoaderTimeoutError:
         states = [(wid, self.transport.pid(wid), self.transport.describe(wid))

@@ -43,7 +43,7 @@ __all__ = ["Fetcher", "take_result", "adopt_raw"]
 _NO_TASK: Any = object()
 
 
-def adopt_raw(raw: RawBatch, handle: ProcessHandle, pool: SlabPool) -> m.Loaded | None:
+def adopt_raw(raw: RawBatch, handle: ProcessHandle, pool: SlabPool) -> Any:
     """The batch the receive path stored for `handle` as views of its slab,
     from the cached layout; None if its task is no longer the handle's
     (engine lock held)."""
@@ -59,7 +59,7 @@ def adopt_raw(raw: RawBatch, handle: ProcessHandle, pool: SlabPool) -> m.Loaded 
             f"layout {raw.layout_id}; its task had slab {None if slab is None else slab.slab_id} and it "
             f"named layouts {sorted(handle.layouts)}")
     owner = BatchOwner(slab, 0, raw.nbytes, pool.release)
-    return m.Loaded(raw.epoch, raw.idx, views_from_template(cached[1], owner), None)
+    return views_from_template(cached[1], owner)
 
 
 def take_result(msg: m.Message, fds: list[int], handle: ProcessHandle, handles: Sequence[ProcessHandle],
@@ -324,12 +324,12 @@ class Fetcher:
         received one by one (engine lock held)."""
         for _, raw in sorted(self._buffer.take_raw(handle.tag).items()):
             try:
-                loaded = adopt_raw(raw, handle, self._pool)
+                batch = adopt_raw(raw, handle, self._pool)
             except m.ProtocolError as e:
                 self._sink.fail(self._main_side_error(handle, None, "taking its result", e))
                 return
-            if loaded is not None:
-                self._sink.deliver(handle.worker_id, loaded)
+            if batch is not None:
+                self._sink.deliver(handle.worker_id, m.Loaded(raw.epoch, raw.idx, batch, None))
 
     @defer_sigint
     def _receive(self, handle: ProcessHandle, slot: int) -> bool:

@@ -26,7 +26,10 @@ The main process reads the workers' frames with the compiled receive path
 (``_core.FrameReceiver``, csrc/mxl_recv.h): it stores a BatchRef in the
 ReorderBuffer without the GIL and hands every other frame to ``decode``.  It
 is given MAGIC, VERSION and BATCH_REF_TAG; the header's layout and BatchRef's
-payload are mirrored there (tests/test_core_receive.py checks both).
+payload are mirrored there (tests/test_core_receive.py checks both).  It
+sends each Task with the compiled send (``_core.send_task``, csrc/mxl_send.h),
+which packs _PACKED_TASK's layout itself (tests/test_messages.py compares it
+byte for byte).
 
 Thread workers use the same types in memory (``Loaded`` is their batch, never
 sent).  Timings are on the system-wide monotonic clock (``time.monotonic_ns``).
@@ -44,6 +47,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from .. import _core
 from .._collate.layout import Layout
 from .slabs import fd_limit_error
 
@@ -256,9 +260,9 @@ _TAG = {t: i for i, t in enumerate(_TYPES)}
 # dropped slab ids and the indices, int64 each.
 _PACKED_TASK = struct.Struct("<qqqqBxxxII")
 _PROFILING, _HAS_INDICES = 1, 2
-# A PackedTask's header and fixed fields in one pack (the per-batch path).
-_TASK_FRAME = struct.Struct(_HEADER.format + _PACKED_TASK.format[1:])
 _PACKED_TASK_TAG = _TAG[PackedTask]
+# What the compiled send puts before a PackedTask's length (mxl_send.h packs the rest).
+_TASK_PREFIX = MAGIC + bytes([VERSION, _PACKED_TASK_TAG])
 _INT64 = np.dtype("<i8")
 HEADER_SIZE = _HEADER.size
 BATCH_REF_TAG = _TAG[BatchRef]
@@ -277,39 +281,31 @@ def encode(message: Message, nfds: int = 0) -> bytes:
 
 def send_task(sock: socket.socket, task: Task, fds: list[int] | tuple[int, ...] = ()) -> None:
     """Send a Task without pickling it: its indices (an int64 array, or None
-    for a stream) go to the socket straight from their memory."""
+    for a stream) go to the socket straight from their memory; `fds`: at
+    most one, the descriptor of the task's slab."""
+    if len(fds) > 1:
+        raise ValueError(f"a task passes at most one slab descriptor, got {len(fds)}")
     send_task_fields(sock, task.epoch, task.batch_index, task.indices, task.profiling,
-                     -1 if task.slab_id is None else task.slab_id, task.slab_size, task.drop_slabs, fds)
+                     -1 if task.slab_id is None else task.slab_id, task.slab_size, task.drop_slabs,
+                     fds[0] if fds else -1)
 
 
 def send_task_fields(sock: socket.socket, epoch: int, batch_index: int, indices: bytes | np.ndarray | None,
                      profiling: bool, slab_id: int, slab_size: int, drop_slabs: Sequence[int],
-                     fds: list[int] | tuple[int, ...]) -> None:
-    """send_task from the fields of the Task (slab_id -1: none): the
-    per-batch path, which builds no Task of its own."""
-    data: memoryview | bytes = b""
-    if indices is None:
-        n = 0
-        flags = _PROFILING if profiling else 0
-    else:
-        data = (np.frombuffer(indices, _INT64) if type(indices) is bytes
-                else np.ascontiguousarray(indices, _INT64)).data
-        n = len(data)
-        flags = (_PROFILING | _HAS_INDICES) if profiling else _HAS_INDICES
-    ndrops = len(drop_slabs)
-    head = _TASK_FRAME.pack(MAGIC, VERSION, _PACKED_TASK_TAG, _PACKED_TASK.size + 8 * (ndrops + n), len(fds),
-                            epoch, batch_index, slab_id, slab_size, flags, ndrops, n)
-    if ndrops:
-        head += struct.pack(f"<{ndrops}q", *drop_slabs)
-    if fds:
-        sent = sock.sendmsg([head] if n == 0 else [head, data],
-                            [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-    elif n == 0:
-        sent = sock.send(head)
-    else:
-        sent = sock.sendmsg([head, data])
-    if sent < len(head) + 8 * n:   # a signal cut a large send short: the descriptors went first
-        sock.sendall((head + bytes(data))[sent:])
+                     slab_fd: int) -> None:
+    """send_task from the fields of the Task (slab_id -1: none; slab_fd -1:
+    no descriptor): the per-batch path, which builds no Task of its own.  The
+    frame is packed and sent by the compiled core; only a full socket (a
+    worker that stopped reading) takes the blocking path here."""
+    unsent = _core.send_task(sock.fileno(), _TASK_PREFIX, epoch, batch_index, indices, profiling, slab_id,
+                             slab_size, drop_slabs, slab_fd)
+    if unsent is None:
+        return
+    rest, fd_went = unsent
+    if slab_fd >= 0 and not fd_went:   # the descriptor goes with the frame's first byte
+        sent = sock.sendmsg([rest], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [slab_fd]))])
+        rest = rest[sent:]
+    sock.sendall(rest)
 
 
 def _unpack_task(data: bytes) -> Task:

@@ -69,7 +69,7 @@ class ProcessTransport(Transport):
             return super().next_result(buffer, idx, any_index, timeout)
         return self._fetcher.next_result(idx, any_index, timeout)
 
-    def claim(self, raw: RawBatch) -> m.Loaded | None:
+    def claim(self, raw: RawBatch) -> Any:
         handle = self._handles[raw.slot] if raw.slot < len(self._handles) else None
         if handle is None or handle.tag != raw.tag:
             return None   # its worker was replaced: the restart released the slab and sends the task again
@@ -99,24 +99,22 @@ class ProcessTransport(Transport):
         assert sock is not None
         slab = self.pool.acquire()
         handle.slabs[(task.epoch, task.batch_index)] = slab
-        fds: tuple[int, ...] = ()
-        if slab is None:
-            slab_id = -1
-            slab_size = 0
-        else:
+        slab_id = slab_fd = -1
+        slab_size = 0
+        if slab is not None:
             slab_id = slab.slab_id
             slab_size = slab.size
             if slab_id not in handle.known_slabs:
-                fds = (self.pool.fd(slab_id),)
+                slab_fd = self.pool.fd(slab_id)
         drops = handle.pending_drops
         if drops:
             handle.pending_drops = []
         try:
             m.send_task_fields(sock, task.epoch, task.batch_index, task.indices, task.profiling, slab_id,
-                               slab_size, drops, fds)
+                               slab_size, drops, slab_fd)
         except OSError:
             return  # the worker is dead; the fetcher reports it
-        if fds:
+        if slab_fd >= 0:
             handle.known_slabs.add(slab_id)
 
     def _on_death(self, handle: ProcessHandle) -> None:

@@ -108,7 +108,7 @@ class Transport(ABC):
         transport whose consumer receives them itself overrides this."""
         return buffer.pop_next(timeout) if any_index else buffer.get(idx, timeout)
 
-    def claim(self, raw: RawBatch) -> m.Loaded | None:
+    def claim(self, raw: RawBatch) -> Any:
         """The batch a receive path stored raw in the ReorderBuffer (engine
         lock held), taking what its task held; None if that task is gone
         (its worker was replaced and the task will be answered again)."""
