@@ -110,6 +110,8 @@ class DataLoader:
             when this one is consumed to its end).
         batch_sampler: an iterable of index lists; exclusive with
             `batch_size`, `shuffle`, `sampler` and `last_batch`/`drop_last`.
+            Each batch must be a 1-D sequence of integers: ``iter()``
+            raises ValueError naming the first that is not.
         batchify_fn (callable | None): turns a list of samples into a batch;
             default :data:`mxload.batchify.default_batchify`.
         num_workers (int): worker processes (threads with `thread_pool`);
