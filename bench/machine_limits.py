@@ -1,6 +1,6 @@
 """What this machine allows a multi-process loader, whatever the loader.
 
-    python bench/machine_limits.py [--seconds 4] [--workloads images tabular tabular-getitems]
+    python bench/machine_limits.py [--seconds 4] [--workloads images tabular tabular-getitems jpeg]
 
 Two measurements that bound bench/main_cpu.py and bench/loader.py from below
 and above:
@@ -14,7 +14,9 @@ and above:
   process (mxload, 0 workers), then of two such processes at once (their
   sum).  The ratio is the most any 2 workers can gain over 0 workers on
   this machine before the hand-off costs anything: memory-bound workloads
-  share the memory bandwidth (and the two vCPUs may share a core).
+  share the memory bandwidth (and the two vCPUs may share a core).  jpeg
+  (decode-bound; with pillow) says what bench/loader.py's 90%-of-2x target
+  for it can reach here.
 
 Medians of `--repeats` runs; the order of single and paired runs alternates.
 """
@@ -101,12 +103,21 @@ def in_process_bps(workload: str, seconds: float, copies: int) -> float:
     return total
 
 
+def _default_workloads() -> list[str]:
+    """The memory-bound rows, and the decode-bound one where pillow is installed."""
+    try:
+        import PIL  # noqa: F401
+    except ImportError:
+        return ["images", "tabular", "tabular-getitems"]
+    return ["images", "tabular", "tabular-getitems", "jpeg"]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=4.0, help="per in-process run")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rounds", type=int, default=4000, help="round trips per wake-up measurement")
-    p.add_argument("--workloads", nargs="+", default=["images", "tabular", "tabular-getitems"])
+    p.add_argument("--workloads", nargs="+", default=_default_workloads())
     args = p.parse_args(argv)
     print(header("machine limits: wake-up floor and two-process scaling"))
     floors = {"recv": [], "poll + recv": []}
