@@ -1,9 +1,9 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 # cython: initializedcheck=False
 """mxload's compiled core: reorder buffer, collation kernels, layout planner,
-shared-memory slabs, the fetcher's receive path, the per-batch task send, Ctrl-C deferral and the workers' parent
-watchdog.  C declarations live in mxl_c.pxd;
-the code is split by job into the .pxi files included below."""
+shared-memory slabs, the fetcher's receive path, the per-batch task send,
+Ctrl-C deferral and the workers' parent watchdog.  C declarations live in
+mxl_c.pxd; the code is split by job into the .pxi files included below."""
 
 cimport cython
 from cpython.pyport cimport PY_SSIZE_T_MAX

@@ -144,6 +144,7 @@ ctypedef struct mxl_raw_entry:
 
 cdef extern from "mxl_send.h" nogil:
     enum: MXL_TASK_FIXED
+    enum: MXL_TASK_MAX_WORDS
     void mxl_put_le(char *p, uint64_t v, int nbytes)
     void mxl_pack_task(char *head, const char *prefix, int64_t epoch, int64_t idx, int64_t slab_id,
                        int64_t slab_size, int flags, uint32_t ndrops, uint32_t nindices, int nfds)

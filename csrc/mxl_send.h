@@ -17,6 +17,9 @@
 
 /* Header (magic, version, tag, payload length, descriptors) and fixed fields. */
 #define MXL_TASK_FIXED 53
+/* Dropped slab ids and indices (int64 each) a frame can hold: the payload's
+ * length (44 fixed bytes, then 8 per word) is a uint32. */
+#define MXL_TASK_MAX_WORDS ((0xFFFFFFFFu - 44u) / 8u)
 
 static inline void mxl_put_le(char *p, uint64_t v, int nbytes)
 {

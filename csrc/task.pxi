@@ -47,6 +47,9 @@ def send_task(int sock, bytes prefix, int64_t epoch, int64_t batch_index, object
             data = <const char *>cnp.PyArray_DATA(array)
             n = cnp.PyArray_SIZE(array)
     ndrops = len(drop_slabs)
+    if ndrops + n > MXL_TASK_MAX_WORDS:   # the frame's length is a uint32
+        raise ValueError(f"a task of {n} indices and {ndrops} dropped slabs does not fit in one frame "
+                         f"(at most {MXL_TASK_MAX_WORDS} in all)")
     hlen = MXL_TASK_FIXED + 8 * ndrops
     total = hlen + 8 * n
     if hlen > _TASK_HEAD_ON_STACK:

@@ -271,12 +271,20 @@ def test_a_task_to_a_worker_that_is_gone_is_an_oserror_not_sigpipe():
         a.close()
 
 
+class _ManyDrops:
+    def __len__(self):
+        return 600_000_000
+
+
 @pytest.mark.parametrize("call,match", [
     (lambda s: _core.send_task(s.fileno(), b"MX", 0, 0, None, False, -1, 0, (), -1),
      "prefix is 4 bytes, got 2"),
     (lambda s: _core.send_task(s.fileno(), b"MX\x01\x10", 0, 0, b"1234567", False, -1, 0, (), -1),
      "7 bytes, not a whole number of int64"),
     (lambda s: m.send_task(s, m.Task(0, 0, None), [1, 2]), "at most one slab descriptor, got 2"),
+    # A frame's length is a uint32: past it, an error rather than a length that wraps.
+    (lambda s: _core.send_task(s.fileno(), m._TASK_PREFIX, 0, 0, None, False, -1, 0, _ManyDrops(), -1),
+     "does not fit in one frame"),
 ])
 def test_a_malformed_task_send_is_refused_before_anything_is_sent(call, match):
     a, b = socket.socketpair()

@@ -263,7 +263,6 @@ _PROFILING, _HAS_INDICES = 1, 2
 _PACKED_TASK_TAG = _TAG[PackedTask]
 # What the compiled send puts before a PackedTask's length (mxl_send.h packs the rest).
 _TASK_PREFIX = MAGIC + bytes([VERSION, _PACKED_TASK_TAG])
-_INT64 = np.dtype("<i8")
 HEADER_SIZE = _HEADER.size
 BATCH_REF_TAG = _TAG[BatchRef]
 # A whole BatchRef frame: the header, then epoch, batch index, slab id, bytes, layout id.
