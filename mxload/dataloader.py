@@ -290,6 +290,8 @@ class DataLoader:
     def _epoch_batches(self) -> list[Any]:
         """This epoch's batches of indices (advances the sampler's epoch)."""
         epoch_batches: Callable[[], list[Any]] | None = getattr(self.batch_sampler, "epoch_batches", None)
+        if epoch_batches is not None and type(self.batch_sampler) is BatchSampler:
+            return epoch_batches()   # views of its sampler's indices, checked as a whole
         batches = epoch_batches() if epoch_batches is not None else self.batch_sampler
         return [batch_sampler_indices(b, i) for i, b in enumerate(batches)]
 

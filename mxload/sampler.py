@@ -100,7 +100,11 @@ def _sampler_indices(sampler: Any) -> IndexArray:
         # User-defined samplers may be any iterable of ints (even a list);
         # operator.index rejects floats that fromiter would silently truncate.
         indices = np.fromiter(map(operator.index, sampler), dtype=np.int64)
-    return _checked_indices(indices, "a sampler's epoch")
+    return _checked_indices(indices, None)
+
+
+_INT64 = np.dtype(np.int64)
+_INT64_MAX = np.iinfo(np.int64).max
 
 
 def batch_sampler_indices(batch: Any, position: int) -> IndexArray:
@@ -109,20 +113,45 @@ def batch_sampler_indices(batch: Any, position: int) -> IndexArray:
     Checked in the main process, where the error can name the batch: sent to a
     worker as it was, a 2-D batch would not match its frame's length and a
     boolean mask would be taken as indices 0 and 1."""
-    what = f"the batch_sampler's batch {position}"
+    if type(batch) is np.ndarray and batch.dtype is _INT64 and batch.ndim == 1:
+        return batch
     try:
         indices = np.asarray(batch)
-    except (TypeError, ValueError) as e:   # ragged nesting, an object numpy cannot convert
-        raise ValueError(f"{what} is not a sequence of indices: {e}") from e
-    return _checked_indices(indices, what)
+    except (TypeError, ValueError, OverflowError):   # ragged nesting, ints beyond 64 bits
+        indices = None
+    if indices is not None and indices.dtype.kind != "O" and (
+            indices.dtype.kind != "f" or isinstance(batch, np.ndarray)):
+        return _checked_indices(indices, position)
+    # numpy made floats or objects of it: a list mixing int64 and uint64
+    # scalars (promoted to float64), an object array, nested lists.  Index
+    # each item as Python would; floats are refused there, not truncated.
+    try:
+        return np.fromiter(map(operator.index, batch), dtype=np.int64)
+    except TypeError as e:
+        raise ValueError(f"{_what(position)} must be a 1-D sequence of integer indices: {e}") from e
+    except OverflowError as e:
+        raise ValueError(f"{_what(position)} holds an index beyond int64: {e}") from e
 
 
-def _checked_indices(indices: np.ndarray, what: str) -> IndexArray:
+def _what(position: int | None) -> str:
+    return "a sampler's epoch" if position is None else f"the batch_sampler's batch {position}"
+
+
+def _checked_indices(indices: np.ndarray, position: int | None) -> IndexArray:
+    """`indices` as int64 if they are a 1-D array of integers that fit; else
+    ValueError naming the sampler's epoch (None) or the batch (`position`)."""
     if indices.ndim != 1:
-        raise ValueError(f"{what} must be a 1-D sequence of indices, got shape {indices.shape}")
-    if indices.size and indices.dtype.kind not in "iu":
-        raise ValueError(f"{what} must hold integer indices, got dtype {indices.dtype}")
-    return indices.astype(np.int64, copy=False)
+        raise ValueError(f"{_what(position)} must be a 1-D sequence of indices, got shape {indices.shape}")
+    dtype = indices.dtype
+    if dtype is _INT64:
+        return indices
+    if indices.size and dtype.kind not in "iu":
+        raise ValueError(f"{_what(position)} must hold integer indices, got dtype {dtype}")
+    if dtype.kind == "u" and dtype.itemsize == 8 and indices.size:
+        largest = int(indices.max())
+        if largest > _INT64_MAX:   # would wrap to a negative index, a wrong sample
+            raise ValueError(f"{_what(position)} holds index {largest}, beyond int64")
+    return indices.astype(np.int64)
 
 
 class Sampler:

@@ -133,9 +133,14 @@ class PlannedBatches(ListedBatches):
 @pytest.mark.parametrize("bad,match", [
     (np.arange(8).reshape(2, 4), r"batch 1 .*1-D.*shape \(2, 4\)"),
     (np.array([True, False, True]), r"batch 1 .*integer.*dtype bool"),
-    ([1.0, 2.5], r"batch 1 .*integer.*dtype float64"),
+    (np.array([1.0, 2.5]), r"batch 1 .*integer.*dtype float64"),
+    ([1.0, 2.5], r"batch 1 .*integer indices: 'float' object cannot be interpreted as an integer"),
     (["3", "4"], r"batch 1 .*integer.*dtype <U1"),
-    ([[1], [2, 3]], r"batch 1 is not a sequence of indices"),
+    ([[1], [2, 3]], r"batch 1 .*integer indices: 'list' object"),
+    # Beyond int64: they would wrap to negative indices, that is to other samples.
+    ([2**64 - 1], r"batch 1 holds index 18446744073709551615, beyond int64"),
+    (np.array([3, 2**63 + 5], np.uint64), r"batch 1 holds index 9223372036854775813, beyond int64"),
+    ([1, 2**63], r"batch 1 holds an index beyond int64"),
 ])
 def test_a_batch_sampler_batch_that_is_not_1d_integers_is_named_before_any_worker_starts(
         num_workers, sampler_type, bad, match):
@@ -146,10 +151,12 @@ def test_a_batch_sampler_batch_that_is_not_1d_integers_is_named_before_any_worke
     with pytest.raises(ValueError, match="batch_sampler's " + match):
         iter(loader)
     assert mp.active_children() == []
-    good = sampler_type([[0, 1], np.array([2], np.uint8), (5,)])
+    # What numpy alone would make floats or objects of is indexed item by item.
+    good = sampler_type([[0, 1], np.array([2], np.uint8), (5,), [np.int64(6), np.uint64(7)],
+                         np.array([8, 9], dtype=object), range(3), [np.array(4)]])
     assert [b.tolist() for b in mxload.DataLoader(
         mxload.ArrayDataset(np.arange(100) * 10), batch_sampler=good, num_workers=num_workers)] == [
-        [0, 10], [20], [50]]
+        [0, 10], [20], [50], [60, 70], [80, 90], [0, 10, 20], [40]]
 
 
 def test_non_callable_batchify_and_worker_init_rejected():
