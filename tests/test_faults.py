@@ -573,6 +573,90 @@ def test_timeout_says_a_sigstopped_worker_is_stopped():
             pass   # the timeout's shutdown already SIGKILLed and reaped it
 
 
+def _loader_whose_task_socket_fills(**kwargs):
+    """Tasks of 300k indices (2.4 MB each, far more than a socket holds):
+    once a worker stops reading, the next task sent to it cannot be finished."""
+    rng = np.random.default_rng(0)
+    batches = [rng.integers(0, 100, size=300_000) for _ in range(40)]
+    return mxload.DataLoader(np.arange(100, dtype=np.float32), batch_sampler=batches, num_workers=2,
+                             prefetch=16, start_method="fork", **kwargs)
+
+
+def _resume_stopped(outcome):
+    if "stopped" in outcome:
+        try:
+            os.kill(outcome["stopped"], signal.SIGCONT)
+        except ProcessLookupError:
+            pass   # the shutdown already SIGKILLed and reaped it
+
+
+def _stop_a_worker_then_iterate(loader, outcome):
+    """The training loop: stop worker 0 after the first batch, then go on
+    (its next task's send blocks on the full socket)."""
+    stopped = None
+    try:
+        for k, _ in enumerate(loader):
+            if k == 0:
+                stopped = outcome["stopped"] = loader._live_iter().engine.worker_pids()[0]
+                os.kill(stopped, signal.SIGSTOP)
+                outcome["stopped_at"] = time.monotonic()
+        outcome["ended"] = "StopIteration"
+    except BaseException as e:
+        outcome["ended"] = e
+    outcome["ended_at"] = time.monotonic()
+
+
+@pytest.mark.parametrize("closer", ["iterator", "loader"])
+def test_close_from_another_thread_is_bounded_while_a_task_send_waits_on_a_stopped_worker(closer):
+    # The consumer held the engine lock while a blocking send waited for the
+    # stopped worker to read, and the shutdown waits for that lock: close()
+    # returned only once someone sent SIGCONT.
+    loader = _loader_whose_task_socket_fills(timeout=None)
+    outcome: dict = {}
+    consumer = threading.Thread(target=_stop_a_worker_then_iterate, args=(loader, outcome))
+    consumer.start()
+    rescue = threading.Timer(15, _resume_stopped, args=(outcome,))   # so that a hang fails the test
+    rescue.start()
+    try:
+        deadline = time.monotonic() + 20
+        while "stopped_at" not in outcome and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.5)   # the consumer is now blocked sending worker 0 a task
+        t0 = time.monotonic()
+        (loader._live_iter() if closer == "iterator" else loader).close()
+        closed_in = time.monotonic() - t0
+        consumer.join(10)
+        assert not consumer.is_alive(), "the training loop is still blocked after close()"
+        assert closed_in < 5.0, closed_in   # SHUTDOWN_DEADLINE_S is 1 s
+        assert outcome["ended"] == "StopIteration", outcome["ended"]
+    finally:
+        rescue.cancel()
+        _resume_stopped(outcome)
+        consumer.join(30)
+        loader.close()
+
+
+def test_a_task_send_to_a_worker_that_stopped_reading_ends_in_the_timeout():
+    loader = _loader_whose_task_socket_fills(timeout=2.0)
+    outcome: dict = {}
+    consumer = threading.Thread(target=_stop_a_worker_then_iterate, args=(loader, outcome))
+    consumer.start()
+    rescue = threading.Timer(15, _resume_stopped, args=(outcome,))   # so that a hang fails the test
+    rescue.start()
+    try:
+        consumer.join(20)
+        assert not consumer.is_alive(), "timeout=2.0 did not end a send to a stopped worker"
+        error = outcome["ended"]
+        assert isinstance(error, mxload.LoaderTimeoutError), error
+        assert f"pid {outcome['stopped']}" in str(error) or f", {outcome['stopped']}," in str(error), str(error)
+        assert outcome["ended_at"] - outcome["stopped_at"] < 10.0
+    finally:
+        rescue.cancel()
+        _resume_stopped(outcome)
+        consumer.join(30)
+        loader.close()
+
+
 # ---------------------------------------------------------------- iterators and threads (issue 10 item 17)
 
 

@@ -164,7 +164,7 @@ class Engine:
                 dataclasses.replace(config, worker_id=wid) for wid in range(options.num_workers)])
         else:
             self.transport = ProcessTransport(self, self._lock, config, options.start_method, self.stats,
-                                              type(options.dataset).__name__, self._rb)
+                                              type(options.dataset).__name__, self._rb, options.timeout)
         try:
             self.transport.start()
         except BaseException:

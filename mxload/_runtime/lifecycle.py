@@ -144,6 +144,8 @@ class ProcessHandle:
     tag: int = dataclasses.field(default_factory=lambda: next(_tags))
     # Layout id -> (layout, build_views template): the layouts its worker named.
     layouts: dict[int, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
+    # A task's frame was cut short (a send given up): nothing more may be sent.
+    send_cut: bool = False
 
     def close_channel(self) -> None:
         _fds.close_socket(self.sock)

@@ -39,10 +39,12 @@ from __future__ import annotations
 import array
 import os
 import pickle
+import select
 import socket
 import struct
+import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -291,20 +293,55 @@ def send_task(sock: socket.socket, task: Task, fds: list[int] | tuple[int, ...] 
 
 def send_task_fields(sock: socket.socket, epoch: int, batch_index: int, indices: bytes | np.ndarray | None,
                      profiling: bool, slab_id: int, slab_size: int, drop_slabs: Sequence[int],
-                     slab_fd: int) -> None:
+                     slab_fd: int, timeout: float | None = None,
+                     give_up: Callable[[], bool] | None = None) -> bool:
     """send_task from the fields of the Task (slab_id -1: none; slab_fd -1:
     no descriptor): the per-batch path, which builds no Task of its own.  The
-    frame is packed and sent by the compiled core; only a full socket (a
-    worker that stopped reading) takes the blocking path here."""
+    frame is packed and sent by the compiled core; a full socket (a worker
+    that stopped reading) is drained here, GIL released while it waits.
+
+    False if `give_up()` said so first (checked every SEND_POLL_S; the
+    frame is then cut short, so nothing more may follow on `sock`).
+    TimeoutError if the worker read none of the rest for `timeout` s."""
     unsent = _core.send_task(sock.fileno(), _TASK_PREFIX, epoch, batch_index, indices, profiling, slab_id,
                              slab_size, drop_slabs, slab_fd)
     if unsent is None:
-        return
+        return True
     rest, fd_went = unsent
-    if slab_fd >= 0 and not fd_went:   # the descriptor goes with the frame's first byte
-        sent = sock.sendmsg([rest], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [slab_fd]))])
+    return _drain(sock, memoryview(rest), -1 if fd_went else slab_fd, timeout, give_up)
+
+
+# How often a send waiting for a worker to read checks whether to give up.
+SEND_POLL_S = 0.05
+
+
+def _drain(sock: socket.socket, rest: memoryview, slab_fd: int, timeout: float | None,
+           give_up: Callable[[], bool] | None) -> bool:
+    """Send `rest` as the worker reads it, `slab_fd` (-1: none) with its
+    first byte; never blocked for longer than SEND_POLL_S at a time, so that
+    whoever holds the engine lock meanwhile lets a shutdown through."""
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLOUT)
+    waited_since = time.monotonic()
+    while rest:
+        if give_up is not None and give_up():
+            return False
+        if not poller.poll(SEND_POLL_S * 1000):
+            if timeout is not None and time.monotonic() - waited_since > timeout:
+                raise TimeoutError(f"the worker read none of its task for {timeout} s")
+            continue
+        try:
+            if slab_fd >= 0:
+                ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [slab_fd]))]
+                sent = sock.sendmsg([rest], ancillary, socket.MSG_DONTWAIT)
+                slab_fd = -1
+            else:
+                sent = sock.send(rest, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            continue
         rest = rest[sent:]
-    sock.sendall(rest)
+        waited_since = time.monotonic()
+    return True
 
 
 def _unpack_task(data: bytes) -> Task:

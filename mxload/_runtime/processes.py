@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 from .._core import RawBatch, ReorderBuffer
-from ..errors import SHARED_MEMORY_ADVICE, SharedMemoryError
+from ..errors import SHARED_MEMORY_ADVICE, LoaderTimeoutError, SharedMemoryError
 from . import lifecycle
 from . import messages as m
 from .fetcher import Fetcher, adopt_raw
@@ -28,9 +28,12 @@ __all__ = ["MAX_POOLED_SLABS", "ProcessTransport"]
 class ProcessTransport(Transport):
 
     def __init__(self, sink: ResultSink, lock: threading.RLock, config: WorkerConfig,
-                 start_method: str | None, stats: dict[str, int], dataset_type: str, buffer: ReorderBuffer):
+                 start_method: str | None, stats: dict[str, int], dataset_type: str, buffer: ReorderBuffer,
+                 timeout: float | None):
         super().__init__(sink, lock)
         self._buffer = buffer
+        self._timeout = timeout                     # the loader's: also bounds a task's send
+        self._stopping = False                      # the shutdown began: a send waiting on a worker gives up
         self._config = config
         self.launcher = Launcher(config, start_method, dataset_type, owner=self)
         self.pool = SlabPool(stats, MAX_POOLED_SLABS)
@@ -97,6 +100,8 @@ class ProcessTransport(Transport):
         handle = self._handles[worker_id]
         sock = handle.sock
         assert sock is not None
+        if handle.send_cut:
+            return   # a task's frame was cut short (below): the epoch has failed or is ending
         slab = self.pool.acquire()
         handle.slabs[(task.epoch, task.batch_index)] = slab
         slab_id = slab_fd = -1
@@ -110,12 +115,29 @@ class ProcessTransport(Transport):
         if drops:
             handle.pending_drops = []
         try:
-            m.send_task_fields(sock, task.epoch, task.batch_index, task.indices, task.profiling, slab_id,
-                               slab_size, drops, slab_fd)
+            sent = m.send_task_fields(sock, task.epoch, task.batch_index, task.indices, task.profiling,
+                                      slab_id, slab_size, drops, slab_fd, self._timeout, self._is_stopping)
+        except TimeoutError:
+            # Not read for the loader's whole timeout (a stopped or stuck
+            # worker): the epoch fails as a batch's wait for it would.
+            handle.send_cut = True
+            pid = handle.pid
+            self.sink.fail(LoaderTimeoutError(
+                f"could not hand batch {task.batch_index}'s task to worker {worker_id} (pid {pid}, "
+                f"{process_state(pid)}): it read none of it within timeout={self._timeout} s. A stopped "
+                f"worker runs again after SIGCONT (kill -CONT {pid}); a worker may be stuck in __getitem__. "
+                f"Raise `timeout` if batches are legitimately slow"))
+            return
         except OSError:
             return  # the worker is dead; the fetcher reports it
+        if not sent:   # the shutdown began while the worker was not reading: half a frame is in its socket
+            handle.send_cut = True
+            return
         if slab_fd >= 0:
             handle.known_slabs.add(slab_id)
+
+    def _is_stopping(self) -> bool:
+        return self._stopping
 
     def _on_death(self, handle: ProcessHandle) -> None:
         """The fetcher saw `handle`'s worker end (fetcher thread)."""
@@ -162,6 +184,9 @@ class ProcessTransport(Transport):
     # ---------------------------------------------------------------- shutdown phases
 
     def stop_receiving(self, deadline: float) -> None:
+        # First, without the engine lock: a consumer holding it while its
+        # send waits on a worker that is not reading lets it go at once.
+        self._stopping = True
         if self._fetcher is not None:
             self._fetcher.stop(deadline)
 
