@@ -637,6 +637,43 @@ def test_close_from_another_thread_is_bounded_while_a_task_send_waits_on_a_stopp
         loader.close()
 
 
+@pytest.mark.parametrize("timeout", [None, 3.0])
+def test_closing_a_persistent_epoch_while_a_task_send_waits_leaves_the_next_epoch_whole(timeout):
+    # close() ends a persistent epoch without ending its workers: the send
+    # kept waiting (forever, or until the timeout, whose error then stayed on
+    # the engine and was raised by the next epoch's iter()).  The frame cut
+    # short leaves that worker's stream unusable: the next epoch gets new
+    # workers.  Found by a helper.
+    loader = _loader_whose_task_socket_fills(timeout=timeout, persistent_workers=True)
+    outcome: dict = {}
+    it = iter(loader)
+    consumer = threading.Thread(target=_stop_a_worker_then_iterate, args=(it, outcome))
+    consumer.start()
+    rescue = threading.Timer(15, _resume_stopped, args=(outcome,))
+    rescue.start()
+    try:
+        deadline = time.monotonic() + 20
+        while "stopped_at" not in outcome and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.5)
+        it.close()
+        closed_at = time.monotonic()
+        consumer.join(10)
+        assert not consumer.is_alive(), "the training loop is still blocked after close()"
+        assert outcome["ended"] == "StopIteration", outcome["ended"]
+        assert outcome["ended_at"] - closed_at < 2.0, outcome["ended_at"] - closed_at
+        _resume_stopped(outcome)
+        old_workers = set(it.engine.worker_pids())
+        second = iter(loader)
+        assert sum(1 for _ in second) == 40
+        assert not old_workers & set(second.engine.worker_pids())
+    finally:
+        rescue.cancel()
+        _resume_stopped(outcome)
+        consumer.join(30)
+        loader.close()
+
+
 def test_a_task_send_to_a_worker_that_stopped_reading_ends_in_the_timeout():
     loader = _loader_whose_task_socket_fills(timeout=2.0)
     outcome: dict = {}

@@ -175,8 +175,11 @@ class Engine:
 
     @property
     def usable(self) -> bool:
-        """Running, and in the process that created it (a forked child's copy is inert)."""
-        return self.state == RUNNING and os.getpid() == self._pid
+        """Able to serve another epoch: running, not failed, every worker's
+        stream whole, and in the process that created it (a forked child's
+        copy is inert)."""
+        return (self.state == RUNNING and self._failure is None and not self.transport.stream_cut
+                and os.getpid() == self._pid)
 
     def worker_pids(self) -> list[int | None]:
         """Each worker's pid (None for a thread), by worker id."""
@@ -196,6 +199,7 @@ class Engine:
             self.epoch = epoch
             self.profiler = profiler
             self.stats["epochs"] += 1
+            self.transport.epoch_closed = False
             stale = self._rb.start_epoch(epoch)
             for item in stale.values():
                 if isinstance(item, RawBatch):
@@ -208,6 +212,12 @@ class Engine:
             self._next_dispatch = self._yielded = self._in_flight = 0
             self._dispatch_more()
         del stale  # recycled slabs of the previous epoch, released outside the lock
+
+    def close_epoch(self) -> None:
+        """The epoch's iterator is closed, the workers stay (persistent): a
+        send waiting on a worker that is not reading gives up now.  Without
+        the engine lock, which that send's thread holds."""
+        self.transport.epoch_closed = True
 
     def _pick_worker(self, idx: int) -> int | None:
         live = self._takers

@@ -146,6 +146,8 @@ class _EngineBatches:
     def end(self, release: bool) -> None:
         if release or not self.persistent:
             self.engine.shutdown()
+        else:
+            self.engine.close_epoch()
 
 
 class EpochIterator:
@@ -311,7 +313,9 @@ def _start_on_engine(options: LoaderOptions, epoch: int, plan: EpochPlan, progre
     exists, whose finalizer then ends a non-persistent engine."""
     t1 = time.monotonic_ns()
     created = engine is None or not engine.usable
-    if engine is None or created:
+    if engine is None or created:   # (both, for the type checker)
+        if engine is not None:
+            engine.shutdown()   # persistent, but failed or with a worker's stream cut
         engine = Engine(options, epoch)
     try:
         on_engine(engine)

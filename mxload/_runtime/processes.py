@@ -130,14 +130,14 @@ class ProcessTransport(Transport):
             return
         except OSError:
             return  # the worker is dead; the fetcher reports it
-        if not sent:   # the shutdown began while the worker was not reading: half a frame is in its socket
-            handle.send_cut = True
+        if not sent:   # closed while the worker was not reading: half a frame is in its socket
+            handle.send_cut = self.stream_cut = True
             return
         if slab_fd >= 0:
             handle.known_slabs.add(slab_id)
 
     def _is_stopping(self) -> bool:
-        return self._stopping
+        return self._stopping or self.epoch_closed
 
     def _on_death(self, handle: ProcessHandle) -> None:
         """The fetcher saw `handle`'s worker end (fetcher thread)."""

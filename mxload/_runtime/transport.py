@@ -81,6 +81,12 @@ class Transport(ABC):
 
     #: Results cross a process boundary (the profiler says so).
     transported: bool = True
+    #: Set (without the engine lock) when the epoch being served is closed:
+    #: a send still waiting on a worker gives up.  begin_epoch clears it.
+    epoch_closed: bool = False
+    #: A send was given up half way: a worker's stream is cut, so this
+    #: transport serves no further epoch (the engine is not reused).
+    stream_cut: bool = False
 
     def __init__(self, sink: ResultSink, lock: threading.RLock):
         self.sink = sink
