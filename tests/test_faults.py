@@ -7,6 +7,7 @@ Run alone with ``pytest -m faults``.  The autouse ``no_leaks`` fixture
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -606,19 +607,34 @@ def _stop_a_worker_then_iterate(it, outcome):
     outcome["ended_at"] = time.monotonic()
 
 
+@contextlib.contextmanager
+def _training_loop_that_stops_worker_0(loader):
+    """_stop_a_worker_then_iterate on its own thread, over an iterator started
+    here; a timer resumes the stopped worker after 15 s so that a hang fails
+    the test instead of blocking it.  Afterwards: worker resumed, loop
+    joined, loader closed."""
+    outcome: dict = {}
+    it = iter(loader)
+    consumer = threading.Thread(target=_stop_a_worker_then_iterate, args=(it, outcome))
+    consumer.start()
+    rescue = threading.Timer(15, _resume_stopped, args=(outcome,))
+    rescue.start()
+    try:
+        yield it, consumer, rescue, outcome
+    finally:
+        rescue.cancel()
+        _resume_stopped(outcome)
+        consumer.join(30)
+        loader.close()
+
+
 @pytest.mark.parametrize("closer", ["iterator", "loader"])
 def test_close_from_another_thread_is_bounded_while_a_task_send_waits_on_a_stopped_worker(closer):
     # The consumer held the engine lock while a blocking send waited for the
     # stopped worker to read, and the shutdown waits for that lock: close()
     # returned only once someone sent SIGCONT.
     loader = _loader_whose_task_socket_fills(timeout=None)
-    outcome: dict = {}
-    it = iter(loader)
-    consumer = threading.Thread(target=_stop_a_worker_then_iterate, args=(it, outcome))
-    consumer.start()
-    rescue = threading.Timer(15, _resume_stopped, args=(outcome,))   # so that a hang fails the test
-    rescue.start()
-    try:
+    with _training_loop_that_stops_worker_0(loader) as (it, consumer, rescue, outcome):
         deadline = time.monotonic() + 20
         while "stopped_at" not in outcome and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -630,11 +646,6 @@ def test_close_from_another_thread_is_bounded_while_a_task_send_waits_on_a_stopp
         assert not consumer.is_alive(), "the training loop is still blocked after close()"
         assert closed_in < 5.0, closed_in   # SHUTDOWN_DEADLINE_S is 1 s
         assert outcome["ended"] == "StopIteration", outcome["ended"]
-    finally:
-        rescue.cancel()
-        _resume_stopped(outcome)
-        consumer.join(30)
-        loader.close()
 
 
 @pytest.mark.parametrize("timeout", [None, 3.0])
@@ -645,13 +656,7 @@ def test_closing_a_persistent_epoch_while_a_task_send_waits_leaves_the_next_epoc
     # short leaves that worker's stream unusable: the next epoch gets new
     # workers.  Found by a helper.
     loader = _loader_whose_task_socket_fills(timeout=timeout, persistent_workers=True)
-    outcome: dict = {}
-    it = iter(loader)
-    consumer = threading.Thread(target=_stop_a_worker_then_iterate, args=(it, outcome))
-    consumer.start()
-    rescue = threading.Timer(15, _resume_stopped, args=(outcome,))
-    rescue.start()
-    try:
+    with _training_loop_that_stops_worker_0(loader) as (it, consumer, rescue, outcome):
         deadline = time.monotonic() + 20
         while "stopped_at" not in outcome and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -669,22 +674,11 @@ def test_closing_a_persistent_epoch_while_a_task_send_waits_leaves_the_next_epoc
         second = iter(loader)
         assert sum(1 for _ in second) == 40
         assert not old_workers & set(second.engine.worker_pids())
-    finally:
-        rescue.cancel()
-        _resume_stopped(outcome)
-        consumer.join(30)
-        loader.close()
 
 
 def test_a_task_send_to_a_worker_that_stopped_reading_ends_in_the_timeout():
     loader = _loader_whose_task_socket_fills(timeout=2.0)
-    outcome: dict = {}
-    it = iter(loader)
-    consumer = threading.Thread(target=_stop_a_worker_then_iterate, args=(it, outcome))
-    consumer.start()
-    rescue = threading.Timer(15, _resume_stopped, args=(outcome,))   # so that a hang fails the test
-    rescue.start()
-    try:
+    with _training_loop_that_stops_worker_0(loader) as (it, consumer, rescue, outcome):
         consumer.join(20)
         assert not consumer.is_alive(), "timeout=2.0 did not end a send to a stopped worker"
         error = outcome["ended"]
@@ -692,11 +686,6 @@ def test_a_task_send_to_a_worker_that_stopped_reading_ends_in_the_timeout():
         # The send's timeout, or the batch's if worker 0 had no task to take meanwhile.
         assert str(outcome["stopped"]) in str(error) and "stopped (SIG" in str(error), str(error)
         assert outcome["ended_at"] - outcome["stopped_at"] < 10.0
-    finally:
-        rescue.cancel()
-        _resume_stopped(outcome)
-        consumer.join(30)
-        loader.close()
 
 
 # ---------------------------------------------------------------- iterators and threads (issue 10 item 17)
