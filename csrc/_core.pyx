@@ -1,7 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 # cython: initializedcheck=False
 """mxload's compiled core: reorder buffer, collation kernels, layout planner,
-shared-memory slabs, the fetcher's receive path, the per-batch task send,
+shared-memory slabs, the fetcher's receive path, the per-batch task send
+and hand-off,
 Ctrl-C deferral and the workers' parent watchdog.  C declarations live in
 mxl_c.pxd; the code is split by job into the .pxi files included below."""
 
@@ -33,6 +34,7 @@ include "collate.pxi"
 include "slab.pxi"
 include "receive.pxi"
 include "task.pxi"
+include "handoff.pxi"
 include "watchdog.pxi"
 
 cdef extern from *:

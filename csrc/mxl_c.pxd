@@ -1,6 +1,7 @@
 # C declarations used by mxload._core: kept apart from the code that uses them.
 from libc.stddef cimport ptrdiff_t
 from libc.stdint cimport int64_t, uint32_t, uint64_t
+from posix.uio cimport iovec
 
 cdef extern from "mxl_copy.h" nogil:
     ctypedef ptrdiff_t mxl_ssize_t
@@ -148,4 +149,5 @@ cdef extern from "mxl_send.h" nogil:
     void mxl_put_le(char *p, uint64_t v, int nbytes)
     void mxl_pack_task(char *head, const char *prefix, int64_t epoch, int64_t idx, int64_t slab_id,
                        int64_t slab_size, int flags, uint32_t ndrops, uint32_t nindices, int nfds)
+    long mxl_send_pieces(int sock, iovec *iov, int n, int fd)
     long mxl_send_frame(int sock, const char *head, size_t hlen, const char *data, size_t dlen, int fd)

@@ -46,24 +46,19 @@ static void mxl_pack_task(char *head, const char *prefix, int64_t epoch, int64_t
     mxl_put_le(head + 49, nindices, 4);
 }
 
-/* Send `head` then `data` as one message, descriptor `fd` (-1: none) with
- * its first byte.  Returns the bytes sent (0 when the socket is full), or
- * -errno. */
-static long mxl_send_frame(int sock, const char *head, size_t hlen, const char *data, size_t dlen, int fd)
+/* Send the `n` pieces of `iov` as one message (several task frames, each a
+ * head then its indices), descriptor `fd` (-1: none) with its first byte.
+ * Returns the bytes sent (0 when the socket is full), or -errno. */
+static long mxl_send_pieces(int sock, struct iovec *iov, int n, int fd)
 {
-    struct iovec iov[2];
     union {
         char buf[CMSG_SPACE(sizeof(int))];
         struct cmsghdr align;
     } control;
     struct msghdr msg;
     memset(&msg, 0, sizeof msg);
-    iov[0].iov_base = (void *)head;
-    iov[0].iov_len = hlen;
-    iov[1].iov_base = (void *)data;
-    iov[1].iov_len = dlen;
     msg.msg_iov = iov;
-    msg.msg_iovlen = dlen ? 2 : 1;
+    msg.msg_iovlen = n;
     if (fd >= 0) {
         struct cmsghdr *c;
         memset(&control, 0, sizeof control);
@@ -76,15 +71,27 @@ static long mxl_send_frame(int sock, const char *head, size_t hlen, const char *
         memcpy(CMSG_DATA(c), &fd, sizeof(int));
     }
     for (;;) {
-        ssize_t n = sendmsg(sock, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (n >= 0)
-            return (long)n;
+        ssize_t sent = sendmsg(sock, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (sent >= 0)
+            return (long)sent;
         if (errno == EINTR)
             continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK)
             return 0;
         return -errno;
     }
+}
+
+/* Send `head` then `data` (one task frame) as one message, descriptor `fd`
+ * (-1: none) with its first byte.  As mxl_send_pieces. */
+static long mxl_send_frame(int sock, const char *head, size_t hlen, const char *data, size_t dlen, int fd)
+{
+    struct iovec iov[2];
+    iov[0].iov_base = (void *)head;
+    iov[0].iov_len = hlen;
+    iov[1].iov_base = (void *)data;
+    iov[1].iov_len = dlen;
+    return mxl_send_pieces(sock, iov, dlen ? 2 : 1, fd);
 }
 
 #endif

@@ -42,6 +42,7 @@ cdef enum:
     _EV_ENDED = 4      # the worker's sentinel is ready: its process ended
     _EV_FD_LIMIT = 5   # a descriptor was lost: this process is at RLIMIT_NOFILE
     _EV_READY = 6      # get(): the awaited batch is here
+    _EV_WOULD_WAIT = 7 # get(report_wait=True): it is not here and nothing is to read: get() would sleep
     # Internal results of _scan() and _poll().
     _NOTHING = -1
     _STORED = -2       # batch frames were stored: look in the buffer again
@@ -61,6 +62,7 @@ EV_CLOSED = _EV_CLOSED
 EV_ENDED = _EV_ENDED
 EV_FD_LIMIT = _EV_FD_LIMIT
 EV_READY = _EV_READY
+EV_WOULD_WAIT = _EV_WOULD_WAIT
 
 BATCH_FRAME_SIZE = MXL_BATCH_SIZE
 FRAME_HEADER_SIZE = MXL_FRAME_HEADER
@@ -368,12 +370,13 @@ cdef class FrameReceiver:
             return 0
         return <int>((left + 999999) // 1000000)
 
-    def get(self, Py_ssize_t idx, bint any_index=False, timeout=None):
+    def get(self, Py_ssize_t idx, bint any_index=False, timeout=None, bint report_wait=False):
         """The consumer's wait: (EV_READY, -1, 0, item) once the buffer holds
         batch `idx` (any_index: any batch, item = (idx, item) with the
         smallest index), receiving what the workers send meanwhile;
         (event, slot, tag, None) for what needs Python (EV_FRAME, EV_CLOSED,
-        EV_FD_LIMIT; an end is reported once per attachment).  Raises
+        EV_FD_LIMIT; an end is reported once per attachment; with
+        `report_wait`, EV_WOULD_WAIT before it first sleeps).  Raises
         BufferClosedError once the buffer is closed, TimeoutError after
         `timeout` seconds (None: no limit).  Sleeps with the GIL released, in
         slices that let signal handlers (Ctrl-C) run."""
@@ -395,6 +398,13 @@ cdef class FrameReceiver:
             if ev >= 0:
                 self._passed_up += 1
                 return ev, slot, tag, None
+            if report_wait:
+                # Would it sleep?  Only if nothing is ready in the kernel either.
+                with nogil:
+                    ev = self._poll(_ON_SOCKETS | _ON_BUFFER, 0, &slot, &tag)
+                if ev == _EV_TIMEOUT:
+                    return _EV_WOULD_WAIT, -1, 0, None
+                continue
             if deadline >= 0 and mxl_monotonic_ns() >= deadline:
                 what = "any batch" if any_index else f"batch {idx}"
                 raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
@@ -534,6 +544,10 @@ cdef class FrameReceiver:
 def build_views(BatchOwner owner not None, list specs):
     """Numpy arrays over `owner`'s bytes, one per (offset, shape, dtype) of
     `specs` (dtype a numpy dtype), each with `owner` as its base (no copy)."""
+    return _build_views(owner, specs)
+
+
+cdef list _build_views(BatchOwner owner, list specs):
     cdef list out = []
     cdef Py_ssize_t off, nbytes
     cdef int nd, d

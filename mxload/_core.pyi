@@ -4,8 +4,8 @@ Keep in step with csrc/_core.pyx and the .pxi files it includes:
 interrupt.pxi (defer_sigint, sigint_safe_finalizer), reorder.pxi
 (ReorderBuffer, BufferClosedError, RawBatch), collate.pxi (kernels,
 layout planner, ALIGNMENT, monotonic_ns), slab.pxi (Slab, BatchOwner),
-receive.pxi (FrameReceiver, build_views, the frame constants) and task.pxi
-(send_task)."""
+receive.pxi (FrameReceiver, build_views, the frame constants), task.pxi
+(send_task, send_tasks) and handoff.pxi (ViewTemplate, claim_batch)."""
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, Self, TypedDict, TypeVar, overload
 
@@ -155,6 +155,7 @@ EV_CLOSED: int
 EV_ENDED: int
 EV_FD_LIMIT: int
 EV_READY: int
+EV_WOULD_WAIT: int
 BATCH_FRAME_SIZE: int
 FRAME_HEADER_SIZE: int
 
@@ -165,7 +166,10 @@ class _ReceiveStats(TypedDict):
 
 def send_task(sock: int, prefix: bytes, epoch: int, batch_index: int,
               indices: bytes | NDArray[Any] | None, profiling: bool, slab_id: int, slab_size: int,
-              drop_slabs: Sequence[int], slab_fd: int) -> tuple[bytes, bool] | None: ...
+              drop_slabs: Sequence[int], slab_fd: int) -> tuple[bytes, int] | None: ...
+def send_tasks(handle: Any, pool: Any, prefix: bytes,
+               tasks: list[tuple[int, int, bytes | NDArray[Any] | None, bool]],
+               ) -> tuple[int, int, tuple[bytes, int] | None]: ...
 
 class FrameReceiver:
     """Receives every worker's frames for one ReorderBuffer: the consumer in
@@ -176,8 +180,8 @@ class FrameReceiver:
     def attach(self, slot: int, sock: int, sentinel: int = -1, tag: int = 0) -> None: ...
     def detach(self, slot: int) -> None: ...
     def close(self) -> None: ...
-    def get(self, idx: int, any_index: bool = False,
-            timeout: float | None = None) -> tuple[int, int, int, Any]: ...
+    def get(self, idx: int, any_index: bool = False, timeout: float | None = None,
+            report_wait: bool = False) -> tuple[int, int, int, Any]: ...
     def watch(self, timeout: float) -> tuple[int, int, int]: ...
     def wait(self, timeout: float) -> tuple[int, int]: ...
     def end_gil_span(self) -> None: ...
@@ -188,6 +192,32 @@ class FrameReceiver:
 def build_views(
     owner: BatchOwner, specs: list[tuple[int, tuple[int, ...], np.dtype[Any]]],
 ) -> list[NDArray[Any]]: ...
+
+# ---------------------------------------------------------------- handoff.pxi
+
+VIEWS_ASSEMBLE: int
+VIEWS_ONE_ARRAY: int
+VIEWS_TUPLE: int
+
+class ViewTemplate:
+    """A batch layout made ready for every batch of that shape."""
+    @property
+    def root(self) -> Any: ...
+    @property
+    def specs(self) -> list[tuple[int, tuple[int, ...], np.dtype[Any]]]: ...
+    @property
+    def shortcut(self) -> int: ...
+    def __new__(cls, root: Any, specs: list[tuple[int, tuple[int, ...], np.dtype[Any]]], shortcut: int,
+                assemble: Callable[[Any, list[NDArray[Any]]], Any]) -> Self: ...
+    def views(self, owner: BatchOwner) -> Any: ...
+
+class ClaimMismatch:
+    """claim_batch's answer for a frame that contradicts its task."""
+    @property
+    def task_slab_id(self) -> Any: ...
+    def __new__(cls, task_slab_id: Any) -> Self: ...
+
+def claim_batch(raw: RawBatch, handles: list[Any], release: Callable[[Slab], object]) -> Any: ...
 
 # ---------------------------------------------------------------- interrupt.pxi
 

@@ -420,7 +420,8 @@ class DataLoader:
     @property
     def stats(self) -> dict[str, int]:
         """Counters of the latest worker engine (batches, slabs created/reused/
-        retired, worker restarts); empty before workers ran.
+        retired, worker restarts; with worker processes, tasks sent and the
+        messages that carried them); empty before workers ran.
 
         Example:
             >>> import numpy as np, mxload

@@ -283,7 +283,7 @@ class _ManyDrops:
      "7 bytes, not a whole number of int64"),
     (lambda s: m.send_task(s, m.Task(0, 0, None), [1, 2]), "at most one slab descriptor, got 2"),
     # A frame's length is a uint32: past it, an error rather than a length that wraps.
-    (lambda s: _core.send_task(s.fileno(), m._TASK_PREFIX, 0, 0, None, False, -1, 0, _ManyDrops(), -1),
+    (lambda s: _core.send_task(s.fileno(), m.TASK_PREFIX, 0, 0, None, False, -1, 0, _ManyDrops(), -1),
      "does not fit in one frame"),
 ])
 def test_a_malformed_task_send_is_refused_before_anything_is_sent(call, match):

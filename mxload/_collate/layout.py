@@ -32,11 +32,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .._core import build_views
+from .._core import VIEWS_ASSEMBLE, VIEWS_ONE_ARRAY, VIEWS_TUPLE, ViewTemplate
 
 __all__ = [
     "Node", "FieldSpec", "Layout", "ArrayField", "field_node", "object_node", "tuple_node", "dict_node",
-    "sequence_node", "mapping_node", "encode", "views_from_layout", "assemble", "Template",
+    "sequence_node", "mapping_node", "encode", "views_from_layout", "assemble",
     "compile_template", "views_from_template",
 ]
 
@@ -96,42 +96,31 @@ def views_from_layout(layout: Layout, buffer: Any, base_offset: int = 0) -> Any:
     return assemble(root, arrays)
 
 
-# A Layout made ready for many batches: dtype objects made once, shapes as
-# tuples, and how the arrays become the batch (see _shortcut).
-Template = tuple[Node, list[tuple[int, tuple[int, ...], np.dtype[Any]]], Any]
-
-_ONE_ARRAY = object()   # the batch is its only field array
-
-
-def compile_template(layout: Layout) -> Template:
-    """`layout` as views_from_template takes it (a layout cached by id, used
-    for every later batch of that shape)."""
+def compile_template(layout: Layout) -> ViewTemplate:
+    """`layout` as every later batch of that shape takes it (a layout cached
+    by id): dtype objects made once, shapes as tuples, and the shortcut from
+    field arrays to batch (see _shortcut)."""
     root, specs = layout
-    return root, [(off, tuple(shape), np.dtype(dt)) for off, shape, dt in specs], _shortcut(root, len(specs))
+    return ViewTemplate(root, [(off, tuple(shape), np.dtype(dt)) for off, shape, dt in specs],
+                        _shortcut(root, len(specs)), assemble)
 
 
-def _shortcut(root: Node, nfields: int) -> Any:
+def _shortcut(root: Node, nfields: int) -> int:
     """The batch's structure as one step for the common shapes: a single
     array, or a plain tuple of the field arrays in order (an (x, y)
-    dataset); None: assemble() rebuilds it."""
+    dataset); else assemble() rebuilds it."""
     if root == ("f", 0) and nfields == 1:
-        return _ONE_ARRAY
+        return VIEWS_ONE_ARRAY
     if (root[0] == "t" and root[1] is None and len(root[2]) == nfields
             and all(child == ("f", i) for i, child in enumerate(root[2]))):
-        return tuple
-    return None
+        return VIEWS_TUPLE
+    return VIEWS_ASSEMBLE
 
 
-def views_from_template(template: Template, owner: Any) -> Any:
+def views_from_template(template: ViewTemplate, owner: Any) -> Any:
     """The batch `template` describes, as numpy views over a BatchOwner's
     bytes (made in C, each with `owner` as its base; no copy)."""
-    root, specs, shortcut = template
-    arrays = build_views(owner, specs)
-    if shortcut is tuple:
-        return tuple(arrays)
-    if shortcut is _ONE_ARRAY:
-        return arrays[0]
-    return assemble(root, arrays)
+    return template.views(owner)
 
 
 def assemble(node: Node, arrays: Sequence[Any]) -> Any:

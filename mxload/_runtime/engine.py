@@ -163,8 +163,13 @@ class Engine:
             self.transport = ThreadTransport(self, self._lock, [
                 dataclasses.replace(config, worker_id=wid) for wid in range(options.num_workers)])
         else:
+            # Two tasks of a worker share a message when the window leaves a
+            # worker's first task time to wait for its second (round-robin:
+            # `num_workers` tasks later).
+            coalesce = 2 if self.prefetch >= 2 * options.num_workers else 1
             self.transport = ProcessTransport(self, self._lock, config, options.start_method, self.stats,
-                                              type(options.dataset).__name__, self._rb, options.timeout)
+                                              type(options.dataset).__name__, self._rb, options.timeout,
+                                              coalesce)
         try:
             self.transport.start()
         except BaseException:
@@ -200,6 +205,8 @@ class Engine:
             self.profiler = profiler
             self.stats["epochs"] += 1
             self.transport.epoch_closed = False
+            for wid, key in self.transport.drop_held():   # the epoch before's, never sent
+                self._workers[wid].outstanding.pop(key, None)
             stale = self._rb.start_epoch(epoch)
             for item in stale.values():
                 if isinstance(item, RawBatch):
@@ -237,6 +244,7 @@ class Engine:
             while self.state == RUNNING and self._in_flight < self.prefetch:
                 if plan.order is not None:
                     if self._next_dispatch >= len(plan.order):
+                        self.transport.flush()   # the epoch's last tasks: none waits for another
                         return
                     idx = plan.order[self._next_dispatch]
                     assert plan.batches is not None
@@ -252,7 +260,7 @@ class Engine:
 
     def _send(self, wid: int, idx: int, indices: np.ndarray | None) -> None:
         self._workers[wid].outstanding[(self.epoch, idx)] = indices
-        self.transport.dispatch(wid, m.Task(self.epoch, idx, indices, profiling=self.profiler is not None))
+        self.transport.dispatch(wid, self.epoch, idx, indices, self.profiler is not None)
 
     # ------------------------------------------------------------------ consumer
 
@@ -434,6 +442,8 @@ class Engine:
         for (epoch, idx), indices in sorted(dead.outstanding.items()):
             if epoch == self.epoch:
                 self._send(wid, idx, indices)
+        # The consumer may be asleep waiting for one of these: none is held.
+        self.transport.flush()
 
     # ------------------------------------------------------------------ shutdown
 

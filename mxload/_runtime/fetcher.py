@@ -27,8 +27,17 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import _core
-from .._collate.layout import compile_template, views_from_layout, views_from_template
-from .._core import BatchOwner, FrameReceiver, RawBatch, ReorderBuffer, Slab, defer_sigint
+from .._collate.layout import compile_template, views_from_layout
+from .._core import (
+    BatchOwner,
+    ClaimMismatch,
+    FrameReceiver,
+    RawBatch,
+    ReorderBuffer,
+    Slab,
+    claim_batch,
+    defer_sigint,
+)
 from ..errors import SharedMemoryError, WorkerError
 from . import fds as _fds
 from . import messages as m
@@ -40,26 +49,18 @@ from .transport import Delivery, ResultSink
 __all__ = ["Fetcher", "take_result", "adopt_raw"]
 
 
-_NO_TASK: Any = object()
-
-
-def adopt_raw(raw: RawBatch, handle: ProcessHandle, pool: SlabPool) -> Any:
-    """The batch the receive path stored for `handle` as views of its slab,
-    from the cached layout; None if its task is no longer the handle's
-    (engine lock held)."""
-    slab = handle.slabs.pop((raw.epoch, raw.idx), _NO_TASK)
-    if slab is _NO_TASK:
-        return None
-    cached = handle.layouts.get(raw.layout_id)
-    if slab is None or slab.slab_id != raw.slab_id or cached is None:
-        if slab is not None:
-            pool.release(slab)
+def adopt_raw(raw: RawBatch, handles: list[ProcessHandle], pool: SlabPool) -> Any:
+    """The batch the receive path stored for the worker in slot `raw.slot`,
+    as views of its slab from the cached layout (compiled: claim_batch);
+    None if its task is no longer that worker's handle's (engine lock held)."""
+    batch = claim_batch(raw, handles, pool.release)
+    if type(batch) is ClaimMismatch:
+        handle = handles[raw.slot]
         raise m.ProtocolError(
             f"worker {handle.worker_id} (pid {handle.pid}) sent batch {raw.idx} in slab {raw.slab_id} with "
-            f"layout {raw.layout_id}; its task had slab {None if slab is None else slab.slab_id} and it "
-            f"named layouts {sorted(handle.layouts)}")
-    owner = BatchOwner(slab, 0, raw.nbytes, pool.release)
-    return views_from_template(cached[1], owner)
+            f"layout {raw.layout_id}; its task had slab {batch.task_slab_id} and it named layouts "
+            f"{sorted(handle.layouts)}")
+    return batch
 
 
 def take_result(msg: m.Message, fds: list[int], handle: ProcessHandle, handles: Sequence[ProcessHandle],
@@ -204,18 +205,26 @@ class Fetcher:
 
     # ------------------------------------------------------------------ the consumer
 
-    def next_result(self, idx: int, any_index: bool, timeout: float | None) -> Any:
+    def next_result(self, idx: int, any_index: bool, timeout: float | None,
+                    before_wait: Callable[[], None] | None = None) -> Any:
         """The buffer's item for batch `idx` (any_index: (index, item) of the
-        smallest index there), receiving what the workers sent meanwhile.
-        Raises TimeoutError, or BufferClosedError once the epoch failed or
-        the engine shuts down."""
+        smallest index there), receiving what the workers sent meanwhile;
+        `before_wait()` runs once if it is not there yet and the consumer
+        is about to sleep.  Raises TimeoutError, or BufferClosedError once
+        the epoch failed or the engine shuts down."""
         receiver = self.receiver
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             event, slot, tag, item = receiver.get(
-                idx, any_index, None if deadline is None else max(0.0, deadline - time.monotonic()))
+                idx, any_index, None if deadline is None else max(0.0, deadline - time.monotonic()),
+                before_wait is not None)
             if event == _core.EV_READY:
                 return item
+            if event == _core.EV_WOULD_WAIT:
+                assert before_wait is not None
+                before_wait()
+                before_wait = None
+                continue
             try:
                 self._handle(event, slot, tag)
             except Exception as e:   # as the watcher: the epoch fails with a clear error, never hangs
@@ -324,7 +333,7 @@ class Fetcher:
         received one by one (engine lock held)."""
         for _, raw in sorted(self._buffer.take_raw(handle.tag).items()):
             try:
-                batch = adopt_raw(raw, handle, self._pool)
+                batch = adopt_raw(raw, self._handles(), self._pool)
             except m.ProtocolError as e:
                 self._sink.fail(self._main_side_error(handle, None, "taking its result", e))
                 return

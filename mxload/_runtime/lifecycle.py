@@ -146,6 +146,9 @@ class ProcessHandle:
     layouts: dict[int, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
     # A task's frame was cut short (a send given up): nothing more may be sent.
     send_cut: bool = False
+    # Tasks held back to go with the next in one message (ProcessTransport.dispatch):
+    # (epoch, batch index, indices, profiling) each.
+    held: list[tuple[int, int, Any, bool]] = dataclasses.field(default_factory=list)
 
     def close_channel(self) -> None:
         _fds.close_socket(self.sock)

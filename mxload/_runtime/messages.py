@@ -44,7 +44,7 @@ import socket
 import struct
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAGIC", "VERSION", "ProtocolError", "ExceptionInfo", "Timings",
-    "BATCH_REF", "BATCH_REF_TAG", "HEADER_SIZE", "decode", "send_task", "send_task_fields",
+    "BATCH_REF", "BATCH_REF_TAG", "HEADER_SIZE", "decode", "send_task", "finish_send", "TASK_PREFIX",
     "Task", "Stop", "Batch", "BatchRef", "NewSlab", "Loaded", "Failed", "Exhausted", "InitFailed",
     "StartWorker", "Started", "StartFailed", "Exited", "Handover", "RemoteBatch", "ActorReady",
     "Message", "WorkerResult", "send", "send_encoded", "encode", "recv",
@@ -264,7 +264,7 @@ _PACKED_TASK = struct.Struct("<qqqqBxxxII")
 _PROFILING, _HAS_INDICES = 1, 2
 _PACKED_TASK_TAG = _TAG[PackedTask]
 # What the compiled send puts before a PackedTask's length (mxl_send.h packs the rest).
-_TASK_PREFIX = MAGIC + bytes([VERSION, _PACKED_TASK_TAG])
+TASK_PREFIX = MAGIC + bytes([VERSION, _PACKED_TASK_TAG])
 HEADER_SIZE = _HEADER.size
 BATCH_REF_TAG = _TAG[BatchRef]
 # A whole BatchRef frame: the header, then epoch, batch index, slab id, bytes, layout id.
@@ -280,46 +280,40 @@ def encode(message: Message, nfds: int = 0) -> bytes:
     return _HEADER.pack(MAGIC, VERSION, _TAG[type(message)], len(data), nfds) + data
 
 
-def send_task(sock: socket.socket, task: Task, fds: list[int] | tuple[int, ...] = ()) -> None:
-    """Send a Task without pickling it: its indices (an int64 array, or None
-    for a stream) go to the socket straight from their memory; `fds`: at
-    most one, the descriptor of the task's slab."""
+def send_task(sock: socket.socket, task: Task, fds: list[int] | tuple[int, ...] = (),
+              timeout: float | None = None, give_up: Callable[[], bool] | None = None) -> bool:
+    """Send a Task without pickling it: its frame is packed and sent by the
+    compiled core, its indices (an int64 array, or None for a stream) straight
+    from their memory; `fds`: at most one, the descriptor of the task's slab.
+    A full socket (a worker that stopped reading) is finished by finish_send.
+    (The engine's per-batch send is _core.send_tasks: the same frames.)"""
     if len(fds) > 1:
         raise ValueError(f"a task passes at most one slab descriptor, got {len(fds)}")
-    send_task_fields(sock, task.epoch, task.batch_index, task.indices, task.profiling,
-                     -1 if task.slab_id is None else task.slab_id, task.slab_size, task.drop_slabs,
-                     fds[0] if fds else -1)
-
-
-def send_task_fields(sock: socket.socket, epoch: int, batch_index: int, indices: bytes | np.ndarray | None,
-                     profiling: bool, slab_id: int, slab_size: int, drop_slabs: Sequence[int],
-                     slab_fd: int, timeout: float | None = None,
-                     give_up: Callable[[], bool] | None = None) -> bool:
-    """send_task from the fields of the Task (slab_id -1: none; slab_fd -1:
-    no descriptor): the per-batch path, which builds no Task of its own.  The
-    frame is packed and sent by the compiled core; a full socket (a worker
-    that stopped reading) is drained here, GIL released while it waits.
-
-    False if `give_up()` said so first (checked every SEND_POLL_S; the
-    frame is then cut short, so nothing more may follow on `sock`).
-    TimeoutError if the worker read none of the rest for `timeout` s."""
-    unsent = _core.send_task(sock.fileno(), _TASK_PREFIX, epoch, batch_index, indices, profiling, slab_id,
-                             slab_size, drop_slabs, slab_fd)
+    slab_fd = fds[0] if fds else -1
+    unsent = _core.send_task(sock.fileno(), TASK_PREFIX, task.epoch, task.batch_index, task.indices,
+                             task.profiling, -1 if task.slab_id is None else task.slab_id, task.slab_size,
+                             task.drop_slabs, slab_fd)
     if unsent is None:
         return True
-    rest, fd_went = unsent
-    return _drain(sock, memoryview(rest), -1 if fd_went else slab_fd, timeout, give_up)
+    rest, fd_left = unsent
+    return finish_send(sock, memoryview(rest), fd_left, timeout, give_up)
 
 
 # How often a send waiting for a worker to read checks whether to give up.
 SEND_POLL_S = 0.05
 
 
-def _drain(sock: socket.socket, rest: memoryview, slab_fd: int, timeout: float | None,
-           give_up: Callable[[], bool] | None) -> bool:
-    """Send `rest` as the worker reads it, `slab_fd` (-1: none) with its
-    first byte; never blocked for longer than SEND_POLL_S at a time, so that
-    whoever holds the engine lock meanwhile lets a shutdown through."""
+def finish_send(sock: socket.socket, rest: memoryview, slab_fd: int, timeout: float | None,
+                give_up: Callable[[], bool] | None) -> bool:
+    """The rest of a task's frame the compiled send left (the socket was
+    full), sent as the worker reads it, `slab_fd` (-1: none) with its first
+    byte, GIL released while it waits; never blocked for longer than
+    SEND_POLL_S at a time, so that whoever holds the engine lock meanwhile
+    lets a shutdown through.
+
+    False if `give_up()` said so first (the frame is then cut short, so
+    nothing more may follow on `sock`).  TimeoutError if the worker read
+    none of the rest for `timeout` s."""
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLOUT)
     waited_since = time.monotonic()

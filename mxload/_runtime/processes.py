@@ -8,7 +8,9 @@ import signal
 import threading
 from typing import Any
 
-from .._core import RawBatch, ReorderBuffer
+import numpy as np
+
+from .._core import RawBatch, ReorderBuffer, send_tasks
 from ..errors import SHARED_MEMORY_ADVICE, LoaderTimeoutError, SharedMemoryError
 from . import lifecycle
 from . import messages as m
@@ -29,13 +31,23 @@ class ProcessTransport(Transport):
 
     def __init__(self, sink: ResultSink, lock: threading.RLock, config: WorkerConfig,
                  start_method: str | None, stats: dict[str, int], dataset_type: str, buffer: ReorderBuffer,
-                 timeout: float | None):
+                 timeout: float | None, coalesce: int = 1):
         super().__init__(sink, lock)
         self._buffer = buffer
+        # Tasks that go to one worker in one message: a task waits (held on
+        # its handle) for the next one of its worker while the consumer is
+        # served from the buffer, and goes at once when it would wait
+        # (next_result), when the epoch has no more tasks, or after a restart.
+        # One message wakes a sleeping worker once for both: on this kind of
+        # machine that wake-up is most of what a batch costs the main process.
+        self._coalesce = max(1, coalesce)
+        self._holding: set[int] = set()            # ids of the workers with tasks held
         self._timeout = timeout                     # the loader's: also bounds a task's send
         self._stopping = False                      # the shutdown began: a send waiting on a worker gives up
         self._config = config
         self.launcher = Launcher(config, start_method, dataset_type, owner=self)
+        self.stats = stats
+        stats.update(tasks_sent=0, task_messages=0)
         self.pool = SlabPool(stats, MAX_POOLED_SLABS)
         self._handles: list[ProcessHandle] = []
         self._fetcher: Fetcher | None = None
@@ -70,13 +82,16 @@ class ProcessTransport(Transport):
     def next_result(self, buffer: ReorderBuffer, idx: int, any_index: bool, timeout: float | None) -> Any:
         if self._fetcher is None:
             return super().next_result(buffer, idx, any_index, timeout)
-        return self._fetcher.next_result(idx, any_index, timeout)
+        return self._fetcher.next_result(idx, any_index, timeout,
+                                         self._flush_before_wait if self._holding else None)
+
+    def _flush_before_wait(self) -> None:
+        """The consumer is about to sleep: what it waits for may be held."""
+        with self.lock:
+            self.flush()
 
     def claim(self, raw: RawBatch) -> Any:
-        handle = self._handles[raw.slot] if raw.slot < len(self._handles) else None
-        if handle is None or handle.tag != raw.tag:
-            return None   # its worker was replaced: the restart released the slab and sends the task again
-        return adopt_raw(raw, handle, self.pool)
+        return adopt_raw(raw, self._handles, self.pool)
 
     @property
     def receive_stats(self) -> dict[str, int] | None:
@@ -96,45 +111,64 @@ class ProcessTransport(Transport):
     def describe(self, worker_id: int) -> str:
         return process_state(self.pid(worker_id))
 
-    def dispatch(self, worker_id: int, task: m.Task) -> None:
+    def dispatch(self, worker_id: int, epoch: int, batch_index: int, indices: np.ndarray | None,
+                 profiling: bool) -> None:
         handle = self._handles[worker_id]
-        sock = handle.sock
-        assert sock is not None
-        if handle.send_cut:
-            return   # a task's frame was cut short (below): the epoch has failed or is ending
-        slab = self.pool.acquire()
-        handle.slabs[(task.epoch, task.batch_index)] = slab
-        slab_id = slab_fd = -1
-        slab_size = 0
-        if slab is not None:
-            slab_id = slab.slab_id
-            slab_size = slab.size
-            if slab_id not in handle.known_slabs:
-                slab_fd = self.pool.fd(slab_id)
-        drops = handle.pending_drops
-        if drops:
-            handle.pending_drops = []
-        try:
-            sent = m.send_task_fields(sock, task.epoch, task.batch_index, task.indices, task.profiling,
-                                      slab_id, slab_size, drops, slab_fd, self._timeout, self._is_stopping)
-        except TimeoutError:
-            # Not read for the loader's whole timeout (a stopped or stuck
-            # worker): the epoch fails as a batch's wait for it would.
-            handle.send_cut = True
-            pid = handle.pid
-            self.sink.fail(LoaderTimeoutError(
-                f"could not hand batch {task.batch_index}'s task to worker {worker_id} (pid {pid}, "
-                f"{process_state(pid)}): it read none of it within timeout={self._timeout} s. A stopped "
-                f"worker runs again after SIGCONT (kill -CONT {pid}); a worker may be stuck in __getitem__. "
-                f"Raise `timeout` if batches are legitimately slow"))
+        held = handle.held
+        held.append((epoch, batch_index, indices, profiling))
+        if len(held) < self._coalesce:
+            self._holding.add(worker_id)
             return
-        except OSError:
-            return  # the worker is dead; the fetcher reports it
-        if not sent:   # closed while the worker was not reading: half a frame is in its socket
-            handle.send_cut = self.stream_cut = True
-            return
-        if slab_fd >= 0:
-            handle.known_slabs.add(slab_id)
+        self._send_held(handle)
+
+    def flush(self) -> None:
+        while self._holding:
+            wid = self._holding.pop()
+            if wid < len(self._handles):
+                self._send_held(self._handles[wid])
+
+    def drop_held(self) -> list[tuple[int, tuple[int, int]]]:
+        dropped = [(h.worker_id, (epoch, idx)) for h in self._handles for epoch, idx, _, _ in h.held]
+        for h in self._handles:
+            h.held = []
+        self._holding.clear()
+        return dropped
+
+    def _send_held(self, handle: ProcessHandle) -> None:
+        """Send `handle`'s held tasks, in as few messages as the core can."""
+        tasks, handle.held = handle.held, []
+        self._holding.discard(handle.worker_id)
+        while tasks:
+            if handle.send_cut or handle.sock is None:
+                return   # a task's frame was cut short (below), or shut down: the epoch is over
+            try:
+                # Packed and sent by the core, which records each task's slab on the handle first.
+                done, messages, unsent = send_tasks(handle, self.pool, m.TASK_PREFIX, tasks)
+                self.stats["tasks_sent"] += done
+                self.stats["task_messages"] += messages
+                if unsent is not None:
+                    rest, slab_fd = unsent
+                    if not m.finish_send(handle.sock, memoryview(rest), slab_fd, self._timeout,
+                                         self._is_stopping):
+                        # Closed while the worker was not reading: half a frame is in its socket.
+                        handle.send_cut = self.stream_cut = True
+                        return
+            except TimeoutError:
+                # Not read for the loader's whole timeout (a stopped or stuck
+                # worker): the epoch fails as a batch's wait for it would.
+                handle.send_cut = True
+                pid = handle.pid
+                batches = [idx for _, idx, _, _ in tasks[:done]]
+                self.sink.fail(LoaderTimeoutError(
+                    f"could not hand the task of batch{'es' if len(batches) > 1 else ''} "
+                    f"{', '.join(map(str, batches))} to worker {handle.worker_id} (pid {pid}, "
+                    f"{process_state(pid)}): it read none of it within timeout={self._timeout} s. A stopped "
+                    f"worker runs again after SIGCONT (kill -CONT {pid}); a worker may be stuck in "
+                    f"__getitem__. Raise `timeout` if batches are legitimately slow"))
+                return
+            except OSError:
+                return  # the worker is dead; the fetcher reports it
+            tasks = tasks[done:]
 
     def _is_stopping(self) -> bool:
         return self._stopping or self.epoch_closed

@@ -229,10 +229,12 @@ class RayTransport(Transport):
 
     # ---------------------------------------------------------------- tasks
 
-    def dispatch(self, worker_id: int, task: m.Task) -> None:
+    def dispatch(self, worker_id: int, epoch: int, batch_index: int, indices: np.ndarray | None,
+                 profiling: bool) -> None:
         actor = self._actors[worker_id]
         if actor is None or actor.lost is not None or self._closing:
             return   # its loss is (being) reported; the engine sends the task again or fails
+        task = m.Task(epoch, batch_index, indices, profiling=profiling)
         self._watch(actor, actor.handle.load.remote(task), task)
 
     def restart(self, worker_id: int, epoch: int) -> bool:

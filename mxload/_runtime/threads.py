@@ -6,6 +6,8 @@ import queue
 import threading
 import time
 
+import numpy as np
+
 from . import messages as m
 from .transport import ResultSink, Transport, WorkerLoss
 from .worker import WorkerConfig, thread_worker_main
@@ -48,8 +50,9 @@ class ThreadTransport(Transport):
         with self.lock:
             self.sink.worker_lost(WorkerLoss(worker_id, None, None, "ended", final=final))
 
-    def dispatch(self, worker_id: int, task: m.Task) -> None:
-        self._queues[worker_id].put(task)
+    def dispatch(self, worker_id: int, epoch: int, batch_index: int, indices: np.ndarray | None,
+                 profiling: bool) -> None:
+        self._queues[worker_id].put(m.Task(epoch, batch_index, indices, profiling=profiling))
 
     def restart(self, worker_id: int, epoch: int) -> bool:
         raise AssertionError("thread workers are never restarted")

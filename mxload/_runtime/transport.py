@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
 from .._core import RawBatch, ReorderBuffer
 from ..errors import WorkerError
 from . import messages as m
@@ -97,8 +99,21 @@ class Transport(ABC):
         """Start every worker."""
 
     @abstractmethod
-    def dispatch(self, worker_id: int, task: m.Task) -> None:
-        """Send `task` to `worker_id` (engine lock held)."""
+    def dispatch(self, worker_id: int, epoch: int, batch_index: int, indices: np.ndarray | None,
+                 profiling: bool) -> None:
+        """Send `worker_id` the task of loading batch `batch_index` of
+        `epoch` (`indices`; None: a stream's next batch), timed for the
+        profiler if `profiling` (engine lock held)."""
+
+    def flush(self) -> None:
+        """Send every task dispatch() held back to go with a later one in
+        one message (engine lock held).  By default none is held."""
+        return None
+
+    def drop_held(self) -> list[tuple[int, tuple[int, int]]]:
+        """Forget the tasks held back, unsent (the epoch they belong to is
+        over); returns (worker id, (epoch, batch index)) of each."""
+        return []
 
     @abstractmethod
     def restart(self, worker_id: int, epoch: int) -> bool:

@@ -1,0 +1,281 @@
+"""The main process's per-batch hand-off, compiled (csrc/handoff.pxi,
+csrc/task.pxi): a stored batch claimed as views of its task's slab, and a
+worker's tasks sent in as few messages as the slabs' descriptors allow; and
+the loader-level guarantees of holding a task back for its worker's next.
+(conftest.py checks after every test that no process, thread, descriptor
+or slab is left.)"""
+from __future__ import annotations
+
+import gc
+import os
+import socket
+import threading
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import mxload
+from mxload import _core
+from mxload._collate import layout
+from mxload._runtime import fetcher
+from mxload._runtime import messages as m
+from mxload._runtime.slabs import SlabPool, create_shared_fd
+
+from test_core_receive import batch_frame, receiver
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _slab(slab_id: int, size: int = 4096) -> _core.Slab:
+    fd = os.memfd_create("mxload-test-handoff")
+    try:
+        os.ftruncate(fd, size)
+        return _core.Slab(fd, size, slab_id)
+    finally:
+        os.close(fd)
+
+
+def _raw_batch(epoch: int, idx: int, slab_id: int, nbytes: int, layout_id: int, tag: int = 7) -> _core.RawBatch:
+    """A RawBatch as the receive path stores it (from a real frame)."""
+    main, worker = socket.socketpair()
+    wake_r, wake_w = os.pipe()
+    rb = _core.ReorderBuffer()
+    rcv = receiver(1, wake_r, rb)
+    try:
+        rcv.attach(0, main.fileno(), -1, tag)
+        rb.start_epoch(epoch)
+        worker.sendall(batch_frame(epoch, idx, slab_id, nbytes, layout_id))
+        event, _, _, raw = rcv.get(idx, False, 5.0)
+        assert event == _core.EV_READY and isinstance(raw, _core.RawBatch)
+        return raw
+    finally:
+        rcv.close()
+        for fd in (wake_r, wake_w):
+            os.close(fd)
+        main.close()
+        worker.close()
+
+
+def _xy_template() -> _core.ViewTemplate:
+    root = layout.tuple_node(None, [layout.field_node(0), layout.field_node(1)])
+    return layout.compile_template((root, [(0, (2, 3), "<f4"), (64, (2,), "<i8")]))
+
+
+def _handle(tag: int = 7, **kw) -> SimpleNamespace:
+    fields = dict(worker_id=0, pid=123, tag=tag, slabs={}, layouts={}, known_slabs=set(), pending_drops=[],
+                  sock=None)
+    fields.update(kw)
+    return SimpleNamespace(**fields)
+
+
+def test_a_claimed_batch_is_views_of_its_tasks_slab_and_recycles_it():
+    slab = _slab(5)
+    np.ndarray((2, 3), np.float32, buffer=slab)[...] = np.arange(6).reshape(2, 3)
+    np.ndarray((2,), np.int64, buffer=slab, offset=64)[...] = [10, 11]
+    handle = _handle(slabs={(3, 4): slab}, layouts={1: (None, _xy_template())})
+    released = []
+    x, y = _core.claim_batch(_raw_batch(3, 4, 5, 80, 1), [handle], released.append)
+    assert x.tolist() == [[0, 1, 2], [3, 4, 5]] and y.tolist() == [10, 11]
+    assert np.shares_memory(x, np.frombuffer(slab, np.uint8)) and handle.slabs == {}
+    assert released == []
+    del x, y
+    gc.collect()
+    assert released == [slab]
+
+
+def test_a_batch_whose_task_is_gone_is_not_claimed():
+    """Its worker was replaced (another tag in the slot), the slot is
+    unknown, or the handle holds no such task: None, nothing released."""
+    slab = _slab(5)
+    raw = _raw_batch(3, 4, 5, 80, 1, tag=7)
+    released = []
+    replaced = _handle(tag=8, slabs={(3, 4): slab}, layouts={1: (None, _xy_template())})
+    assert _core.claim_batch(raw, [replaced], released.append) is None
+    assert _core.claim_batch(raw, [], released.append) is None
+    assert _core.claim_batch(raw, [_handle(layouts={1: (None, _xy_template())})], released.append) is None
+    assert released == [] and replaced.slabs == {(3, 4): slab}
+
+
+@pytest.mark.parametrize("case", ["another slab", "no slab", "unknown layout"])
+def test_a_batch_contradicting_its_task_is_a_protocol_error_naming_both(case):
+    slab = _slab(5)
+    task_slab = {"another slab": _slab(6), "no slab": None, "unknown layout": slab}[case]
+    layouts = {} if case == "unknown layout" else {1: (None, _xy_template())}
+    handle = _handle(slabs={(3, 4): task_slab}, layouts=layouts)
+    pool = SimpleNamespace(released=[])
+    pool.release = pool.released.append
+    raw = _raw_batch(3, 4, 5, 80, 1)
+    got = _core.claim_batch(raw, [handle], pool.release)
+    assert isinstance(got, _core.ClaimMismatch)
+    assert got.task_slab_id == (None if task_slab is None else task_slab.slab_id)
+    assert pool.released == ([] if task_slab is None else [task_slab])   # the slab is not lost
+    handle.slabs[(3, 4)] = task_slab
+    with pytest.raises(m.ProtocolError, match=r"worker 0 \(pid 123\) sent batch 4 in slab 5 with layout 1; "
+                       r"its task had slab (6|None|5) and it named layouts \[(1)?\]"):
+        fetcher.adopt_raw(raw, [handle], pool)
+
+
+class _Pool:
+    """A SlabPool holding `n` free slabs, with the descriptors it would pass."""
+
+    def __init__(self, n: int):
+        self.stats = {"slabs_created": 0, "slabs_reused": 0, "slabs_retired": 0}
+        self.pool = SlabPool(self.stats, 8)
+        self.slabs = [self.pool.adopt(create_shared_fd(65536), 65536) for _ in range(n)]
+        for slab in self.slabs:
+            self.pool.release(slab)
+
+    def close(self) -> None:
+        self.pool.close()
+        self.slabs.clear()   # the fixture's value outlives the test: keep no mapping
+
+
+@pytest.fixture
+def channel():
+    main, worker = socket.socketpair()
+    pool = _Pool(3)
+    yield main, worker, pool
+    pool.close()
+    main.close()
+    worker.close()
+
+
+def _tasks(epoch: int, *indices: int) -> list[tuple[int, int, np.ndarray, bool]]:
+    return [(epoch, i, np.arange(i, i + 3, dtype=np.int64), False) for i in indices]
+
+
+def test_tasks_of_known_slabs_go_in_one_message(channel):
+    main, worker, pool = channel
+    handle = _handle(sock=main, known_slabs={s.slab_id for s in pool.slabs}, pending_drops=[41, 42])
+    done, messages, unsent = _core.send_tasks(handle, pool.pool, m.TASK_PREFIX, _tasks(2, 10, 12, 14))
+    assert (done, messages, unsent) == (3, 1, None)
+    assert handle.slabs == {(2, 10): pool.slabs[0], (2, 12): pool.slabs[1], (2, 14): pool.slabs[2]}
+    assert handle.pending_drops == []
+    got = [m.recv(worker) for _ in range(3)]
+    assert [(t.epoch, t.batch_index, t.slab_id, t.drop_slabs, fds) for t, fds in got] == [
+        (2, 10, pool.slabs[0].slab_id, (41, 42), []), (2, 12, pool.slabs[1].slab_id, (), []),
+        (2, 14, pool.slabs[2].slab_id, (), [])]
+    assert [t.index_array().tolist() for t, _ in got] == [[10, 11, 12], [12, 13, 14], [14, 15, 16]]
+
+
+def test_a_slab_new_to_the_worker_leads_a_message_with_its_descriptor(channel):
+    """A descriptor travels with a message's first byte: the frame whose
+    slab the worker has not seen starts a message of its own."""
+    main, worker, pool = channel
+    first, second, third = pool.slabs
+    handle = _handle(sock=main, known_slabs={first.slab_id, third.slab_id})
+    done, messages, unsent = _core.send_tasks(handle, pool.pool, m.TASK_PREFIX, _tasks(0, 1, 3, 5))
+    assert (done, messages, unsent) == (3, 2, None)
+    assert handle.known_slabs == {first.slab_id, second.slab_id, third.slab_id}
+    got = [m.recv(worker) for _ in range(3)]
+    assert [(t.batch_index, t.slab_id, len(fds)) for t, fds in got] == [
+        (1, first.slab_id, 0), (3, second.slab_id, 1), (5, third.slab_id, 0)]
+    for _, fds in got:
+        for fd in fds:
+            assert os.fstat(fd).st_size == second.size
+            os.close(fd)
+    assert pool.stats["slabs_reused"] == 3
+
+
+def test_without_a_free_slab_the_worker_makes_one(channel):
+    main, worker, _ = channel
+    empty = SlabPool({"slabs_reused": 0}, 8)
+    handle = _handle(sock=main)
+    assert _core.send_tasks(handle, empty, m.TASK_PREFIX, _tasks(0, 1, 2)) == (2, 1, None)
+    assert handle.slabs == {(0, 1): None, (0, 2): None}
+    assert [m.recv(worker)[0].slab_id for _ in range(2)] == [None, None]
+
+
+def test_a_full_socket_leaves_the_rest_of_the_message_to_finish(channel):
+    """The worker is not reading: the frames that did not fit come back with
+    the descriptor still to pass, and finish_send delivers them whole once
+    the worker reads again."""
+    main, worker, pool = channel
+    main.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    big = [(0, i, np.arange(i, i + 20_000, dtype=np.int64), False) for i in (1, 2)]
+    handle = _handle(sock=main, known_slabs={pool.slabs[1].slab_id})   # the first slab is new to it
+    done, messages, unsent = _core.send_tasks(handle, pool.pool, m.TASK_PREFIX, big)
+    assert (done, messages) == (2, 1) and unsent is not None
+    rest, fd = unsent
+    assert fd == -1 and 0 < len(rest) < 2 * 20_000 * 8   # the descriptor went with the first byte
+    got = []
+    reader = threading.Thread(target=lambda: got.extend(m.recv(worker) for _ in range(2)))
+    reader.start()
+    assert m.finish_send(main, memoryview(rest), fd, 10.0, None)
+    reader.join(10)
+    assert [t.index_array()[[0, -1]].tolist() for t, _ in got] == [[1, 20_000], [2, 20_001]]
+    assert len(got[0][1]) == 1 and got[1][1] == []
+    os.close(got[0][1][0])
+
+
+def test_a_closed_worker_end_is_an_oserror(channel):
+    main, worker, pool = channel
+    worker.close()
+    with pytest.raises(OSError):
+        _core.send_tasks(_handle(sock=main), pool.pool, m.TASK_PREFIX, _tasks(0, 1))
+
+
+# ---------------------------------------------------------------- the loader
+
+
+def _step(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_a_loop_slower_than_its_workers_gets_two_tasks_per_message():
+    """Workers faster than the loop: each worker's task waits for its next
+    one, and one message carries both (one wake-up of the worker, not two).
+    Every batch still arrives once, in order."""
+    ds = mxload.ArrayDataset(np.arange(4000, dtype=np.int64).reshape(1000, 4))
+    with mxload.DataLoader(ds, batch_size=10, num_workers=2, persistent_workers=True) as loader:
+        for epoch in range(2):
+            got = []
+            for batch in loader:
+                got.append(batch[:, 0] // 4)
+                _step(0.002)
+            assert np.concatenate(got).tolist() == list(range(1000)), epoch
+        stats = loader.stats
+    assert stats["tasks_sent"] == 200
+    assert stats["tasks_sent"] / stats["task_messages"] >= 1.7, stats
+
+
+def test_a_loop_waiting_for_its_workers_is_never_kept_waiting_by_a_held_task():
+    """Workers slower than the loop: the loop waits for nearly every batch,
+    and a task held back is sent the moment it would wait; the epoch takes
+    about as long as its loading (never a timeout), in order."""
+    class Slow(mxload.Dataset):
+        def __len__(self):
+            return 60
+
+        def __getitem__(self, i):
+            time.sleep(0.002)
+            return np.int64(i)
+
+    with mxload.DataLoader(Slow(), batch_size=2, num_workers=2, timeout=20) as loader:
+        t0 = time.monotonic()
+        got = np.concatenate(list(loader)).tolist()
+        took = time.monotonic() - t0
+    assert got == list(range(60))
+    assert took < 10, took   # 30 batches of ~4 ms on 2 workers: well under a second unstarved
+
+
+def test_early_ended_persistent_epochs_leave_no_task_behind():
+    """Tasks held when an epoch is abandoned (break) are forgotten with it:
+    nothing of theirs stays on the engine, and later epochs are whole."""
+    ds = mxload.ArrayDataset(np.arange(400, dtype=np.int64))
+    with mxload.DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True) as loader:
+        for _ in range(5):
+            for i, _batch in enumerate(loader):
+                _step(0.002)
+                if i == 7:
+                    break
+        assert np.concatenate(list(loader)).tolist() == list(range(400))
+        engine = loader._engine
+        assert engine is not None
+        outstanding = [len(w.outstanding) for w in engine._workers]
+        held = [len(h.held) for h in engine.transport._handles]
+    assert outstanding == [0, 0] and held == [0, 0]
