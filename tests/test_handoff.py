@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from test_core_receive import batch_frame, receiver
 
 import mxload
 from mxload import _core
@@ -22,8 +23,6 @@ from mxload._collate import layout
 from mxload._runtime import fetcher
 from mxload._runtime import messages as m
 from mxload._runtime.slabs import SlabPool, create_shared_fd
-
-from test_core_receive import batch_frame, receiver
 
 pytestmark = pytest.mark.timeout(60)
 
