@@ -36,7 +36,8 @@ def _slab(slab_id: int, size: int = 4096) -> _core.Slab:
         os.close(fd)
 
 
-def _raw_batch(epoch: int, idx: int, slab_id: int, nbytes: int, layout_id: int, tag: int = 7) -> _core.RawBatch:
+def _raw_batch(epoch: int, idx: int, slab_id: int, nbytes: int, layout_id: int,
+               tag: int = 7) -> _core.RawBatch:
     """A RawBatch as the receive path stores it (from a real frame)."""
     main, worker = socket.socketpair()
     wake_r, wake_w = os.pipe()
