@@ -52,19 +52,21 @@ if __name__ == "__main__":
     main()
 """
 
-# (label, function name in callgrind_annotate's inclusive listing)
+# (label, pattern of the function's name in callgrind_annotate's inclusive
+# listing; Cython numbers its wrappers, so the number is matched loosely)
 PARTS = [
     ("next(), inclusive", "slot_tp_iternext"),
-    ("  receiving (FrameReceiver.get)", "__pyx_pw_6mxload_5_core_13FrameReceiver_11get"),
-    ("  sending the task (send_task)", "__pyx_pw_6mxload_5_core_29send_task"),
-    ("  the batch's views (build_views)", "__pyx_pw_6mxload_5_core_27build_views"),
+    ("  receiving (FrameReceiver.get)", r"__pyx_pw_6mxload_5_core_\d+FrameReceiver_\d+get"),
+    ("  sending the tasks (send_tasks)", r"__pyx_pw_6mxload_5_core_\d+send_tasks"),
+    ("  the batch's views (claim_batch)", r"__pyx_pw_6mxload_5_core_\d+claim_batch"),
     ("slab back to the pool (BatchOwner dealloc)", "__pyx_tp_dealloc_6mxload_5_core_BatchOwner"),
 ]
 
 
 def _inclusive(annotated: str, function: str) -> int:
-    """The first (whole-function) inclusive count of `function`, 0 if absent."""
-    pattern = re.compile(r"^\s*([\d,]+) \(\s*[\d.]+%\)\s+\S*:" + re.escape(function) + r" ")
+    """The first (whole-function) inclusive count of the function whose name
+    matches `function`, 0 if absent."""
+    pattern = re.compile(r"^\s*([\d,]+) \(\s*[\d.]+%\)\s+\S*:" + function + r" ")
     for line in annotated.splitlines():
         m = pattern.match(line)
         if m:
