@@ -20,6 +20,10 @@ Two regimes, each a row per loader:
   measured and subtracted: what remains is what the loader costs a training
   loop that is not waiting for data.
 
+The training-bound mxload row runs twice: as mxload is, and with every
+task sent on its own (as before 678b56f), so the gain of two tasks per
+message is a ratio within one run.
+
 Each configuration keeps one loader (persistent workers), runs one warm-up
 epoch, then `repeats` times takes `epochs-per-repeat` whole epochs; the
 configurations run round-robin (rotating order).  Reported, as medians over
@@ -35,6 +39,11 @@ the repeats:
   counted by the compiled receive path (``gil_ns`` in the loader's receive
   statistics).  The consumer receives its batches itself with the GIL
   released; the fetcher thread only watches for workers' deaths;
+* msgs/batch: messages that carried tasks to the workers (mxload sends a
+  worker's task with its next while the loop is ahead of the workers: one
+  wake-up of the worker for two batches);
+* sleeps/batch: the loop's waits for a batch (its voluntary context
+  switches), each a sleep and a wake-up of the training process;
 * b/s: batches per second (wall clock; on a loaded machine, noisy);
 * other load: cores used by other processes meanwhile (from /proc/stat minus
   this process tree).  CPU time per batch is robust to it; b/s is not.
@@ -52,13 +61,16 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import gc
+import inspect
 import os
 import resource
 import sys
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -128,6 +140,41 @@ def fetcher_tids() -> set[int]:
             if t.name == FETCHER_NAME and t.native_id is not None}
 
 
+def consumer_sleeps() -> int:
+    """Times this thread slept (voluntary context switches): each is a wait
+    for a batch and a wake-up."""
+    with open(f"/proc/self/task/{threading.get_native_id()}/status") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    return 0
+
+
+def task_messages(loader: Any) -> int | None:
+    """Messages that carried tasks to mxload's workers so far (None: torch, 0 workers)."""
+    stats = getattr(loader, "stats", None)
+    return None if not stats or "task_messages" not in stats else int(stats["task_messages"])
+
+
+@contextlib.contextmanager
+def one_task_per_message() -> Iterator[None]:
+    """Engines made meanwhile send every task on its own, as mxload did
+    before a worker's task waited for its next (the same run's baseline)."""
+    from mxload._runtime import processes
+    init = processes.ProcessTransport.__init__
+    signature = inspect.signature(init)
+
+    def single(self: Any, *args: Any, **kwargs: Any) -> None:
+        bound = signature.bind(self, *args, **kwargs)
+        bound.arguments["coalesce"] = 1
+        init(*bound.args, **bound.kwargs)
+    processes.ProcessTransport.__init__ = single  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        processes.ProcessTransport.__init__ = init  # type: ignore[method-assign]
+
+
 def receive_gil_ns(loader: Any) -> int | None:
     """GIL-held ns the fetcher thread's compiled receive path counted so far
     (None without one: torch, 0 workers, or an mxload before it)."""
@@ -170,12 +217,18 @@ def loader_bytecodes(loader: Any, epochs: int) -> tuple[float, list[tuple[str, f
 
 
 class Config:
-    def __init__(self, name: str, loader: Any, step_us: float = 0.0):
+    def __init__(self, name: str, loader: Any, step_us: float = 0.0, single_tasks: bool = False):
         self.name = name
         self.loader = loader
+        self.single_tasks = single_tasks   # the baseline: one task per message
         self.step_ns = int(step_us * 1e3)
         self.stepped_ns = 0   # CPU time the simulated training steps took (this thread)
         self.rows: list[dict[str, float]] = []
+
+    def warm_up(self) -> None:
+        """One epoch: workers started, slabs mapped everywhere."""
+        with one_task_per_message() if self.single_tasks else contextlib.nullcontext():
+            self.epochs(1)
 
     def epochs(self, n: int) -> int:
         taken = 0
@@ -198,6 +251,7 @@ class Config:
         r0 = resource.getrusage(resource.RUSAGE_SELF)
         th0 = thread_ns()
         gil0 = receive_gil_ns(self.loader)
+        sleeps0, messages0 = consumer_sleeps(), task_messages(self.loader)
         busy0, tree0 = busy_s(), tree_s(others)
         stepped0 = self.stepped_ns
         c0, w0 = time.process_time_ns(), time.perf_counter_ns()
@@ -208,6 +262,7 @@ class Config:
         th1 = thread_ns()
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         gil1 = receive_gil_ns(self.loader)
+        sleeps1, messages1 = consumer_sleeps(), task_messages(self.loader)
         foreign = max(0.0, ((busy_s() - busy0) - (tree_s(others) - tree0)) / ((w1 - w0) / 1e9))
         fetchers = fetcher_tids()
         per = 1e3 * batches   # ns -> us per batch
@@ -219,6 +274,9 @@ class Config:
             "fetcher": sum(th1.get(t, 0) - th0.get(t, 0) for t in fetchers) / per,
             "gil": float("nan") if gil0 is None or gil1 is None else (gil1 - gil0) / per,
             "bps": batches / ((w1 - w0) / 1e9),
+            "sleeps": (sleeps1 - sleeps0) / batches,
+            "messages": (float("nan") if messages0 is None or messages1 is None
+                         else (messages1 - messages0) / batches),
             "other": foreign,
         }
         self.rows.append(row)
@@ -249,6 +307,8 @@ def build(impls: list[str], rows: int, step_us: float) -> tuple[Any, list[Config
                                               persistent_workers=True)))
     if step_us > 0:
         configs.append(Config(f"mxload, 2 workers + {step_us:g} us step", mx(2), step_us))
+        configs.append(Config("  same, one task per message (as before 678b56f)", mx(2), step_us,
+                              single_tasks=True))
         if "torch" in impls:
             configs.append(Config(f"torch {torch.__version__}, 2 workers + {step_us:g} us step",
                                   TorchDataLoader(dataset, batch_size=BATCH, num_workers=2,
@@ -277,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     _, configs = build(impls, args.rows, args.step_us)
     try:
         for c in configs:
-            c.epochs(1)   # warm-up: workers started, slabs mapped everywhere
+            c.warm_up()
         for r in range(args.repeats):
             k = r % len(configs)
             for c in configs[k:] + configs[:k]:
@@ -303,18 +363,30 @@ def main(argv: list[str] | None = None) -> int:
             gil_s = f"<= {fetch:.1f}"
         else:
             gil_s = "-"
+        messages = c.median("messages")
         rows.append([c.name, f"{c.median('main'):.1f}", f"{c.median('user'):.1f}",
                      f"{c.median('sys'):.1f}", f"{c.median('consumer'):.1f}",
-                     f"{fetch:.1f}" if fetch > 0 else "-", gil_s, f"{c.median('bps'):.0f}",
+                     f"{fetch:.1f}" if fetch > 0 else "-", gil_s,
+                     f"{messages:.2f}" if messages == messages else "-", f"{c.median('sleeps'):.2f}",
+                     f"{c.median('bps'):.0f}",
                      "-" if torch_main(c) is None else f"{torch_main(c) / c.median('main'):.1f}x",
                      f"{c.median('other'):.2f}"])
     print()
     print(table(rows, ["loader", "main CPU us/batch", "user", "sys", "consumer", "fetcher",
-                       "GIL (fetcher) us", "b/s", "torch CPU / this", "other load"]))
-    print("# us per batch, medians; '+ step' rows exclude the step's own CPU time; 'other load': cores "
-          "used by other processes meanwhile (CPU times are robust to it, b/s is not)")
+                       "GIL (fetcher) us", "msgs/batch", "sleeps/batch", "b/s", "torch CPU / this",
+                       "other load"]))
+    print("# us per batch, medians; '+ step' rows exclude the step's own CPU time; msgs/batch: messages "
+          "that carried tasks to the workers; sleeps/batch: the loop's waits for a batch (voluntary "
+          "context switches); 'other load': cores used by other processes meanwhile (CPU times are robust "
+          "to it, b/s is not)")
     print(f"# Python bytecodes per batch in mxload's code, training thread (mxload, 2 workers; a count, "
           f"not a time): {bytecodes:.0f}; most in " + ", ".join(f"{name} {n:.0f}" for name, n in top))
+    single = next((c for c in configs if c.single_tasks), None)
+    if single is not None:
+        two_step = next(c for c in configs if c.step_ns == single.step_ns and not c.single_tasks
+                        and c.name.startswith("mxload"))
+        print(f"# two tasks per message / one, same run, training-bound: main CPU "
+              f"{base[two_step.name] / base[single.name]:.2f}x")
     for c in configs:
         if c.name.startswith("mxload, 2 workers"):
             v = base[c.name]
