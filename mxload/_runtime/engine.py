@@ -238,24 +238,27 @@ class Engine:
         return live[idx % len(live)]
 
     def _dispatch_more(self) -> None:
+        """Fill the prefetch window with the plan's next tasks."""
         plan = self._plan
         assert plan is not None
+        order, batches = plan.order, plan.batches
         with self._lock:
-            while self.state == RUNNING and self._in_flight < self.prefetch:
-                if plan.order is not None:
-                    if self._next_dispatch >= len(plan.order):
+            while self._in_flight < self.prefetch and self.state == RUNNING:
+                n = self._next_dispatch
+                if order is not None:
+                    if n >= len(order):
                         self.transport.flush()   # the epoch's last tasks: none waits for another
                         return
-                    idx = plan.order[self._next_dispatch]
-                    assert plan.batches is not None
-                    indices = plan.batches[idx]
+                    idx = order[n]
+                    assert batches is not None
+                    indices = batches[idx]
                 else:
-                    idx, indices = self._next_dispatch, None
+                    idx, indices = n, None
                 wid = self._pick_worker(idx)
                 if wid is None:
                     return
                 self._send(wid, idx, indices)
-                self._next_dispatch += 1
+                self._next_dispatch = n + 1
                 self._in_flight += 1
 
     def _send(self, wid: int, idx: int, indices: np.ndarray | None) -> None:
@@ -294,17 +297,17 @@ class Engine:
                 if self._failure is not None:
                     raise self._failure from None
                 return CLOSED_BY_OTHER
-            if type(item) is RawBatch:
-                try:
-                    item = self._claim(item)
-                except m.ProtocolError as e:
-                    err = WorkerError(f"mxload could not take batch {idx} in the main process: {e}",
-                                      None, None, None, idx)
-                    self.fail(err)
-                    raise (self._failure or err) from None
-                if item is None:
-                    continue   # its worker died meanwhile: the task was dispatched again
             with self._lock:
+                if type(item) is RawBatch:
+                    try:
+                        item = self._claim(item)
+                    except m.ProtocolError as e:
+                        err = WorkerError(f"mxload could not take batch {idx} in the main process: {e}",
+                                          None, None, None, idx)
+                        self.fail(err)
+                        raise (self._failure or err) from None
+                    if item is None:
+                        continue   # its worker died meanwhile: the task was dispatched again
                 self._yielded += 1
                 self._in_flight -= 1
                 self._dispatch_more()
@@ -319,15 +322,15 @@ class Engine:
 
     def _claim(self, raw: RawBatch) -> Any:
         """The batch the receive path stored raw, with its task taken as
-        deliver() would; None if the task is gone or of an abandoned epoch."""
-        with self._lock:
-            batch = self.transport.claim(raw)
-            if batch is None:
-                return None
-            w = self._workers[raw.slot]
-            if w.outstanding.pop((raw.epoch, raw.idx), _NOT_SENT) is _NOT_SENT or raw.epoch != self.epoch:
-                return None   # dropping the batch returns its slab to the pool
-            return batch
+        deliver() would; None if the task is gone or of an abandoned epoch
+        (engine lock held)."""
+        batch = self.transport.claim(raw)
+        if batch is None:
+            return None
+        if (self._workers[raw.slot].outstanding.pop((raw.epoch, raw.idx), _NOT_SENT) is _NOT_SENT
+                or raw.epoch != self.epoch):
+            return None   # dropping the batch returns its slab to the pool
+        return batch
 
     def _timeout_error(self, idx: int) -> LoaderTimeoutError:
         states = [(wid, self.transport.pid(wid), self.transport.describe(wid))
