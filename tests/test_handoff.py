@@ -236,11 +236,12 @@ def test_a_loop_slower_than_its_workers_gets_two_tasks_per_message():
             got = []
             for batch in loader:
                 got.append(batch[:, 0] // 4)
-                _step(0.002)
+                _step(0.003)
             assert np.concatenate(got).tolist() == list(range(1000)), epoch
         stats = loader.stats
     assert stats["tasks_sent"] == 200
-    assert stats["tasks_sent"] / stats["task_messages"] >= 1.7, stats
+    # 2.0 unless a starved machine made the loop wait (each wait sends what is held at once).
+    assert stats["tasks_sent"] / stats["task_messages"] >= 1.4, stats
 
 
 def test_a_loop_waiting_for_its_workers_is_never_kept_waiting_by_a_held_task():
