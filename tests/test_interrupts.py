@@ -249,6 +249,40 @@ def test_ctrl_c_during_engine_start_up_leaves_nothing(where):
     assert rc == 0, err
 
 
+def test_an_epoch_after_a_ctrl_c_inside_iter_gets_none_of_the_interrupted_starts_batches():
+    """Ctrl-C lands in iter() once the persistent workers began the epoch (its
+    first tasks are out): the next iter() delivers every sample once.  Before,
+    it began the same epoch number on the same workers, whose batches are named
+    by (epoch, index): the interrupted start's answers (another shuffle's
+    indices) passed for the new epoch's, so some samples came twice and others
+    never."""
+    out, err, rc = run_child("""
+        from mxload._runtime import engine as engine_module
+        original = engine_module.Engine.begin_epoch
+        begun = []
+        def patched(self, *args):
+            original(self, *args)
+            begun.append(args[0])
+            if len(begun) == 1:
+                interrupt_self()   # deferred: raised once the epoch's iterator exists
+        engine_module.Engine.begin_epoch = patched
+        with mxload.DataLoader(mxload.ArrayDataset(np.arange(64)), batch_size=4, shuffle=True, seed=0,
+                               num_workers=2, persistent_workers=True, start_method="fork") as loader:
+            try:
+                iter(loader)
+                print("no interrupt", flush=True)
+            except KeyboardInterrupt:
+                print("caught", flush=True)
+            time.sleep(0.3)   # the interrupted start's tasks are answered meanwhile
+            values = np.concatenate(list(loader)).tolist()
+            print("every sample once", sorted(values) == list(range(64)), flush=True)
+        print("children", children(), flush=True)
+    """)
+    assert out.split("\n")[:3] == ["caught", "every sample once True", "children []"], (out, err)
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    assert rc == 0, err
+
+
 # ---------------------------------------------------------------- Ctrl-C at random moments (items 12 + 13)
 
 # How many random moments the test tries (the suite's default keeps it short;

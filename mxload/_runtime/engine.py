@@ -186,6 +186,12 @@ class Engine:
         return (self.state == RUNNING and self._failure is None and not self.transport.stream_cut
                 and os.getpid() == self._pid)
 
+    def began(self, epoch: int) -> bool:
+        """Whether this engine already began epoch `epoch` (an iter() that a
+        Ctrl-C interrupted once its tasks were out): beginning it again would
+        mix its answers with the new ones, both named (epoch, batch index)."""
+        return self._plan is not None and self.epoch == epoch
+
     def worker_pids(self) -> list[int | None]:
         """Each worker's pid (None for a thread), by worker id."""
         return [self.transport.pid(wid) for wid in range(len(self._workers))]

@@ -310,10 +310,13 @@ def _start_on_engine(options: LoaderOptions, epoch: int, plan: EpochPlan, progre
     """All or nothing: a Ctrl-C meanwhile is raised once the iterator
     exists, whose finalizer then ends a non-persistent engine."""
     t1 = time.monotonic_ns()
-    created = engine is None or not engine.usable
+    created = engine is None or not engine.usable or engine.began(epoch)
     if engine is None or created:   # (both, for the type checker)
         if engine is not None:
-            engine.shutdown()   # persistent, but failed or with a worker's stream cut
+            # Persistent, but failed, with a worker's stream cut, or on this
+            # epoch already (its start was interrupted; the loader's epoch
+            # did not advance): its tasks' answers may still come.
+            engine.shutdown()
         engine = Engine(options, epoch)
     try:
         on_engine(engine)
