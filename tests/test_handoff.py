@@ -6,8 +6,10 @@ the loader-level guarantees of holding a task back for its worker's next.
 or slab is left.)"""
 from __future__ import annotations
 
+import faulthandler
 import gc
 import os
+import signal
 import socket
 import threading
 import time
@@ -280,3 +282,46 @@ def test_early_ended_persistent_epochs_leave_no_task_behind():
         outstanding = [len(w.outstanding) for w in engine._workers]
         held = [len(h.held) for h in engine.transport._handles]
     assert outstanding == [0, 0] and held == [0, 0]
+
+
+class _DiesLoadingTheLastSample(mxload.Dataset):
+    """Sample i is i; the first worker to load the last one dies there
+    (SIGKILL), after a pause that leaves the loop asleep waiting for it."""
+
+    def __init__(self, n: int, marker: str):
+        self.n = n
+        self.marker = marker
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if i == self.n - 1:
+            try:
+                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                return np.int64(i)
+            time.sleep(0.3)
+            faulthandler.disable()   # the death is the test: no "Fatal Python error" in the output
+            os.kill(os.getpid(), signal.SIGKILL)
+        return np.int64(i)
+
+
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_a_task_sent_again_by_a_restart_goes_at_once_to_a_loop_already_asleep(num_workers, tmp_path):
+    """A worker dies while the loop sleeps waiting for its last batch: the
+    restart (the watcher thread's) sends that task again at once, though it
+    is alone (no next task of that worker to share a message with): the
+    loop is asleep, it would never send it.  Before (no flush after a
+    restart), the loop slept until its timeout."""
+    ds = _DiesLoadingTheLastSample(20, str(tmp_path / "died"))
+    with mxload.DataLoader(ds, batch_size=2, num_workers=num_workers, max_worker_restarts=1,
+                           timeout=10) as loader:
+        t0 = time.monotonic()
+        with pytest.warns(RuntimeWarning, match="restarting"):
+            got = np.concatenate(list(loader)).tolist()
+        took = time.monotonic() - t0
+        stats = loader.stats
+    assert got == list(range(20))
+    assert stats["worker_restarts"] == 1 and stats["tasks_sent"] == 11, stats
+    assert took < 8, took   # the restart's time, not the timeout's

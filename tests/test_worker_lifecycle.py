@@ -127,6 +127,48 @@ def test_chaos_random_kills_every_batch_exactly_once_in_order(start_method):
           f"{loader.stats['worker_restarts']} restarts")
 
 
+@pytest.mark.parametrize("start_method", ALL_METHODS)
+def test_chaos_kills_while_a_training_loop_holds_tasks_every_batch_exactly_once_in_order(start_method):
+    """As the chaos test, with a loop that trains (0.5-3 ms a batch) on
+    workers faster than it: tasks are held back for their worker's next one
+    (two per message) when the kills land, and a worker dies with tasks of
+    its held, sent, or half sent.  Every batch arrives exactly once, in
+    order, never a hang."""
+    n, bs = 1_000_000, 4
+    rng = random.Random(os.getpid())
+    loader = mxload.DataLoader(ChaosDataset(n, delay=0), batch_size=bs, num_workers=3,
+                               start_method=start_method, max_worker_restarts=1_000_000, timeout=60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # one "restarting" warning per kill
+        it = iter(loader)
+        # A spawned worker takes ~0.1 s to start: kills that far apart let each serve a while.
+        gap = (0.02, 0.15) if start_method == "fork" else (0.15, 0.5)
+        killer = Killer(it.engine, CHAOS_SECONDS / 2, *gap, seed=os.getpid())
+        killer.start()
+        try:
+            after = None
+            for idx, (data, labels) in enumerate(it):
+                assert labels.tolist() == _expected_labels(idx, bs, n), f"batch {idx}"
+                assert (data == labels[:, None]).all(), f"batch {idx} data"
+                end = time.perf_counter() + rng.uniform(0.0005, 0.003)
+                while time.perf_counter() < end:   # the training step (busy: the GIL is held)
+                    pass
+                if after is None and not killer.is_alive():
+                    after = idx + 20
+                if after is not None and idx >= after:
+                    break
+        finally:
+            killer.stop.set()
+            killer.join(5)
+        it.close()
+    stats = loader.stats
+    assert killer.kills >= CHAOS_SECONDS / 2 / gap[1] / 2, killer.kills
+    assert stats["worker_restarts"] >= 1
+    assert stats["tasks_sent"] > stats["task_messages"], stats   # tasks were held, and went in pairs
+    print(f"\nchaos with a training loop, {start_method}: {idx + 1} batches exactly once in order, "
+          f"{killer.kills} kills, {stats['tasks_sent']} tasks in {stats['task_messages']} messages")
+
+
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
 def test_workers_dying_together_are_all_restarted(start_method):
     """Several workers killed at the same moment die in one fetcher round; their
