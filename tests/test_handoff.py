@@ -233,7 +233,7 @@ def test_a_loop_slower_than_its_workers_gets_two_tasks_per_message():
     one, and one message carries both (one wake-up of the worker, not two).
     Every batch still arrives once, in order."""
     ds = mxload.ArrayDataset(np.arange(4000, dtype=np.int64).reshape(1000, 4))
-    with mxload.DataLoader(ds, batch_size=10, num_workers=2, persistent_workers=True) as loader:
+    with mxload.DataLoader(ds, batch_size=10, num_workers=2, persistent_workers=True, prefetch=6) as loader:
         for epoch in range(2):
             got = []
             for batch in loader:
@@ -258,7 +258,7 @@ def test_a_loop_waiting_for_its_workers_is_never_kept_waiting_by_a_held_task():
             time.sleep(0.002)
             return np.int64(i)
 
-    with mxload.DataLoader(Slow(), batch_size=2, num_workers=2, timeout=20) as loader:
+    with mxload.DataLoader(Slow(), batch_size=2, num_workers=2, timeout=20, prefetch=6) as loader:
         t0 = time.monotonic()
         got = np.concatenate(list(loader)).tolist()
         took = time.monotonic() - t0
@@ -270,7 +270,7 @@ def test_early_ended_persistent_epochs_leave_no_task_behind():
     """Tasks held when an epoch is abandoned (break) are forgotten with it:
     nothing of theirs stays on the engine, and later epochs are whole."""
     ds = mxload.ArrayDataset(np.arange(400, dtype=np.int64))
-    with mxload.DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True) as loader:
+    with mxload.DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True, prefetch=6) as loader:
         for _ in range(5):
             for i, _batch in enumerate(loader):
                 _step(0.002)
@@ -316,7 +316,7 @@ def test_a_task_sent_again_by_a_restart_goes_at_once_to_a_loop_already_asleep(nu
     restart), the loop slept until its timeout."""
     ds = _DiesLoadingTheLastSample(20, str(tmp_path / "died"))
     with mxload.DataLoader(ds, batch_size=2, num_workers=num_workers, max_worker_restarts=1,
-                           timeout=10) as loader:
+                           timeout=10, prefetch=3 * num_workers) as loader:
         t0 = time.monotonic()
         with pytest.warns(RuntimeWarning, match="restarting"):
             got = np.concatenate(list(loader)).tolist()

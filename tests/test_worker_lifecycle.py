@@ -137,7 +137,8 @@ def test_chaos_kills_while_a_training_loop_holds_tasks_every_batch_exactly_once_
     n, bs = 1_000_000, 4
     rng = random.Random(os.getpid())
     loader = mxload.DataLoader(ChaosDataset(n, delay=0), batch_size=bs, num_workers=3,
-                               start_method=start_method, max_worker_restarts=1_000_000, timeout=60)
+                               start_method=start_method, max_worker_restarts=1_000_000, timeout=60,
+                               prefetch=9)   # deep enough to hold tasks
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)   # one "restarting" warning per kill
         it = iter(loader)
