@@ -20,9 +20,10 @@ Two regimes, each a row per loader:
   measured and subtracted: what remains is what the loader costs a training
   loop that is not waiting for data.
 
-The training-bound mxload row runs twice: as mxload is, and with every
-task sent on its own (as before 678b56f), so the gain of two tasks per
-message is a ratio within one run.
+The training-bound mxload row runs again with prefetch 6 (3 per worker,
+where a worker's task waits for its next to share a message), twice: as
+mxload is, and with every task sent on its own (as before 678b56f), so the
+gain of two tasks per message is a ratio within one run.
 
 Each configuration keeps one loader (persistent workers), runs one warm-up
 epoch, then `repeats` times takes `epochs-per-repeat` whole epochs; the
@@ -297,9 +298,9 @@ class Config:
 def build(impls: list[str], rows: int, step_us: float) -> tuple[Any, list[Config]]:
     dataset = synthetic.tabular_getitems(synthetic.TabularDataset(rows, DIM))
 
-    def mx(workers: int) -> Any:
+    def mx(workers: int, prefetch: int | None = None) -> Any:
         return mxload.DataLoader(dataset, batch_size=BATCH, num_workers=workers,
-                                 persistent_workers=workers > 0)
+                                 persistent_workers=workers > 0, prefetch=prefetch)
     configs = [Config("mxload, 0 workers", mx(0)), Config("mxload, 2 workers", mx(2))]
     if "torch" in impls:
         configs.append(Config(f"torch {torch.__version__}, 2 workers",
@@ -307,7 +308,9 @@ def build(impls: list[str], rows: int, step_us: float) -> tuple[Any, list[Config
                                               persistent_workers=True)))
     if step_us > 0:
         configs.append(Config(f"mxload, 2 workers + {step_us:g} us step", mx(2), step_us))
-        configs.append(Config("  same, one task per message (as before 678b56f)", mx(2), step_us,
+        # prefetch 6 (3 per worker): deep enough that a worker's task waits for its next.
+        configs.append(Config(f"mxload, 2 workers, prefetch 6 + {step_us:g} us step", mx(2, 6), step_us))
+        configs.append(Config("  same, one task per message (as before 678b56f)", mx(2, 6), step_us,
                               single_tasks=True))
         if "torch" in impls:
             configs.append(Config(f"torch {torch.__version__}, 2 workers + {step_us:g} us step",
@@ -384,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     single = next((c for c in configs if c.single_tasks), None)
     if single is not None:
         two_step = next(c for c in configs if c.step_ns == single.step_ns and not c.single_tasks
-                        and c.name.startswith("mxload"))
+                        and "prefetch 6" in c.name)
         print(f"# two tasks per message / one, same run, training-bound: main CPU "
               f"{base[two_step.name] / base[single.name]:.2f}x")
     for c in configs:
