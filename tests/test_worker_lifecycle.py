@@ -92,6 +92,30 @@ def _expected_labels(idx: int, batch_size: int, n: int) -> list[int]:
     return list(range(idx * batch_size, min((idx + 1) * batch_size, n)))
 
 
+def _through_the_storm(it, killer, bs: int, n: int, train=None) -> int:
+    """Take `it`'s batches while `killer` runs, then 20 more (the epoch goes
+    on normally), checking each is the next in order; `train()` after each.
+    Returns the batches taken."""
+    killer.start()
+    got = 0
+    try:
+        after = None
+        for idx, (data, labels) in enumerate(it):
+            assert labels.tolist() == _expected_labels(idx, bs, n), f"batch {idx}"
+            assert (data == labels[:, None]).all(), f"batch {idx} data"
+            got += 1
+            if train is not None:
+                train()
+            if after is None and not killer.is_alive():
+                after = idx + 20
+            if after is not None and idx >= after:
+                break
+    finally:
+        killer.stop.set()
+        killer.join(5)
+    return got
+
+
 @pytest.mark.parametrize("start_method", ALL_METHODS)
 def test_chaos_random_kills_every_batch_exactly_once_in_order(start_method):
     """Workers SIGKILLed every 50-200 ms at random moments (mid-batch, mid-send of
@@ -100,26 +124,11 @@ def test_chaos_random_kills_every_batch_exactly_once_in_order(start_method):
     n, bs = 1_000_000, 4
     loader = mxload.DataLoader(ChaosDataset(n), batch_size=bs, num_workers=4, start_method=start_method,
                                max_worker_restarts=1_000_000, timeout=60)
-    got = 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)   # one "restarting" warning per kill
         it = iter(loader)
         killer = Killer(it.engine, CHAOS_SECONDS, 0.05, 0.2, seed=os.getpid())
-        killer.start()
-        try:
-            # Through the storm, then 20 batches more: the epoch goes on normally.
-            after = None
-            for idx, (data, labels) in enumerate(it):
-                assert labels.tolist() == _expected_labels(idx, bs, n), f"batch {idx}"
-                assert (data == labels[:, None]).all(), f"batch {idx} data"
-                got += 1
-                if after is None and not killer.is_alive():
-                    after = idx + 20
-                if after is not None and idx >= after:
-                    break
-        finally:
-            killer.stop.set()
-            killer.join(5)
+        got = _through_the_storm(it, killer, bs, n)
         it.close()
     assert killer.kills >= CHAOS_SECONDS / 0.5, killer.kills
     assert loader.stats["worker_restarts"] >= 1
@@ -145,28 +154,18 @@ def test_chaos_kills_while_a_training_loop_holds_tasks_every_batch_exactly_once_
         # A spawned worker takes ~0.1 s to start: kills that far apart let each serve a while.
         gap = (0.02, 0.15) if start_method == "fork" else (0.15, 0.5)
         killer = Killer(it.engine, CHAOS_SECONDS / 2, *gap, seed=os.getpid())
-        killer.start()
-        try:
-            after = None
-            for idx, (data, labels) in enumerate(it):
-                assert labels.tolist() == _expected_labels(idx, bs, n), f"batch {idx}"
-                assert (data == labels[:, None]).all(), f"batch {idx} data"
-                end = time.perf_counter() + rng.uniform(0.0005, 0.003)
-                while time.perf_counter() < end:   # the training step (busy: the GIL is held)
-                    pass
-                if after is None and not killer.is_alive():
-                    after = idx + 20
-                if after is not None and idx >= after:
-                    break
-        finally:
-            killer.stop.set()
-            killer.join(5)
+
+        def train() -> None:   # 0.5-3 ms, busy: the GIL is held
+            end = time.perf_counter() + rng.uniform(0.0005, 0.003)
+            while time.perf_counter() < end:
+                pass
+        got = _through_the_storm(it, killer, bs, n, train)
         it.close()
     stats = loader.stats
     assert killer.kills >= CHAOS_SECONDS / 2 / gap[1] / 2, killer.kills
     assert stats["worker_restarts"] >= 1
     assert stats["tasks_sent"] > stats["task_messages"], stats   # tasks were held, and went in pairs
-    print(f"\nchaos with a training loop, {start_method}: {idx + 1} batches exactly once in order, "
+    print(f"\nchaos with a training loop, {start_method}: {got} batches exactly once in order, "
           f"{killer.kills} kills, {stats['tasks_sent']} tasks in {stats['task_messages']} messages")
 
 
