@@ -219,6 +219,30 @@ def test_a_closed_worker_end_is_an_oserror(channel):
         _core.send_tasks(_handle(sock=main), pool.pool, m.TASK_PREFIX, _tasks(0, 1))
 
 
+def test_a_pool_closed_while_tasks_are_packed_is_an_oserror(channel):
+    """close() from another thread may empty the pool between a slab's
+    acquire and its descriptor's lookup: the send ends as for a gone
+    worker (OSError, which the transport takes as the epoch ending), never
+    with a KeyError out of next()."""
+    main, worker, pool = channel
+
+    class ClosingPool:
+        def acquire(self):
+            slab = pool.pool.acquire()
+            pool.pool.close()   # the other thread's close() lands here
+            return slab
+
+        def fd(self, slab_id):
+            return pool.pool.fd(slab_id)
+
+    handle = _handle(sock=main)   # the worker knows no slab: its descriptor is needed
+    with pytest.raises(OSError, match="closed"):
+        _core.send_tasks(handle, ClosingPool(), m.TASK_PREFIX, _tasks(0, 1))
+    worker.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        worker.recv(1)   # nothing was sent
+
+
 # ---------------------------------------------------------------- the loader
 
 

@@ -158,7 +158,14 @@ class SlabPool:
             self.stats["slabs_retired"] += 1
 
     def fd(self, slab_id: int) -> int:
-        return self._fds[slab_id]
+        """The descriptor of a pooled slab, to pass to a worker.  OSError
+        (EBADF) once close() ran: another thread may close the pool while
+        the consumer is between acquire() and fd(); the send then ends as
+        for a gone worker, with the epoch."""
+        fd = self._fds.get(slab_id)
+        if fd is None:
+            raise OSError(errno.EBADF, f"slab {slab_id}'s descriptor is closed: the slab pool was closed")
+        return fd
 
     def get(self, slab_id: int) -> Slab:
         return self._slabs[slab_id]
