@@ -167,7 +167,7 @@ def one_task_per_message() -> Iterator[None]:
 
     def single(self: Any, *args: Any, **kwargs: Any) -> None:
         bound = signature.bind(self, *args, **kwargs)
-        bound.arguments["coalesce"] = 1
+        bound.arguments["hold"] = "never"
         init(*bound.args, **bound.kwargs)
     processes.ProcessTransport.__init__ = single  # type: ignore[method-assign]
     try:
