@@ -20,11 +20,10 @@ Two regimes, each a row per loader:
   measured and subtracted: what remains is what the loader costs a training
   loop that is not waiting for data.
 
-The training-bound mxload row runs twice: as mxload is (a worker's task
-waits for its next, to share a message, while the workers are idle), and
-with every task sent on its own (as before dbd92ac), so the gain of two
-tasks per message is a ratio within one run; then again with prefetch 6 (3
-per worker, where every task waits for its worker's next).
+The training-bound mxload row runs again with prefetch 6 (3 per worker,
+where a worker's task waits for its next to share a message), twice: as
+mxload is, and with every task sent on its own (as before 678b56f), so the
+gain of two tasks per message is a ratio within one run.
 
 Each configuration keeps one loader (persistent workers), runs one warm-up
 epoch, then `repeats` times takes `epochs-per-repeat` whole epochs; the
@@ -168,7 +167,7 @@ def one_task_per_message() -> Iterator[None]:
 
     def single(self: Any, *args: Any, **kwargs: Any) -> None:
         bound = signature.bind(self, *args, **kwargs)
-        bound.arguments["hold"] = "never"
+        bound.arguments["coalesce"] = 1
         init(*bound.args, **bound.kwargs)
     processes.ProcessTransport.__init__ = single  # type: ignore[method-assign]
     try:
@@ -309,10 +308,10 @@ def build(impls: list[str], rows: int, step_us: float) -> tuple[Any, list[Config
                                               persistent_workers=True)))
     if step_us > 0:
         configs.append(Config(f"mxload, 2 workers + {step_us:g} us step", mx(2), step_us))
-        configs.append(Config("  same, one task per message (as before dbd92ac)", mx(2), step_us,
-                              single_tasks=True))
-        # prefetch 6 (3 per worker): deep enough that every task waits for its worker's next.
+        # prefetch 6 (3 per worker): deep enough that a worker's task waits for its next.
         configs.append(Config(f"mxload, 2 workers, prefetch 6 + {step_us:g} us step", mx(2, 6), step_us))
+        configs.append(Config("  same, one task per message (as before 678b56f)", mx(2, 6), step_us,
+                              single_tasks=True))
         if "torch" in impls:
             configs.append(Config(f"torch {torch.__version__}, 2 workers + {step_us:g} us step",
                                   TorchDataLoader(dataset, batch_size=BATCH, num_workers=2,
@@ -387,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
           f"not a time): {bytecodes:.0f}; most in " + ", ".join(f"{name} {n:.0f}" for name, n in top))
     single = next((c for c in configs if c.single_tasks), None)
     if single is not None:
-        two_step = configs[configs.index(single) - 1]   # the same loader, as mxload is
+        two_step = next(c for c in configs if c.step_ns == single.step_ns and not c.single_tasks
+                        and "prefetch 6" in c.name)
         print(f"# two tasks per message / one, same run, training-bound: main CPU "
               f"{base[two_step.name] / base[single.name]:.2f}x")
     for c in configs:

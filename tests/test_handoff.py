@@ -252,15 +252,12 @@ def _step(seconds: float) -> None:
         pass
 
 
-@pytest.mark.parametrize("prefetch", [6, None], ids=["3 per worker", "default 2 per worker"])
-def test_a_loop_slower_than_its_workers_gets_two_tasks_per_message(prefetch):
+def test_a_loop_slower_than_its_workers_gets_two_tasks_per_message():
     """Workers faster than the loop: each worker's task waits for its next
-    one, and one message carries both (one wake-up of the worker, not two);
-    at the default window only while every batch sent is back.  Every
-    batch still arrives once, in order."""
+    one, and one message carries both (one wake-up of the worker, not two).
+    Every batch still arrives once, in order."""
     ds = mxload.ArrayDataset(np.arange(4000, dtype=np.int64).reshape(1000, 4))
-    with mxload.DataLoader(ds, batch_size=10, num_workers=2, persistent_workers=True,
-                           prefetch=prefetch) as loader:
+    with mxload.DataLoader(ds, batch_size=10, num_workers=2, persistent_workers=True, prefetch=6) as loader:
         for epoch in range(2):
             got = []
             for batch in loader:
@@ -291,26 +288,6 @@ def test_a_loop_waiting_for_its_workers_is_never_kept_waiting_by_a_held_task():
         took = time.monotonic() - t0
     assert got == list(range(60))
     assert took < 10, took   # 30 batches of ~4 ms on 2 workers: well under a second unstarved
-
-
-def test_at_the_default_window_busy_workers_get_each_task_at_once():
-    """Workers slower than the loop, 2 tasks each: a held task would leave
-    its worker idle once it finishes the other, so none is held."""
-    class Slow(mxload.Dataset):
-        def __len__(self):
-            return 80
-
-        def __getitem__(self, i):
-            time.sleep(0.002)
-            return np.int64(i)
-
-    with mxload.DataLoader(Slow(), batch_size=2, num_workers=2, timeout=20,
-                           persistent_workers=True) as loader:
-        assert np.concatenate(list(loader)).tolist() == list(range(80))
-        stats = loader.stats
-    assert stats["tasks_sent"] == 40
-    # 1.0 unless a starved loop once found every batch back before taking the next.
-    assert stats["tasks_sent"] / stats["task_messages"] <= 1.2, stats
 
 
 def test_early_ended_persistent_epochs_leave_no_task_behind():

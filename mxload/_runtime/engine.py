@@ -35,7 +35,7 @@ from .._core import BufferClosedError, RawBatch, ReorderBuffer, defer_sigint
 from ..errors import LoaderTimeoutError, WorkerError
 from . import messages as m
 from .lifecycle import shutdown_sequence
-from .processes import HoldPolicy, ProcessTransport
+from .processes import ProcessTransport
 from .threads import ThreadTransport
 from .transport import Delivery, Transport, WorkerLoss
 from .worker import WorkerConfig
@@ -163,19 +163,15 @@ class Engine:
             self.transport = ThreadTransport(self, self._lock, [
                 dataclasses.replace(config, worker_id=wid) for wid in range(options.num_workers)])
         else:
-            # Every task waits for its worker's next (to share a message) only
-            # when the window is deep enough that a held task does not leave
-            # its worker idle: at the default 2 per worker, holding every task
-            # cost ~10% batches/s where the workers were barely ahead of the
-            # loop (the loop slept 2.5-4x as often); at 3 per worker nothing
-            # measurable.  Below that, a task waits only while the workers are
-            # idle, all their batches back in the buffer (dbd92ac: no loss
-            # measurable); a window of one task per worker cannot pair any.
-            hold: HoldPolicy = ("always" if self.prefetch >= 3 * options.num_workers
-                                else "when idle" if self.prefetch > options.num_workers else "never")
+            # Two tasks of a worker share a message only when the window is
+            # deep enough that a held task does not leave its worker idle: at
+            # the default 2 per worker, holding cost ~10% batches/s where the
+            # workers were barely ahead of the loop (the loop slept 2.5-4x as
+            # often); at 3 per worker it cost nothing measurable.
+            coalesce = 2 if self.prefetch >= 3 * options.num_workers else 1
             self.transport = ProcessTransport(self, self._lock, config, options.start_method, self.stats,
                                               type(options.dataset).__name__, self._rb, options.timeout,
-                                              hold)
+                                              coalesce)
         try:
             self.transport.start()
         except BaseException:

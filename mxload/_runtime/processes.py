@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -24,28 +24,23 @@ from .worker import WorkerConfig
 # batches cost a mapping each, never a descriptor; see SlabPool).
 MAX_POOLED_SLABS = 64
 
-# When a task may wait in the main process for its worker's next one (see
-# ProcessTransport.__init__): never, only while every batch sent is already
-# back in the buffer, or always (the window is deep enough never to starve).
-HoldPolicy = Literal["never", "when idle", "always"]
-
-__all__ = ["MAX_POOLED_SLABS", "HoldPolicy", "ProcessTransport"]
+__all__ = ["MAX_POOLED_SLABS", "ProcessTransport"]
 
 
 class ProcessTransport(Transport):
 
     def __init__(self, sink: ResultSink, lock: threading.RLock, config: WorkerConfig,
                  start_method: str | None, stats: dict[str, int], dataset_type: str, buffer: ReorderBuffer,
-                 timeout: float | None, hold: HoldPolicy = "never"):
+                 timeout: float | None, coalesce: int = 1):
         super().__init__(sink, lock)
         self._buffer = buffer
-        # Two tasks of a worker in one message: a task waits (held on its
-        # handle) for the next one of its worker while the consumer is served
-        # from the buffer, and goes at once when it would wait (next_result),
-        # when the epoch has no more tasks, or after a restart.  One message
-        # wakes a sleeping worker once for both: on this kind of machine that
-        # wake-up is most of what a batch costs the main process.
-        self._hold = hold
+        # Tasks that go to one worker in one message: a task waits (held on
+        # its handle) for the next one of its worker while the consumer is
+        # served from the buffer, and goes at once when it would wait
+        # (next_result), when the epoch has no more tasks, or after a restart.
+        # One message wakes a sleeping worker once for both: on this kind of
+        # machine that wake-up is most of what a batch costs the main process.
+        self._coalesce = max(1, coalesce)
         self._holding: set[int] = set()            # ids of the workers with tasks held
         self._timeout = timeout                     # the loader's: also bounds a task's send
         self._stopping = False                      # the shutdown began: a send waiting on a worker gives up
@@ -121,20 +116,10 @@ class ProcessTransport(Transport):
         handle = self._handles[worker_id]
         held = handle.held
         held.append((epoch, batch_index, indices, profiling))
-        hold = self._hold
-        if len(held) == 1 and (hold == "always" or (hold == "when idle" and self._workers_idle())):
+        if len(held) < self._coalesce:
             self._holding.add(worker_id)
             return
         self._send_held(handle)
-
-    def _workers_idle(self) -> bool:
-        """Every batch whose task was sent is in the buffer (received, not
-        taken yet): the workers sleep, a task sent now would wake one, and
-        the loop has a batch ready for every other one in flight."""
-        sent = 0
-        for handle in self._handles:
-            sent += len(handle.slabs)   # a task's entry stays until its batch is taken
-        return sent <= len(self._buffer)
 
     def flush(self) -> None:
         while self._holding:
