@@ -290,6 +290,19 @@ def test_a_loop_waiting_for_its_workers_is_never_kept_waiting_by_a_held_task():
     assert took < 10, took   # 30 batches of ~4 ms on 2 workers: well under a second unstarved
 
 
+def test_at_the_default_window_every_task_goes_at_once():
+    """At 2 tasks per worker a held task would leave its worker idle once it
+    finishes the other (fewer batches/s where the workers are barely ahead
+    of the loop): each task goes in a message of its own, even to a loop
+    slower than its workers."""
+    ds = mxload.ArrayDataset(np.arange(400, dtype=np.int64))
+    with mxload.DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True) as loader:
+        for _batch in loader:
+            _step(0.002)
+        stats = loader.stats
+    assert stats["tasks_sent"] == stats["task_messages"] == 100, stats
+
+
 def test_early_ended_persistent_epochs_leave_no_task_behind():
     """Tasks held when an epoch is abandoned (break) are forgotten with it:
     nothing of theirs stays on the engine, and later epochs are whole."""
