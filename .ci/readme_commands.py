@@ -1,16 +1,18 @@
-"""Print one of the README's two set-up commands, exactly as the README shows it.
+"""Print one of the README's set-up commands, exactly as the README shows it.
 
     python .ci/readme_commands.py main    # the block after "Run the main job"
     python .ci/readme_commands.py test    # the block after "Run the tests"
+    python .ci/readme_commands.py docs    # the block after "Build the docs"
 
-CI runs what this prints, so the README cannot drift from what CI proves works.
+CI runs what this prints, verbatim in a fresh clone, so the README cannot drift from what CI
+proves works.
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-LEADS = {"main": "Run the main job", "test": "Run the tests"}
+LEADS = {"main": "Run the main job", "test": "Run the tests", "docs": "Build the docs"}
 
 
 def command(readme: str, which: str) -> str:

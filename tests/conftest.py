@@ -1,4 +1,9 @@
-"""Shared fixtures: every test is checked for leftovers.
+"""Shared fixtures: every test is checked for leftovers; the suite runs in tiers.
+
+Tiers: a bare ``python -m pytest`` runs the fast default tier; a test marked with one of
+OPT_IN_TIERS runs only when asked for (``-m faults``; ``-m ""`` runs every tier) or when
+named (``pytest tests/test_faults.py``).  Random tests draw their seed from the
+``seed`` fixture: ``MXLOAD_TEST_SEED`` replays one, and a failure prints the seed it used.
 
 After each test (without a gc.collect(): mxload must not need one) no child
 process, thread, file descriptor, /dev/shm entry or mapped slab that the test
@@ -10,6 +15,7 @@ from __future__ import annotations
 import gc
 import multiprocessing as mp
 import os
+import random
 import signal
 import threading
 import time
@@ -17,6 +23,63 @@ import time
 import pytest
 
 LEAK_WAIT_S = 3.0
+
+# Markers whose tests stay out of a bare `pytest` run (pyproject.toml registers them).
+OPT_IN_TIERS = ("faults", "chaos", "e2e", "ray", "races", "slow", "upstream")
+
+
+def _chose_tests(config) -> bool:
+    """Whether the command line picked the tests itself: a -m expression (even -m ""),
+    or test files / ids named instead of the default testpaths."""
+    args = [str(a) for a in config.invocation_params.args]
+    if any(a == "-m" or (a.startswith("-m") and not a.startswith("--")) for a in args):
+        return True
+    return config.args_source != pytest.Config.ArgsSource.TESTPATHS
+
+
+def pytest_collection_modifyitems(config, items):
+    if _chose_tests(config):
+        return
+    keep, opt_in = [], []
+    for item in items:
+        tiered = any(item.get_closest_marker(tier) for tier in OPT_IN_TIERS)
+        (opt_in if tiered else keep).append(item)
+    if opt_in:
+        config.hook.pytest_deselected(items=opt_in)
+        items[:] = keep
+
+
+def start_methods(*methods: str) -> list:
+    """Parameters over start methods (or "thread"): fork and threads in the default tier; spawn
+    and forkserver, which start a fresh interpreter per worker (a second or more on 2 cores),
+    in the `slow` tier."""
+    return [pytest.param(m, marks=pytest.mark.slow) if m in ("spawn", "forkserver") else m
+            for m in methods]
+
+
+def race_rounds(default: int) -> int:
+    """How many times a `races` test tries its race: MXLOAD_RACE_ROUNDS (long mode: 50)."""
+    return int(os.environ.get("MXLOAD_RACE_ROUNDS", default))
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """A random test's seed: MXLOAD_TEST_SEED when set (to replay a failure), otherwise
+    a fresh one; a failing test's report says which it was."""
+    chosen = os.environ.get("MXLOAD_TEST_SEED")
+    value = int(chosen) if chosen else random.SystemRandom().randrange(2 ** 32)
+    request.node.stash[_SEED_KEY] = value
+    return value
+
+
+_SEED_KEY = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    if report.failed and _SEED_KEY in item.stash:
+        report.sections.append(("seed", f"replay with MXLOAD_TEST_SEED={item.stash[_SEED_KEY]}"))
 
 
 def _parents() -> dict:
@@ -97,9 +160,12 @@ def open_fds() -> set:
     return set(os.listdir("/proc/self/fd"))
 
 
-# /dev/shm is machine-wide: other programs create and remove entries there at any moment.
-# Only names that this process (mxload, multiprocessing, torch) could have made count.
-SHM_PREFIXES = ("mxload", "psm_", "sem.mp-", "mp-", "torch_")
+# /dev/shm is machine-wide: other programs (a training job, another pytest run) create and
+# remove entries there at any moment.  mxload's own names (its POSIX-shm fallback) always
+# count; the others that this process tree could have made (multiprocessing's semaphores and
+# SharedMemory, torch) count only while one of our processes has them open or mapped.
+OWN_SHM_PREFIX = "mxload"
+SHM_PREFIXES = (OWN_SHM_PREFIX, "psm_", "sem.mp-", "mp-", "torch_")
 
 
 def shm_entries() -> set:
@@ -107,6 +173,29 @@ def shm_entries() -> set:
         return {name for name in os.listdir("/dev/shm") if name.startswith(SHM_PREFIXES)}
     except FileNotFoundError:
         return set()
+
+
+def _shm_names_held_by(pids) -> set:
+    """/dev/shm names that the processes `pids` have open or mapped."""
+    held = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                held.update(line.rsplit("/dev/shm/", 1)[1].split()[0] for line in f if "/dev/shm/" in line)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("/dev/shm/"):
+                    held.add(target[len("/dev/shm/"):].split()[0])
+        except OSError:
+            continue   # gone meanwhile, or not ours to read
+    return held
+
+
+def shm_entries_of_ours(new: set) -> set:
+    """Of the /dev/shm entries `new` (made while a test ran), those of this process tree."""
+    foreign_looking = {name for name in new if not name.startswith(OWN_SHM_PREFIX)}
+    held = _shm_names_held_by({os.getpid()} | descendant_pids()) if foreign_looking else set()
+    return (new - foreign_looking) | (foreign_looking & held)
 
 
 def is_slab_mapping(maps_line: str) -> bool:
@@ -206,6 +295,7 @@ def leftovers(before: dict, allowance: type[RayAllowance] | None = None) -> dict
     what `allowance` lets Ray add."""
     now = _snapshot()
     found = {key: sorted(now[key] - before[key], key=str) for key in before}
+    found["shm"] = sorted(shm_entries_of_ours(set(found["shm"])))
     if allowance is not None:
         found["children"] = [p for p in found["children"] if not allowance.child(p)]
         found["fds"] = [fd for fd in found["fds"] if not allowance.fd(fd)]
@@ -224,16 +314,21 @@ def leftovers(before: dict, allowance: type[RayAllowance] | None = None) -> dict
 
 def assert_no_leftovers(before: dict, wait_s: float = LEAK_WAIT_S,
                         allowance: type[RayAllowance] | None = None) -> None:
+    """Wait (bounded) for what the test left to go.  Processes, threads, fds and shm entries
+    must go without a collection; a slab still mapped may be held by a cycle the test made
+    itself (pytest.raises keeps the traceback, whose frame holds the loop variable), so once
+    nothing else is left it gets one collection at once, not after the whole wait."""
     deadline = time.monotonic() + wait_s
+    collected = False
     found = leftovers(before, allowance)
-    while found and time.monotonic() < deadline:
-        time.sleep(0.02)
-        found = leftovers(before, allowance)
-    if set(found) == {"slab mappings"}:
-        # A batch may still be referenced from a cycle the test made itself (pytest.raises
-        # keeps the traceback, whose frame holds the loop variable): only a slab that
-        # survives a collection is mxload's leak.
-        gc.collect()
+    while found:
+        if not collected and set(found) == {"slab mappings"}:
+            gc.collect()
+            collected = True
+        elif time.monotonic() < deadline:
+            time.sleep(0.02)
+        else:
+            break
         found = leftovers(before, allowance)
     assert not found, f"left behind after the test: {found}"
 

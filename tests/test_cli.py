@@ -17,7 +17,7 @@ import pytest
 
 import mxload
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 QUICK = ["--batches", "3", "--workloads", "tabular", "dict16"]
 

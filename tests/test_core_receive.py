@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import race_rounds
 
 from mxload import _core
 from mxload._runtime import messages as m
@@ -434,12 +435,13 @@ def test_one_receiver_per_buffer():
     receiver(1, -1, rb).close()   # a closed receiver lets the buffer go
 
 
+@pytest.mark.races
 def test_the_watcher_keeps_watching_while_the_consumer_polls():
     """The consumer (get) and the watcher (watch) sleep in poll() at the same
     time, each on its own descriptors: a socket that becomes readable for the
     consumer is never taken for the watcher's sentinel, so the worker's later
     end is still reported (10 trials of 0.5 s; shared poll arrays lost 6 of 8)."""
-    for _ in range(10):
+    for _ in range(race_rounds(10)):
         _watch_beside_consumer_round(0.5)
 
 

@@ -62,7 +62,8 @@ def run(**kw):
 REFERENCE_MODES = [
     dict(num_workers=1), dict(num_workers=2), dict(num_workers=4),
     dict(num_workers=2, thread_pool=True), dict(num_workers=3, thread_pool=True),
-    dict(num_workers=2, start_method="spawn"), dict(num_workers=2, start_method="forkserver"),
+    *(pytest.param(dict(num_workers=2, start_method=m), marks=pytest.mark.slow)
+      for m in ("spawn", "forkserver")),
 ]
 
 

@@ -89,6 +89,7 @@ def _flat(batches):
     return [i for b in batches for i in b]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_torchrun_equal_batch_counts(torchrun_result, drop_last):
     key = f"drop_last={drop_last}"
@@ -103,6 +104,7 @@ def test_torchrun_equal_batch_counts(torchrun_result, drop_last):
     assert [len(e) for e in per_rank[0]["epochs"]] == [expected] * EPOCHS
 
 
+@pytest.mark.e2e
 def test_torchrun_padding_covers_dataset(torchrun_result):
     per_rank_len = -(-N // WORLD)                     # 52
     total = per_rank_len * WORLD                      # 104: one index repeated
@@ -122,6 +124,7 @@ def test_torchrun_padding_covers_dataset(torchrun_result):
         assert sorted(counts.tolist()) == [1] * (2 * N - total) + [2] * (total - N)
 
 
+@pytest.mark.e2e
 def test_torchrun_drop_last_disjoint(torchrun_result):
     per_rank_len = N // WORLD                         # 51 from the sampler ...
     delivered = per_rank_len // BATCH * BATCH         # ... 48 in full batches
@@ -136,6 +139,7 @@ def test_torchrun_drop_last_disjoint(torchrun_result):
             assert s == expected.epoch_indices()[:delivered].tolist()
 
 
+@pytest.mark.e2e
 def test_torchrun_set_epoch_reshuffles_identically_on_every_rank(torchrun_result):
     total = -(-N // WORLD) * WORLD
     orders = []

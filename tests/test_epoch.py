@@ -90,7 +90,7 @@ def test_close_from_another_thread_ends_a_waiting_next_cleanly(kwargs):
     import time
 
     from datasets_for_tests import SlowDataset
-    loader = mxload.DataLoader(SlowDataset(1.0, n=8), batch_size=2, num_workers=2, **kwargs)
+    loader = mxload.DataLoader(SlowDataset(0.5, n=8), batch_size=2, num_workers=2, **kwargs)
     it = iter(loader)
     closer = threading.Timer(0.2, it.close)
     closer.start()

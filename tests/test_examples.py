@@ -1,5 +1,5 @@
-"""The examples in examples/ run on a tiny input (as CI runs them, in
-.ci/docs_and_examples.sh) and do what they say."""
+"""The examples in examples/ run on a tiny input and do what they say (the e2e tier: CI runs it
+against the installed wheel)."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 

@@ -1,7 +1,7 @@
 """A Gluon user changes only the import: the scenarios of MXNet's Gluon data
 tests (tests/python/unittest/test_gluon_data.py), replayed against mxload.
 Each test names the Gluon scenario it mirrors; batches are numpy arrays where
-Gluon's are NDArrays (the README lists this divergence)."""
+Gluon's are NDArrays (docs/migration.md lists this divergence)."""
 from __future__ import annotations
 
 import gc

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import mxload
 from mxload import _core
@@ -47,6 +48,7 @@ def test_show_config_prints_every_fact(capsys):
     assert _core.BUILD_INFO["compile_flags"] in text
 
 
+@pytest.mark.e2e
 def test_cli_info_prints_the_config():
     out = subprocess.run([sys.executable, "-m", "mxload", "info"], capture_output=True, text=True,
                          timeout=60)
@@ -57,6 +59,7 @@ def test_cli_info_prints_the_config():
     assert str(config()["memfd_create (anonymous shared memory)"]) in out.stdout
 
 
+@pytest.mark.e2e
 def test_cli_help_and_unknown_command():
     out = subprocess.run([sys.executable, "-m", "mxload", "--help"], capture_output=True, text=True,
                          timeout=60)

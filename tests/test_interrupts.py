@@ -386,13 +386,14 @@ print("finished", flush=True)
 """
 
 
-def test_ctrl_c_at_random_moments_gives_one_interrupt_and_leaves_nothing():
+@pytest.mark.chaos
+def test_ctrl_c_at_random_moments_gives_one_interrupt_and_leaves_nothing(seed):
     """A training loop (new loaders, epochs, `break`, persistent workers,
     stuck workers; fork, spawn, forkserver, threads) gets Ctrl-C, sent to its
     process group as a terminal does, at random moments: every time exactly
     one KeyboardInterrupt, everything ended within the shutdown's bound (1 s,
     plus slack for a loaded machine), no process, thread or fd left."""
-    rng = random.Random(int(os.environ.get("MXLOAD_CTRL_C_SEED", "0")) or None)
+    rng = random.Random(seed)
     script = PRELUDE + RANDOM_MOMENTS_CHILD
     proc = subprocess.Popen([sys.executable, "-c", script, str(MOMENTS)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)

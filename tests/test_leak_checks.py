@@ -39,6 +39,28 @@ def test_shm_entries_of_others_are_ignored_and_ours_reported():
                 os.unlink(path)
 
 
+def test_semaphores_count_only_while_this_process_tree_holds_them():
+    """Another program's multiprocessing semaphore (a training job, another pytest run) made
+    while the test ran is not the test's leak; one this process still holds is."""
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    before = _snapshot()
+    theirs = f"/dev/shm/sem.mp-someone-else-{os.getpid()}"
+    ours = f"/dev/shm/sem.mp-leak-check-{os.getpid()}"
+    held = None
+    try:
+        open(theirs, "w").close()                 # made, then closed: nobody here holds it
+        assert leftovers(before) == {}
+        held = open(ours, "w")                    # still open in this process
+        assert leftovers(before) == {"shm": [os.path.basename(ours)]}
+    finally:
+        if held is not None:
+            held.close()
+        for path in (theirs, ours):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
 def test_only_slab_files_count_as_slab_mappings():
     prefix = "7f00-7f10 rw-s 00000000 00:01 1234                       "
     assert is_slab_mapping(prefix + "/memfd:mxload-slab (deleted)\n")

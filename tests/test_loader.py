@@ -9,6 +9,7 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import start_methods
 from datasets_for_tests import (
     DictDataset,
     ShardedStream,
@@ -213,7 +214,7 @@ def _loader(ds, bfn, **kw):
 
 @pytest.mark.parametrize("case", sorted(MAP_CASES))
 @pytest.mark.parametrize("num_workers", [1, 2, 4])
-@pytest.mark.parametrize("mode", ["fork", "spawn", "thread"])
+@pytest.mark.parametrize("mode", start_methods("fork", "spawn", "thread"))
 @pytest.mark.parametrize("in_order", [True, False])
 def test_map_dataset_matches_single_process(case, num_workers, mode, in_order):
     ds, bfn = MAP_CASES[case]()
@@ -228,7 +229,7 @@ def test_map_dataset_matches_single_process(case, num_workers, mode, in_order):
 
 
 @pytest.mark.parametrize("num_workers", [1, 2, 4])
-@pytest.mark.parametrize("mode", ["fork", "spawn", "thread"])
+@pytest.mark.parametrize("mode", start_methods("fork", "spawn", "thread"))
 @pytest.mark.parametrize("in_order", [True, False])
 def test_iterable_dataset_every_sample_once(num_workers, mode, in_order):
     kw = dict(num_workers=num_workers, in_order=in_order)
@@ -275,7 +276,7 @@ def _assert_identical(a, b, path="batch"):
         assert a == b, path
 
 
-@pytest.mark.parametrize("mode", ["thread", "fork", "spawn"])
+@pytest.mark.parametrize("mode", start_methods("thread", "fork", "spawn"))
 def test_batches_the_slab_cannot_represent_arrive_exactly_as_in_process(mode):
     """A batchify_fn's masked arrays, ndarray subclasses, object arrays and
     dtypes with metadata come out of every kind of worker exactly as in-process."""
@@ -373,7 +374,7 @@ def test_prefetch_bounds_in_flight_batches():
 # ---------------------------------------------------------------- workers
 
 
-@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+@pytest.mark.parametrize("start_method", start_methods("fork", "spawn"))
 def test_worker_info_seeds_and_init_fn(start_method):
     def batches(seed):
         loader = mxload.DataLoader(WorkerInfoDataset(), batch_size=2, num_workers=2, seed=seed,
@@ -396,7 +397,7 @@ def test_worker_info_seeds_and_init_fn(start_method):
     assert mxload.get_worker_info() is None
 
 
-@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+@pytest.mark.parametrize("start_method", start_methods("fork", "spawn"))
 def test_persistent_workers_reseed_global_rngs_every_epoch(start_method):
     """Workers' numpy/random global RNGs are seeded from (seed, epoch, worker
     id) every epoch: persistent workers draw what fresh ones would."""
@@ -465,7 +466,7 @@ class CountingPickles(mxload.Dataset):
         return self.__dict__
 
 
-@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+@pytest.mark.parametrize("start_method", start_methods("spawn", "forkserver"))
 def test_dataset_is_pickled_once_for_all_workers(start_method):
     CountingPickles.pickles = 0
     loader = mxload.DataLoader(CountingPickles(), batch_size=3, num_workers=4, start_method=start_method)

@@ -162,6 +162,7 @@ def test_profile_false_records_nothing():
     assert loader.profiler is None
 
 
+@pytest.mark.e2e
 def test_cli_profiles_a_factory_from_a_test_module(tmp_path):
     trace = tmp_path / "out.json"
     here = os.path.dirname(os.path.abspath(__file__))

@@ -13,6 +13,7 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import race_rounds
 
 import mxload
 from mxload._runtime import worker as _worker
@@ -197,12 +198,13 @@ def test_a_resumed_fetcher_does_not_attach_its_workers_again():
         loader.close()
 
 
+@pytest.mark.races
 def test_a_paused_fetcher_keeps_half_received_frames():
     """Another loader forking its zygote pauses this one's fetcher thread and
     starts a new one: frames the receiver holds in part survive (50 rounds)."""
     loader = mxload.DataLoader(Rows(4096, dim=2048), batch_size=4, num_workers=2, persistent_workers=True)
     try:
-        for _ in range(50):
+        for _ in range(race_rounds(50)):
             it = iter(loader)
             next(it)
             transport = loader._engine.transport

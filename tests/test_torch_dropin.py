@@ -12,6 +12,7 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import start_methods
 
 import mxload
 from mxload._torch_compat import tensor_to_numpy
@@ -369,7 +370,7 @@ def test_torch_batch_sampler():
 # ------------------------------------------------------------------ contexts, persistent workers, in_order
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+@pytest.mark.parametrize("method", start_methods("fork", "spawn", "forkserver"))
 @pytest.mark.parametrize("as_object", [False, True])
 def test_multiprocessing_contexts(method, as_object):
     ctx = multiprocessing.get_context(method) if as_object else method

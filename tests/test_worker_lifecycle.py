@@ -116,8 +116,9 @@ def _through_the_storm(it, killer, bs: int, n: int, train=None) -> int:
     return got
 
 
+@pytest.mark.chaos
 @pytest.mark.parametrize("start_method", ALL_METHODS)
-def test_chaos_random_kills_every_batch_exactly_once_in_order(start_method):
+def test_chaos_random_kills_every_batch_exactly_once_in_order(start_method, seed):
     """Workers SIGKILLed every 50-200 ms at random moments (mid-batch, mid-send of
     a new slab, while starting): every batch arrives exactly once, in order,
     and the fetcher never fails."""
@@ -127,7 +128,7 @@ def test_chaos_random_kills_every_batch_exactly_once_in_order(start_method):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)   # one "restarting" warning per kill
         it = iter(loader)
-        killer = Killer(it.engine, CHAOS_SECONDS, 0.05, 0.2, seed=os.getpid())
+        killer = Killer(it.engine, CHAOS_SECONDS, 0.05, 0.2, seed=seed)
         got = _through_the_storm(it, killer, bs, n)
         it.close()
     assert killer.kills >= CHAOS_SECONDS / 0.5, killer.kills
@@ -136,15 +137,16 @@ def test_chaos_random_kills_every_batch_exactly_once_in_order(start_method):
           f"{loader.stats['worker_restarts']} restarts")
 
 
+@pytest.mark.chaos
 @pytest.mark.parametrize("start_method", ALL_METHODS)
-def test_chaos_kills_while_a_training_loop_holds_tasks_every_batch_exactly_once_in_order(start_method):
+def test_chaos_kills_while_a_training_loop_holds_tasks_every_batch_exactly_once_in_order(start_method, seed):
     """As the chaos test, with a loop that trains (0.5-3 ms a batch) on
     workers faster than it: tasks are held back for their worker's next one
     (two per message) when the kills land, and a worker dies with tasks of
     its held, sent, or half sent.  Every batch arrives exactly once, in
     order, never a hang."""
     n, bs = 1_000_000, 4
-    rng = random.Random(os.getpid())
+    rng = random.Random(seed)
     loader = mxload.DataLoader(ChaosDataset(n, delay=0), batch_size=bs, num_workers=3,
                                start_method=start_method, max_worker_restarts=1_000_000, timeout=60,
                                prefetch=9)   # deep enough to hold tasks
@@ -153,7 +155,7 @@ def test_chaos_kills_while_a_training_loop_holds_tasks_every_batch_exactly_once_
         it = iter(loader)
         # A spawned worker takes ~0.1 s to start: kills that far apart let each serve a while.
         gap = (0.02, 0.15) if start_method == "fork" else (0.15, 0.5)
-        killer = Killer(it.engine, CHAOS_SECONDS / 2, *gap, seed=os.getpid())
+        killer = Killer(it.engine, CHAOS_SECONDS / 2, *gap, seed=seed + 1)
 
         def train() -> None:   # 0.5-3 ms, busy: the GIL is held
             end = time.perf_counter() + rng.uniform(0.0005, 0.003)
@@ -253,7 +255,7 @@ def test_a_forked_child_exiting_normally_leaves_the_parents_workers_alone(start_
 
 
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
-def test_ctrl_c_while_workers_start_is_one_keyboard_interrupt(start_method):
+def test_ctrl_c_while_workers_start_is_one_keyboard_interrupt(start_method, seed):
     """SIGINT to the whole group at random moments of a loop that mostly starts
     workers: the main thread gets exactly one KeyboardInterrupt every time and
     nothing is left behind."""
@@ -300,7 +302,7 @@ def test_ctrl_c_while_workers_start_is_one_keyboard_interrupt(start_method):
         """, start_new_session=True)
         try:
             assert proc.stdout.readline().strip() == "ready"
-            time.sleep(random.uniform(0.3, 1.2))
+            time.sleep(random.Random(seed).uniform(0.3, 1.2))
             os.killpg(proc.pid, signal.SIGINT)
             out, err = _finish(proc, timeout=40)   # a loaded machine starts 4 interpreters slowly
         finally:
