@@ -88,7 +88,7 @@ class DataLoader:
     Positional arguments follow Gluon 1.9's DataLoader (its first four --
     dataset, batch_size, shuffle, sampler -- are also torch's); every other
     argument of ``torch.utils.data.DataLoader`` (2.x) is accepted by keyword
-    with its torch meaning (the README's migration tables list each one).
+    with its torch meaning (docs/migration.md lists each one).
     Iterating the loader runs one epoch; each batch is a structure of numpy
     arrays (views of one shared-memory slab when workers made it;
     ``torch.from_numpy`` makes zero-copy tensors of them).

@@ -47,8 +47,10 @@ def shutdown_sequence(transport: Transport, buffer: ReorderBuffer) -> None:
     however stuck the workers are.  The engine runs it once, Ctrl-C deferred."""
     start = time.monotonic()
     deadline = start + SHUTDOWN_DEADLINE_S
-    # 1. Stop the fetcher thread and join it: wake its select() through
-    #    the self-pipe, so it is never left blocked on a worker socket.
+    # 1. Take no result from now on.  Stop the watcher thread (asleep in the
+    #    core's poll() on the workers' pidfds) and join it: the self-pipe wakes
+    #    it.  A consumer receiving in next() is woken the same way, and one
+    #    handling a worker's death finishes that first.
     transport.stop_receiving(deadline)
     # 2. No worker starts from now on; wait for one under way (a restart),
     #    which then ends its process itself if we stop waiting first.

@@ -3,10 +3,11 @@ results come back.
 
 The engine (engine.py) decides which batch goes to which worker, keeps the
 prefetch window, the reorder buffer and the failure record; a Transport
-moves tasks and results and owns the workers' lives.  Two implement it today,
+moves tasks and results and owns the workers' lives.  Three implement it:
 ``processes.ProcessTransport`` (local processes: sockets, shared-memory slabs,
-a receive path the consumer runs itself) and ``threads.ThreadTransport``; a remote one (Ray) is one
-more module implementing the same contract.
+a receive path the consumer runs itself), ``threads.ThreadTransport`` (worker
+threads in this process) and ``ray_transport.RayTransport`` (Ray actors, local
+or on other nodes).
 """
 from __future__ import annotations
 
