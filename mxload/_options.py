@@ -22,7 +22,7 @@ import numpy as np
 
 from ._checks import check_int
 from ._torch_compat import is_torch_iterable_dataset, seed_from_torch, torch_module
-from .backends import RayBackend, resolve_backend
+from .backends import Backend, RayBackend, resolve_backend
 from .batchify import _Unbatched, default_batchify, default_convert
 from .dataset import IterableDataset
 
@@ -80,7 +80,7 @@ class LoaderOptions:
     pin_memory_device: str
     auto_reload: bool
     try_nopython: bool | None
-    backend: RayBackend | None                    # None: local processes (or threads)
+    backend: Backend | None                       # None: local processes (or threads)
 
     @property
     def drop_last(self) -> bool:
@@ -309,17 +309,18 @@ def _start_method_of(context: object) -> str:
 
 
 def _check_backend(backend: object, thread_pool: bool, multiprocessing_context: object,
-                   start_method: str | None) -> RayBackend | None:
-    ray_backend = resolve_backend(backend)
-    if ray_backend is not None:
+                   start_method: str | None) -> Backend | None:
+    chosen = resolve_backend(backend)
+    if chosen is not None:
         clash = [name for name, used in (
             ("thread_pool=True", thread_pool),
             ("multiprocessing_context" if multiprocessing_context is not None else "start_method",
              start_method is not None)) if used]
         if clash:
-            raise ValueError(f"backend={backend!r} runs the workers as Ray actors: it cannot be combined "
+            where = "as Ray actors" if isinstance(chosen, RayBackend) else "itself"
+            raise ValueError(f"backend={backend!r} runs the workers {where}: it cannot be combined "
                              f"with {', '.join(clash)}")
-    return ray_backend
+    return chosen
 
 
 def _check_no_worker_options(persistent_workers: bool, thread_pool: bool, max_worker_restarts: int,

@@ -1,18 +1,56 @@
 """Where a loader's workers run: local processes or threads (the default), or
 Ray actors anywhere in a Ray cluster (:class:`RayBackend`, the ``mxload[ray]``
-extra).  This module never imports ray: only starting Ray workers does."""
+extra).  This module never imports ray: only starting Ray workers does.
+
+A backend makes the engine's transport (``Backend.make_transport``): a new kind
+of worker is one transport module and its backend class, and the engine names
+none of them (tests/test_backends.py plugs in one of its own)."""
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["RayBackend", "resolve_backend"]
+if TYPE_CHECKING:
+    from ._runtime.transport import Transport, TransportSetup
+
+__all__ = ["Backend", "LocalProcesses", "LocalThreads", "RayBackend", "resolve_backend", "workers_backend"]
+
+
+class Backend(ABC):
+    """Where a loader's workers run.  ``backend=`` takes an instance of a subclass
+    (or ``"ray"``); the engine asks it for the transport that serves one engine's
+    workers (the contract: ``mxload._runtime.transport.Transport``)."""
+
+    @abstractmethod
+    def make_transport(self, setup: TransportSetup) -> Transport:
+        """The transport for one engine's workers, not started yet."""
 
 
 @dataclass(frozen=True)
-class RayBackend:
+class LocalProcesses(Backend):
+    """Worker processes on this machine (the default), started with `start_method`
+    (None: the platform's default)."""
+    start_method: str | None = None
+
+    def make_transport(self, setup: TransportSetup) -> Transport:
+        from ._runtime.processes import ProcessTransport
+        return ProcessTransport(setup, self.start_method)
+
+
+@dataclass(frozen=True)
+class LocalThreads(Backend):
+    """Worker threads in the training process (``thread_pool=True``)."""
+
+    def make_transport(self, setup: TransportSetup) -> Transport:
+        from ._runtime.threads import ThreadTransport
+        return ThreadTransport(setup)
+
+
+@dataclass(frozen=True)
+class RayBackend(Backend):
     """Run a loader's workers as Ray actors (``DataLoader(..., backend=RayBackend(...))``;
     ``backend="ray"`` is ``RayBackend()``).
 
@@ -75,15 +113,27 @@ class RayBackend:
             raise ValueError(f"RayBackend runtime_env must be a mapping (Ray's runtime_env), "
                              f"got {type(self.runtime_env).__name__}")
 
+    def make_transport(self, setup: TransportSetup) -> Transport:
+        from ._runtime.ray_transport import RayTransport  # imports ray: only here
+        return RayTransport(setup, self)
 
-def resolve_backend(backend: Any) -> RayBackend | None:
-    """The DataLoader's `backend` argument: None (local processes or threads),
-    or the RayBackend it names."""
+
+def resolve_backend(backend: Any) -> Backend | None:
+    """The DataLoader's `backend` argument: None (local processes or threads,
+    chosen by `thread_pool` and `start_method`), or the Backend it names."""
     if backend is None or (isinstance(backend, str) and backend == "local"):
         return None
     if isinstance(backend, str) and backend == "ray":
         return RayBackend()
-    if isinstance(backend, RayBackend):
+    if isinstance(backend, Backend):
         return backend
     raise ValueError(f"backend must be None (local worker processes or threads), 'ray' or a "
-                     f"mxload.RayBackend(...), got {backend!r}")
+                     f"mxload.RayBackend(...) (any mxload.backends.Backend), got {backend!r}")
+
+
+def workers_backend(backend: Backend | None, thread_pool: bool, start_method: str | None) -> Backend:
+    """The backend that runs a loader's workers: the one passed, else local threads
+    (`thread_pool`) or processes."""
+    if backend is not None:
+        return backend
+    return LocalThreads() if thread_pool else LocalProcesses(start_method)

@@ -14,7 +14,7 @@ from ._checkpoint import EpochProgress, check_state
 from ._core import defer_sigint, sigint_safe_finalizer
 from ._cpus import warn_if_oversubscribed
 from ._options import LoaderOptions
-from ._runtime.engine import Engine
+from ._runtime.engine import Engine, merge_counters
 from ._runtime.epoch import EpochIterator, start_epoch
 from ._torch_compat import PIN_MEMORY_NO_ACCELERATOR, pin_batch, pinning_device, to_tensors
 from .sampler import (
@@ -251,7 +251,7 @@ class DataLoader:
         # Python code as an iterator dies, after its finalizer, where a
         # Ctrl-C the finalizer made pending again would be swallowed.
         self._live_iters: list[weakref.ref[EpochIterator]] = []
-        self._stats: dict[str, int] = {}
+        self._counters: list[dict[str, int]] = []    # the latest engine's (Engine.counters)
         self._progress: EpochProgress | None = None   # the latest epoch's (for state_dict)
         self._resume: dict[str, Any] | None = None              # load_state_dict() waiting for __iter__
         self._pin_checked = False
@@ -283,7 +283,7 @@ class DataLoader:
 
     def _use_engine(self, engine: Engine) -> None:
         """The engine of the epoch starting: its stats are ours; persistent workers' is kept."""
-        self._stats = engine.stats
+        self._counters = engine.counters()
         if self.persistent_workers:
             self._engine = engine
 
@@ -430,7 +430,7 @@ class DataLoader:
             >>> loader.stats["batches"]
             2
         """
-        return dict(self._stats)
+        return merge_counters(self._counters) if self._counters else {}
 
     def _live_iter_now(self) -> Any:
         return self._live_iter() if self._live_iter is not None else None

@@ -51,3 +51,24 @@ def test_importing_mxload_never_imports_ray_and_a_missing_ray_is_a_clear_error()
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=50)
     assert out.returncode == 0, out.stderr
     assert "pip install 'mxload[ray]'" in out.stdout
+
+
+def test_a_transport_of_our_own_plugs_in_through_its_backend_alone():
+    """tests/transport_for_tests.py is a whole transport and its backend: the loader uses it
+    with no other change, delivers every batch in order, reports its counters in stats, and
+    the shutdown ends its workers (the leak check sees no thread left)."""
+    from transport_for_tests import CountingBackend
+
+    ds = mxload.ArrayDataset(np.arange(40).reshape(20, 2), np.arange(20))
+    loader = mxload.DataLoader(ds, batch_size=3, num_workers=2, backend=CountingBackend())
+    expected = [[y.tolist() for _, y in mxload.DataLoader(ds, batch_size=3)]]
+    got = [[y.tolist() for _, y in loader]]
+    assert got == expected
+    assert loader.stats["counted_tasks"] == 7 and loader.stats["batches"] == 7
+    for _batch in loader:   # break: the shutdown ends its threads at once
+        break
+
+
+def test_a_backend_that_is_not_one_is_refused():
+    with pytest.raises(ValueError, match="backend must be"):
+        mxload.DataLoader(mxload.ArrayDataset(np.arange(4)), batch_size=2, num_workers=2, backend=object())

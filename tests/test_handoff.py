@@ -123,8 +123,8 @@ class _Pool:
     """A SlabPool holding `n` free slabs, with the descriptors it would pass."""
 
     def __init__(self, n: int):
-        self.stats = {"slabs_created": 0, "slabs_reused": 0, "slabs_retired": 0}
-        self.pool = SlabPool(self.stats, 8)
+        self.pool = SlabPool(8)
+        self.stats = self.pool.counts
         self.slabs = [self.pool.adopt(create_shared_fd(65536), 65536) for _ in range(n)]
         for slab in self.slabs:
             self.pool.release(slab)
@@ -183,7 +183,7 @@ def test_a_slab_new_to_the_worker_leads_a_message_with_its_descriptor(channel):
 
 def test_without_a_free_slab_the_worker_makes_one(channel):
     main, worker, _ = channel
-    empty = SlabPool({"slabs_reused": 0}, 8)
+    empty = SlabPool(8)
     handle = _handle(sock=main)
     assert _core.send_tasks(handle, empty, m.TASK_PREFIX, _tasks(0, 1, 2)) == (2, 1, None)
     assert handle.slabs == {(0, 1): None, (0, 2): None}

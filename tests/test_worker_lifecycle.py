@@ -376,7 +376,7 @@ loader = mxload.DataLoader(Mapped(at=10, how="kill", n=40, only_once_file={marke
                            batch_size=2, num_workers=2, max_worker_restarts=3)
 got = [b.ravel().tolist() for b in loader]
 assert got == [[10 * i, 10 * i + 10] for i in range(0, 40, 2)], got
-print("restarts", loader.stats["worker_restarts"], loader._stats and "ok", flush=True)
+print("restarts", loader.stats["worker_restarts"], loader.stats and "ok", flush=True)
 """
 
 

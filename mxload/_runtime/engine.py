@@ -32,12 +32,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._core import BufferClosedError, RawBatch, ReorderBuffer, defer_sigint
+from ..backends import workers_backend
 from ..errors import LoaderTimeoutError, WorkerError
 from . import messages as m
 from .lifecycle import shutdown_sequence
-from .processes import ProcessTransport
-from .threads import ThreadTransport
-from .transport import Delivery, Transport, WorkerLoss
+from .transport import Delivery, Transport, TransportSetup, WorkerLoss
 from .worker import WorkerConfig
 
 if TYPE_CHECKING:
@@ -51,6 +50,17 @@ RUNNING, SHUTTING_DOWN, CLOSED = "running", "shutting down", "closed"
 # the process that made the engine, and comparing this costs nothing per batch
 # where os.getpid() is a system call (glibc caches no pid).
 _forks = 0
+
+
+# loader.stats always has these, whatever the transport counts.
+REPORTED_COUNTERS = ("batches", "slabs_created", "slabs_reused", "slabs_retired", "worker_restarts", "epochs")
+
+
+def merge_counters(counters: list[dict[str, int]]) -> dict[str, int]:
+    merged = dict.fromkeys(REPORTED_COUNTERS, 0)
+    for owned in counters:
+        merged.update(owned)
+    return merged
 
 
 def _count_fork() -> None:
@@ -126,10 +136,7 @@ class Engine:
     def __init__(self, options: LoaderOptions, epoch: int):
         self.options = options
         self.prefetch = max(options.prefetch, 1)
-        self.stats: dict[str, int] = {
-            "batches": 0, "slabs_created": 0, "slabs_reused": 0, "slabs_retired": 0,
-            "worker_restarts": 0, "epochs": 0,
-        }
+        self.counts = {"batches": 0, "worker_restarts": 0, "epochs": 0}
         self.state = RUNNING
         self.epoch = epoch
         self.profiler: Profiler | None = None
@@ -154,24 +161,10 @@ class Engine:
                               (options.dataset, options.batchify_fn, options.worker_init_fn),
                               options.iterable, options.fetch_batch_size, options.drop_last,
                               zygote_child=False)
-        self.transport: Transport
-        if options.backend is not None:
-            from .ray_transport import RayTransport  # imports ray: only here
-            self.transport = RayTransport(self, self._lock, config, options.backend,
-                                          type(options.dataset).__name__)
-        elif options.thread_pool:
-            self.transport = ThreadTransport(self, self._lock, [
-                dataclasses.replace(config, worker_id=wid) for wid in range(options.num_workers)])
-        else:
-            # Two tasks of a worker share a message only when the window is
-            # deep enough that a held task does not leave its worker idle: at
-            # the default 2 per worker, holding cost ~10% batches/s where the
-            # workers were barely ahead of the loop (the loop slept 2.5-4x as
-            # often); at 3 per worker it cost nothing measurable.
-            coalesce = 2 if self.prefetch >= 3 * options.num_workers else 1
-            self.transport = ProcessTransport(self, self._lock, config, options.start_method, self.stats,
-                                              type(options.dataset).__name__, self._rb, options.timeout,
-                                              coalesce)
+        backend = workers_backend(options.backend, options.thread_pool, options.start_method)
+        self.transport: Transport = backend.make_transport(TransportSetup(
+            self, self._lock, config, self._rb, type(options.dataset).__name__, self.prefetch,
+            options.timeout))
         try:
             self.transport.start()
         except BaseException:
@@ -194,6 +187,16 @@ class Engine:
         mix its answers with the new ones, both named (epoch, batch index)."""
         return self._plan is not None and self.epoch == epoch
 
+    def counters(self) -> list[dict[str, int]]:
+        """The counters of this engine and of its transport's components, each owned (and
+        counted) by one of them; they stay readable after the engine ends."""
+        return [self.counts, *self.transport.counters()]
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Every counter, merged (``loader.stats``)."""
+        return merge_counters(self.counters())
+
     def worker_pids(self) -> list[int | None]:
         """Each worker's pid (None for a thread), by worker id."""
         return [self.transport.pid(wid) for wid in range(len(self._workers))]
@@ -211,7 +214,7 @@ class Engine:
                 raise RuntimeError(f"the loader's workers are {self.state}")
             self.epoch = epoch
             self.profiler = profiler
-            self.stats["epochs"] += 1
+            self.counts["epochs"] += 1
             self.transport.epoch_closed = False
             for wid, key in self.transport.drop_held():   # the epoch before's, never sent
                 self._workers[wid].outstanding.pop(key, None)
@@ -325,7 +328,7 @@ class Engine:
                 self._discard -= 1   # replayed stream batch, already seen before the checkpoint
                 continue
             if not isinstance(item, BatchFailure):
-                self.stats["batches"] += 1
+                self.counts["batches"] += 1
             return idx, item
 
     def _claim(self, raw: RawBatch) -> Any:
@@ -427,7 +430,7 @@ class Engine:
             if self._restarts < limit and not self.options.iterable and self.transport.restartable:
                 # A stream's position died with its worker: those are never restarted.
                 self._restarts += 1
-                self.stats["worker_restarts"] += 1
+                self.counts["worker_restarts"] += 1
                 if self.profiler is not None:
                     self.profiler.worker_restarted(wid)
                 warnings.warn(f"mxload worker {wid} (pid {loss.pid}) died ({loss.how}{loss.hint}); "

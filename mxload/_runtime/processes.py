@@ -5,7 +5,6 @@ launcher (lifecycle.py)."""
 from __future__ import annotations
 
 import signal
-import threading
 from typing import Any
 
 import numpy as np
@@ -17,8 +16,7 @@ from . import messages as m
 from .fetcher import Fetcher, adopt_raw
 from .lifecycle import Closing, Launcher, Process, ProcessHandle, describe_exit, process_state
 from .slabs import SlabPool
-from .transport import ResultSink, Transport, WorkerLoss
-from .worker import WorkerConfig
+from .transport import Transport, TransportSetup, WorkerLoss
 
 # Slab descriptors the main process keeps for recycling (beyond this, kept
 # batches cost a mapping each, never a descriptor; see SlabPool).
@@ -29,26 +27,27 @@ __all__ = ["MAX_POOLED_SLABS", "ProcessTransport"]
 
 class ProcessTransport(Transport):
 
-    def __init__(self, sink: ResultSink, lock: threading.RLock, config: WorkerConfig,
-                 start_method: str | None, stats: dict[str, int], dataset_type: str, buffer: ReorderBuffer,
-                 timeout: float | None, coalesce: int = 1):
-        super().__init__(sink, lock)
-        self._buffer = buffer
+    def __init__(self, setup: TransportSetup, start_method: str | None):
+        super().__init__(setup)
+        self._buffer = setup.buffer
         # Tasks that go to one worker in one message: a task waits (held on
         # its handle) for the next one of its worker while the consumer is
         # served from the buffer, and goes at once when it would wait
         # (next_result), when the epoch has no more tasks, or after a restart.
         # One message wakes a sleeping worker once for both: on this kind of
         # machine that wake-up is most of what a batch costs the main process.
-        self._coalesce = max(1, coalesce)
+        # Only where the window is deep enough that a held task does not leave
+        # its worker idle: at the default 2 per worker, holding cost ~10%
+        # batches/s where the workers were barely ahead of the loop (the loop
+        # slept 2.5-4x as often); at 3 per worker it cost nothing measurable.
+        self._coalesce = 2 if setup.prefetch >= 3 * setup.config.num_workers else 1
         self._holding: set[int] = set()            # ids of the workers with tasks held
-        self._timeout = timeout                     # the loader's: also bounds a task's send
+        self._timeout = setup.timeout               # the loader's: also bounds a task's send
         self._stopping = False                      # the shutdown began: a send waiting on a worker gives up
-        self._config = config
-        self.launcher = Launcher(config, start_method, dataset_type, owner=self)
-        self.stats = stats
-        stats.update(tasks_sent=0, task_messages=0)
-        self.pool = SlabPool(stats, MAX_POOLED_SLABS)
+        self._config = setup.config
+        self.launcher = Launcher(setup.config, start_method, setup.dataset_type, owner=self)
+        self.counts = {"tasks_sent": 0, "task_messages": 0}
+        self.pool = SlabPool(MAX_POOLED_SLABS)
         self._handles: list[ProcessHandle] = []
         self._fetcher: Fetcher | None = None
         self._ending: list[Process] | None = None   # what refuse_starts left to end
@@ -70,6 +69,9 @@ class ProcessTransport(Transport):
         self._fetcher.sync()
         lifecycle.register_pausable(self)
         self._fetcher.start()
+
+    def counters(self) -> list[dict[str, int]]:
+        return [self.pool.counts, self.counts]
 
     def pause(self) -> bool:
         """Stop the fetcher thread for a moment (another engine forks its zygote)."""
@@ -144,8 +146,8 @@ class ProcessTransport(Transport):
             try:
                 # Packed and sent by the core, which records each task's slab on the handle first.
                 done, messages, unsent = send_tasks(handle, self.pool, m.TASK_PREFIX, tasks)
-                self.stats["tasks_sent"] += done
-                self.stats["task_messages"] += messages
+                self.counts["tasks_sent"] += done
+                self.counts["task_messages"] += messages
                 if unsent is not None:
                     rest, slab_fd = unsent
                     if not m.finish_send(handle.sock, memoryview(rest), slab_fd, self._timeout,

@@ -40,8 +40,7 @@ from .._collate.layout import views_from_layout
 from ..errors import WorkerError
 from . import messages as m
 from .ray_actor import LoaderActor
-from .transport import ResultSink, Transport, WorkerLoss
-from .worker import WorkerConfig
+from .transport import Transport, TransportSetup, WorkerLoss
 
 if TYPE_CHECKING:
     from ..backends import RayBackend
@@ -152,12 +151,11 @@ class RayTransport(Transport):
 
     transported = True
 
-    def __init__(self, sink: ResultSink, lock: threading.RLock, config: WorkerConfig,
-                 backend: RayBackend, dataset_type: str):
-        super().__init__(sink, lock)
-        self._config = config
+    def __init__(self, setup: TransportSetup, backend: RayBackend):
+        super().__init__(setup)
+        config = self._config = setup.config
         self._backend = backend
-        self._dataset_type = dataset_type
+        self._dataset_type = setup.dataset_type
         self._ray: Any = None
         self._actor_class: Any = None
         self._payload: list[Any] = []          # [ObjectRef] of the user's objects, put once

@@ -111,14 +111,14 @@ class SlabPool:
     consumer drops a batch); it only appends to a deque, which is atomic, so
     it needs no lock and cannot deadlock against the dispatcher."""
 
-    def __init__(self, stats: dict[str, int], max_fds: int):
+    def __init__(self, max_fds: int):
         self._free: collections.deque[Slab] = collections.deque()
         self._slabs: dict[int, Slab] = {}
         self._fds: dict[int, int] = {}
         self._next_id = 0
         self._closed = False
         self.max_fds = max_fds
-        self.stats = stats
+        self.counts = {"slabs_created": 0, "slabs_reused": 0, "slabs_retired": 0}
 
     def adopt(self, fd: int, size: int) -> Slab:
         """Take ownership of a descriptor (received from a worker); map it."""
@@ -129,7 +129,7 @@ class SlabPool:
         except BaseException:
             os.close(fd)
             raise
-        self.stats["slabs_created"] += 1
+        self.counts["slabs_created"] += 1
         if self._closed or len(self._fds) >= self.max_fds:
             os.close(fd)   # one-shot: the mapping alone keeps the memory
             return slab
@@ -143,7 +143,7 @@ class SlabPool:
         while self._free:
             slab = self._free.popleft()
             if slab.slab_id in self._slabs:
-                self.stats["slabs_reused"] += 1
+                self.counts["slabs_reused"] += 1
                 return slab
         return None
 
@@ -155,7 +155,7 @@ class SlabPool:
         """Forget a slab (too small): its memory goes when its last view does."""
         if self._slabs.pop(slab.slab_id, None) is not None:
             _fds.close_fd(self._fds.pop(slab.slab_id))
-            self.stats["slabs_retired"] += 1
+            self.counts["slabs_retired"] += 1
 
     def fd(self, slab_id: int) -> int:
         """The descriptor of a pooled slab, to pass to a worker.  OSError

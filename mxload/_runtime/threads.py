@@ -2,6 +2,7 @@
 thread collates into private memory and delivers its results itself."""
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
@@ -9,8 +10,8 @@ import time
 import numpy as np
 
 from . import messages as m
-from .transport import ResultSink, Transport, WorkerLoss
-from .worker import WorkerConfig, thread_worker_main
+from .transport import Transport, TransportSetup, WorkerLoss
+from .worker import thread_worker_main
 
 __all__ = ["ThreadTransport"]
 
@@ -18,8 +19,10 @@ __all__ = ["ThreadTransport"]
 class ThreadTransport(Transport):
     transported = False
 
-    def __init__(self, sink: ResultSink, lock: threading.RLock, configs: list[WorkerConfig]):
-        super().__init__(sink, lock)
+    def __init__(self, setup: TransportSetup):
+        super().__init__(setup)
+        template = setup.config
+        configs = [dataclasses.replace(template, worker_id=wid) for wid in range(template.num_workers)]
         self._queues: list[queue.SimpleQueue[m.Task | m.Stop]] = [queue.SimpleQueue() for _ in configs]
         # Every thread exists before any runs: one may report (a failed
         # worker_init_fn) as soon as it starts.

@@ -15,7 +15,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -23,7 +23,10 @@ from .._core import RawBatch, ReorderBuffer
 from ..errors import WorkerError
 from . import messages as m
 
-__all__ = ["Delivery", "ResultSink", "Transport", "WorkerLoss"]
+if TYPE_CHECKING:
+    from .worker import WorkerConfig
+
+__all__ = ["Delivery", "ResultSink", "Transport", "TransportSetup", "WorkerLoss"]
 
 # What a transport hands the engine for one task: the batch (as the consumer
 # will see it), the batch's failure, the end of a stream, or a failed worker_init_fn.
@@ -61,6 +64,20 @@ class ResultSink(Protocol):
         """The batches of the current epoch given to `worker_id` and not answered, oldest first."""
 
 
+@dataclass(frozen=True)
+class TransportSetup:
+    """What the engine gives a backend to make its transport (``Backend.make_transport``):
+    everything a transport may need, so that a new one is its own module and its backend
+    class, and the engine names none of them."""
+    sink: ResultSink
+    lock: threading.RLock          # the engine's (see Transport's contract)
+    config: WorkerConfig           # worker 0's, for the engine's first epoch
+    buffer: ReorderBuffer          # a transport whose consumer receives itself fills it
+    dataset_type: str              # for error messages
+    prefetch: int                  # tasks in flight in all
+    timeout: float | None          # the loader's: no batch within it is an error
+
+
 class Transport(ABC):
     """How tasks reach workers and results come back.
 
@@ -91,9 +108,14 @@ class Transport(ABC):
     #: transport serves no further epoch (the engine is not reused).
     stream_cut: bool = False
 
-    def __init__(self, sink: ResultSink, lock: threading.RLock):
-        self.sink = sink
-        self.lock = lock
+    def __init__(self, setup: TransportSetup):
+        self.sink = setup.sink
+        self.lock = setup.lock
+
+    def counters(self) -> list[dict[str, int]]:
+        """The counters this transport's components own (``loader.stats`` merges them with
+        the engine's); each dict stays readable after the transport ends."""
+        return []
 
     @abstractmethod
     def start(self) -> None:
