@@ -31,7 +31,6 @@ training loop), and the worker table their busy time and CPU time.
 from __future__ import annotations
 
 import collections
-import json
 import os
 import sys
 import threading
@@ -42,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _trace
 from ._cpus import usable_cores
 
 __all__ = ["Profiler", "Report", "profile"]
@@ -395,31 +395,6 @@ class Profiler:
                           worker_stages={k: v / 1e9 for k, v in self.worker_stage_ns.items()},
                           samples=self.samples, cpu=cpu_info)
 
-    def _spans(self) -> list[tuple[str, str, int | None, int, int]]:
-        """The raw records as (track, label, batch index or None, start ns, dur ns)."""
-        with self._lock:
-            self._fold()
-            records = list(self.events)
-        spans: list[tuple[str, str, int | None, int, int]] = []
-        for record in records:
-            kind = record[0]
-            if kind == "batch":
-                _, worker_id, idx, start, fetch_ns, collate_ns, sent, ready = record
-                # In-process loading (worker -1) happens inside the consumer's next().
-                track = f"worker {worker_id}" if worker_id >= 0 else "consumer"
-                spans.append((track, "fetch", idx, start, fetch_ns))
-                spans.append((track, "collate", idx, start + fetch_ns, collate_ns))
-                if sent:
-                    spans.append(("fetcher", "transport", idx, sent, max(0, ready - sent)))
-            elif kind == "next":
-                _, idx, call, now, previous = record
-                if previous is not None:
-                    spans.append(("consumer", "compute", None, previous, max(0, call - previous)))
-                spans.append(("consumer", "next() ->", idx, call, now - call))
-            else:  # "epoch"
-                spans.append(("consumer", "start epoch", None, record[1], record[2]))
-        return spans
-
     def save_chrome_trace(self, path: str) -> None:
         """Write the recorded spans in the Trace Event Format (one track per
         worker, the fetcher and the consumer).
@@ -431,30 +406,10 @@ class Profiler:
         Raises:
             OSError: the file cannot be written.
         """
-        spans = self._spans()
-        origin = self.start_ns or (min(sp[3] for sp in spans) if spans else 0)
-        pid = os.getpid()
-        tracks = sorted({sp[0] for sp in spans}, key=_track_order)
-        tids = {name: i + 1 for i, name in enumerate(tracks)}
-        trace: list[dict[str, Any]] = [
-            {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": "mxload"}}]
-        for name, tid in tids.items():
-            trace.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
-            trace.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
-                          "args": {"sort_index": tid}})
-        for track, label, batch_index, start, dur in spans:
-            name = label if batch_index is None else f"{label} batch {batch_index}"
-            trace.append({"name": name, "cat": track.split()[0], "ph": "X", "pid": pid, "tid": tids[track],
-                          "ts": (start - origin) / 1e3, "dur": max(dur, 0) / 1e3,
-                          "args": {} if batch_index is None else {"batch": batch_index}})
-        with open(path, "w") as f:
-            json.dump({"traceEvents": trace, "displayTimeUnit": "ms"}, f)
-
-
-def _track_order(name: str) -> tuple[Any, ...]:
-    kind = name.split()[0]
-    rank = {"consumer": 0, "fetcher": 1, "worker": 2}.get(kind, 3)
-    return (rank, int(name.split()[1]) if kind == "worker" else 0)
+        with self._lock:
+            self._fold()
+            records = list(self.events)
+        _trace.write_chrome_trace(path, _trace.spans(records), self.start_ns)
 
 
 class Report:
