@@ -10,13 +10,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import sys
-import textwrap
 import threading
 import time
 import warnings
 
+import fresh_python
 import numpy as np
 import pytest
 from conftest import assert_gone, descendant_pids, end_child, kill_and_expect_workers_gone, shm_entries
@@ -382,21 +381,15 @@ def test_pad_handles_the_ragged_field_through_workers():
 # ---------------------------------------------------------------- whole-process scenarios
 
 
+_IMPORTS = "from datasets_for_tests import SlowDataset, TupleDataset"
+
+
 def _script(body: str) -> str:
-    return textwrap.dedent(f"""
-        import os, sys, time, signal
-        # The suite may run with SIGINT ignored (background jobs, some CI runners), and an
-        # ignored signal stays ignored in children: restore Python's Ctrl-C handling.
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        sys.path.insert(0, {TESTS_DIR!r})
-        import numpy as np, mxload
-        from datasets_for_tests import SlowDataset, TupleDataset
-    """) + textwrap.dedent(body)
+    return fresh_python.script(body, _IMPORTS)
 
 
 def _run_script(body: str, **kw):
-    return subprocess.Popen([sys.executable, "-c", _script(body)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
+    return fresh_python.start(body, imports=_IMPORTS, **kw)
 
 
 @pytest.mark.parametrize("start_method", START_METHODS)

@@ -13,22 +13,18 @@ import queue
 import random
 import signal
 import subprocess
-import sys
 import textwrap
 import threading
 import time
 
+import fresh_python
 import pytest
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
-PRELUDE = f"""
-import os, sys, time, signal, threading
-signal.signal(signal.SIGINT, signal.default_int_handler)
-sys.path.insert(0, {TESTS_DIR!r})
-import numpy as np, mxload
+PRELUDE = fresh_python.PRELUDE + """
 from mxload._runtime import lifecycle, threads
 from datasets_for_tests import SlowDataset, StuckDataset, TupleDataset
 
@@ -39,7 +35,7 @@ def children():
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                with open(f"/proc/{{entry}}/stat") as f:
+                with open(f"/proc/{entry}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
@@ -77,19 +73,8 @@ def interrupt_when_a_slab_is_adopted():
 
 
 def run_child(body: str, timeout: float = 30) -> tuple[str, str, int]:
-    script = PRELUDE + textwrap.dedent(body)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        err += f"\n[the child hung for {timeout} s and was killed]"
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+    proc = fresh_python.start(PRELUDE + textwrap.dedent(body), prelude=False, start_new_session=True)
+    out, err = fresh_python.finish(proc, timeout)
     return out, err, proc.returncode
 
 
@@ -395,8 +380,7 @@ def test_ctrl_c_at_random_moments_gives_one_interrupt_and_leaves_nothing(seed):
     plus slack for a loaded machine), no process, thread or fd left."""
     rng = random.Random(seed)
     script = PRELUDE + RANDOM_MOMENTS_CHILD
-    proc = subprocess.Popen([sys.executable, "-c", script, str(MOMENTS)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = fresh_python.start(script, str(MOMENTS), prelude=False, start_new_session=True)
     lines: queue.Queue[str] = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True)
     reader.start()
@@ -486,7 +470,7 @@ def test_a_deferral_runs_no_python_code_before_it_is_active(kind):
     Python code (the `signal` module's getsignal/signal are Python wrappers),
     a Ctrl-C there would escape it: from a finalizer as 'Exception ignored',
     and the user's Ctrl-C is lost.  Simulate one landing in those wrappers."""
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+    result = fresh_python.run(f"""
         import signal
         signal.signal(signal.SIGINT, signal.default_int_handler)
         from mxload._core import {kind} as wrap
@@ -494,6 +478,6 @@ def test_a_deferral_runs_no_python_code_before_it_is_active(kind):
             raise KeyboardInterrupt("landed in the signal module's Python code")
         signal.getsignal = signal.signal = landed
         print(wrap(lambda: "ran")())
-    """)], capture_output=True, text=True, timeout=60)
+    """, prelude=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["ran"]

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import fresh_python
 import numpy as np
 import pytest
 
@@ -380,7 +381,7 @@ def test_cgroup_cpu_quota_v1_and_v2(tmp_path, lines, files, expect):
 
 
 def _run(code):
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    return fresh_python.run(code, prelude=False)
 
 
 def test_usable_cores_follows_the_affinity_mask_and_workers_beyond_it_warn_once():

@@ -12,11 +12,11 @@ import random
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import warnings
 
+import fresh_python
 import numpy as np
 import pytest
 from conftest import assert_gone, end_child, kill_and_expect_workers_gone, process_alive
@@ -199,38 +199,22 @@ def test_workers_dying_together_are_all_restarted(start_method):
 # ---------------------------------------------------------------- whole-process scenarios
 
 
+_IMPORTS = "from datasets_for_tests import PayloadDataset, SlowDataset, TupleDataset, DyingDataset"
+
+
 def _script(body: str) -> str:
-    return textwrap.dedent(f"""
-        import os, sys, time, signal, threading, warnings
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # even if the suite ignores it
-        sys.path.insert(0, {TESTS_DIR!r})
-        import faulthandler
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
-        import numpy as np, mxload
-        from datasets_for_tests import PayloadDataset, SlowDataset, TupleDataset, DyingDataset
-    """) + textwrap.dedent(body)
+    return fresh_python.script(body, _IMPORTS)
 
 
 def _run(body: str, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", _script(body)], capture_output=True, text=True,
-                          timeout=timeout, **kw)
+    return fresh_python.run(body, imports=_IMPORTS, timeout=timeout, **kw)
 
 
 def _popen(body: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", _script(body)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
+    return fresh_python.start(body, imports=_IMPORTS, **kw)
 
 
-def _finish(proc: subprocess.Popen, timeout: float = 20) -> tuple[str, str]:
-    """Its output; killed (and the output marked so) if it outlives `timeout`."""
-    try:
-        return proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.kill(proc.pid, signal.SIGUSR1)   # its threads' stacks (faulthandler), then kill it
-        time.sleep(0.5)
-        proc.kill()
-        out, err = proc.communicate()
-        return out + f"\n(killed after {timeout} s)", err
+_finish = fresh_python.finish
 
 
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
@@ -384,7 +368,7 @@ def test_replacements_are_forked_like_the_originals_even_from_python_c(tmp_path)
     """Default fork: a replacement neither re-runs an unguarded script body (as
     forkserver/spawn would, under `python -c` too) nor pickles the dataset."""
     code = UNGUARDED.format(tests=TESTS_DIR, marker=str(tmp_path / "died"))
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    result = fresh_python.run(code, prelude=False)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split("\n")[:2] == ["BODY", "restarts 1 ok"], result.stdout + result.stderr
     assert "Traceback" not in result.stderr, result.stderr
