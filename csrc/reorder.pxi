@@ -101,8 +101,13 @@ cdef class ReorderBuffer:
     # the receiver's poll() sees them (see receive.pxi).  Set and read with
     # the GIL held.
     cdef int _wake_fd
+    # Threads in get()/pop_next() that found nothing and are committed to waiting
+    # (changed and read with the GIL held): what a test or a debugger can poll
+    # instead of sleeping and hoping the other thread got there.
+    cdef Py_ssize_t _waiting
 
     def __cinit__(self):
+        self._waiting = 0
         self._raw = NULL
         self._nraw = self._rawcap = 0
         self._c_closed = False
@@ -291,33 +296,43 @@ cdef class ReorderBuffer:
                 timeout = None  # longer than any run: wait forever (no overflow)
             else:
                 deadline_ns = mxl_monotonic_ns() + <int64_t>(timeout * 1e9)
-        while True:
-            if self._closed:
-                raise self._closed_error()
-            if any_index:
-                found = self._pop_smallest()
-            else:
-                found = self._pop(idx)
-            if found is not _MISSING:
-                return found
-            if not armed:
-                # Read the generation, then look once more: an item put
-                # between the first look and this read is found by the
-                # second look; one put after it wakes the wait below.
-                seen = self._generation_now()
-                armed = True
-                continue
-            if timeout is not None:
-                remaining = (deadline_ns - mxl_monotonic_ns()) / 1e9
-                if remaining <= 0:
-                    what = "any batch" if any_index else f"batch {idx}"
-                    raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
-            slice_s = _WAIT_SLICE_S if (remaining < 0 or remaining > _WAIT_SLICE_S) else remaining
-            with nogil:
-                seen = self._wait_for_change(seen, slice_s)
-            # Let Python run pending signal handlers so Ctrl-C interrupts a
-            # consumer blocked here.
-            PyErr_CheckSignals()
+        try:
+            while True:
+                if self._closed:
+                    raise self._closed_error()
+                if any_index:
+                    found = self._pop_smallest()
+                else:
+                    found = self._pop(idx)
+                if found is not _MISSING:
+                    return found
+                if not armed:
+                    # Read the generation, then look once more: an item put
+                    # between the first look and this read is found by the
+                    # second look; one put after it wakes the wait below.
+                    seen = self._generation_now()
+                    armed = True
+                    self._waiting += 1
+                    continue
+                if timeout is not None:
+                    remaining = (deadline_ns - mxl_monotonic_ns()) / 1e9
+                    if remaining <= 0:
+                        what = "any batch" if any_index else f"batch {idx}"
+                        raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+                slice_s = _WAIT_SLICE_S if (remaining < 0 or remaining > _WAIT_SLICE_S) else remaining
+                with nogil:
+                    seen = self._wait_for_change(seen, slice_s)
+                # Let Python run pending signal handlers so Ctrl-C interrupts a
+                # consumer blocked here.
+                PyErr_CheckSignals()
+        finally:
+            if armed:
+                self._waiting -= 1
+
+    @property
+    def waiting(self):
+        """How many threads wait in get()/pop_next() now (found nothing, committed to waiting)."""
+        return self._waiting
 
     def get(self, Py_ssize_t idx, timeout=None):
         """Wait for batch `idx`, remove it and return it."""

@@ -57,6 +57,33 @@ def start_methods(*methods: str) -> list:
             for m in methods]
 
 
+def wait_until(condition, timeout: float = 10.0, what: str = "the condition") -> None:
+    """Poll `condition()` until it holds: how a test waits for another thread or process to
+    reach a state (a buffer's waiters, a worker's pid...), never a sleep that hopes it got
+    there.  AssertionError naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout} s")
+        time.sleep(0.002)
+
+
+def asleep_in(pid: int, tid: int | None = None) -> str:
+    """The kernel function thread `tid` of process `pid` sleeps in ('' when it runs or is
+    gone): e.g. poll_schedule_timeout for a thread blocked in poll(), futex_wait_queue for a
+    condition variable or a lock.  With wait_until: wait for another process's thread to be
+    blocked in a C wait, which no message from it can say."""
+    base = f"/proc/{pid}/task/{tid if tid is not None else pid}"
+    try:
+        with open(f"{base}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] != "S":
+                return ""
+        with open(f"{base}/wchan") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def race_rounds(default: int) -> int:
     """How many times a `races` test tries its race: MXLOAD_RACE_ROUNDS (long mode: 50)."""
     return int(os.environ.get("MXLOAD_RACE_ROUNDS", default))

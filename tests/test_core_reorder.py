@@ -12,6 +12,7 @@ import time
 import weakref
 
 import pytest
+from conftest import wait_until
 
 from mxload import _core
 from mxload._core import BufferClosedError, ReorderBuffer
@@ -310,7 +311,7 @@ def test_get_waits_for_late_put():
     buf = ReorderBuffer()
     it = Item(4)
     t, res = run_in_thread(buf.get, 4, timeout=10)
-    time.sleep(0.15)
+    wait_until(lambda: buf.waiting == 1, what="get() waiting")
     assert t.is_alive()  # really blocked
     put_at = time.monotonic()
     buf.put(4, it)
@@ -325,7 +326,7 @@ def test_get_waits_for_late_put():
 def test_pop_next_waits_for_late_put():
     buf = ReorderBuffer()
     t, res = run_in_thread(buf.pop_next, timeout=10)
-    time.sleep(0.1)
+    wait_until(lambda: buf.waiting == 1, what="pop_next() waiting")
     assert t.is_alive()
     buf.put(42, "late")
     t.join(5)
@@ -396,7 +397,7 @@ def test_close_reason_is_stringified_and_first_reason_wins():
 def test_close_wakes_blocked_getter_promptly():
     buf = ReorderBuffer()
     t, res = run_in_thread(buf.get, 7, timeout=30)
-    time.sleep(0.2)
+    wait_until(lambda: buf.waiting == 1, what="get() waiting")
     assert t.is_alive()
     closed_at = time.monotonic()
     buf.close("worker 3 died")
@@ -413,7 +414,7 @@ def test_close_wakes_every_waiter():
     threads = [run_in_thread(buf.get, i, timeout=30) for i in range(4)]
     threads += [run_in_thread(buf.pop_next, timeout=30) for _ in range(2)]
     threads += [run_in_thread(buf.get, 99)]  # no timeout at all
-    time.sleep(0.2)
+    wait_until(lambda: buf.waiting == 7, what="all 7 waiting")
     assert all(t.is_alive() for t, _ in threads)
     closed_at = time.monotonic()
     buf.close("shutdown")
@@ -452,7 +453,7 @@ def test_gil_released_while_waiting():
     buf = ReorderBuffer()
     waiters = [run_in_thread(buf.get, i, timeout=30) for i in range(3)]
     waiters.append(run_in_thread(buf.pop_next, timeout=30))
-    time.sleep(0.1)
+    wait_until(lambda: buf.waiting == 4, what="all 4 waiting")
     assert all(w.is_alive() for w, _ in waiters)
 
     t, res = run_in_thread(_count_for, duration)
@@ -473,7 +474,7 @@ def test_gil_released_while_waiting_main_thread_counts():
     thread waits in get() without a timeout."""
     buf = ReorderBuffer()
     t, res = run_in_thread(buf.get, 0)
-    time.sleep(0.05)
+    wait_until(lambda: buf.waiting == 1, what="get() waiting")
     n = _count_for(0.3)
     assert t.is_alive()
     buf.put(0, "go")
@@ -593,7 +594,7 @@ def test_stress_get_disjoint_indices():
     putters = [threading.Thread(target=putter, args=(c,), daemon=True) for c in put_chunks]
     # getters start first: they are waiting before any item arrives
     _start_all(getters)
-    time.sleep(0.1)
+    wait_until(lambda: buf.waiting == N_GETTERS, what="every getter waiting")
     assert all(t.is_alive() for t in getters)
     assert len(buf) == 0
     _start_all(putters)
@@ -661,7 +662,7 @@ def test_stress_pop_next():
     poppers = [threading.Thread(target=popper, args=(g,), daemon=True) for g in range(N_GETTERS)]
     putters = [threading.Thread(target=putter, args=(c,), daemon=True) for c in put_chunks]
     _start_all(poppers)
-    time.sleep(0.1)
+    wait_until(lambda: buf.waiting == N_GETTERS, what="every popper waiting")
     _start_all(putters)
     go.set()
     for t in putters:

@@ -1,7 +1,10 @@
 """Epoch planning (mxload/_runtime/epoch.py): which batches an epoch
 delivers, fresh or resumed from a state_dict, the same for 0 or N workers."""
+import os
+
 import numpy as np
 import pytest
+from conftest import asleep_in, wait_until
 
 import mxload
 from mxload._checkpoint import EpochProgress
@@ -92,7 +95,12 @@ def test_close_from_another_thread_ends_a_waiting_next_cleanly(kwargs):
     from datasets_for_tests import SlowDataset
     loader = mxload.DataLoader(SlowDataset(0.5, n=8), batch_size=2, num_workers=2, **kwargs)
     it = iter(loader)
-    closer = threading.Timer(0.2, it.close)
+    consumer = threading.get_native_id()
+
+    def close_once_next_waits():
+        wait_until(lambda: asleep_in(os.getpid(), consumer), what="next() asleep in its wait")
+        it.close()
+    closer = threading.Thread(target=close_once_next_waits)
     closer.start()
     t0 = time.monotonic()
     with pytest.raises(StopIteration):

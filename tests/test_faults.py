@@ -18,7 +18,15 @@ import warnings
 import fresh_python
 import numpy as np
 import pytest
-from conftest import assert_gone, descendant_pids, end_child, kill_and_expect_workers_gone, shm_entries
+from conftest import (
+    asleep_in,
+    assert_gone,
+    descendant_pids,
+    end_child,
+    kill_and_expect_workers_gone,
+    shm_entries,
+    wait_until,
+)
 from datasets_for_tests import (
     DictDataset,
     DyingDataset,
@@ -428,7 +436,7 @@ def test_ctrl_c_reaches_the_training_loop_once_and_workers_stay_quiet(start_meth
     """, start_new_session=True)
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
-        time.sleep(0.5)   # the consumer is now inside the C wait
+        wait_until(lambda: "poll" in asleep_in(proc.pid), what="the consumer asleep in the C wait (poll)")
         os.killpg(proc.pid, signal.SIGINT)   # as a terminal does: the whole group
         out, err = proc.communicate(timeout=10)
     finally:
