@@ -35,7 +35,8 @@ def main(sdist: str, wheel: str) -> int:
         names = tar.getnames()
     root = names[0].split("/")[0]
     in_sdist = {n[len(root) + 1:] for n in names if n.startswith(root + "/")}
-    want = (package | checkout("csrc/*.pyx", "csrc/*.pxi", "csrc/*.pxd", "csrc/*.h", "tests/*.py")
+    want = (package | checkout("csrc/*.pyx", "csrc/*.pxi", "csrc/*.pxd", "csrc/mxload/*.pxd", "csrc/*.h",
+                       "tests/*.py")
             | {"setup.py", "pyproject.toml", "README.md", "LICENSE", "PKG-INFO"})
     errors += [f"sdist lacks {name}" for name in sorted(want - in_sdist)]
     for pattern in ("csrc/*.c", "*.so", "*.pyd", "*.pyc"):

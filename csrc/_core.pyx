@@ -4,7 +4,8 @@
 shared-memory slabs, the fetcher's receive path, the per-batch task send
 and hand-off,
 Ctrl-C deferral and the workers' parent watchdog.  C declarations live in
-mxl_c.pxd; the code is split by job into the .pxi files included below."""
+mxl_c.pxd, the typed fields of its own extension types in mxload/_core.pxd; the code is
+split by job into the .pxi files included below."""
 
 cimport cython
 from cpython.pyport cimport PY_SSIZE_T_MAX
@@ -33,6 +34,7 @@ include "reorder.pxi"
 include "collate.pxi"
 include "slab.pxi"
 include "receive.pxi"
+include "channel.pxi"
 include "task.pxi"
 include "handoff.pxi"
 include "watchdog.pxi"

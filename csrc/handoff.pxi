@@ -64,14 +64,17 @@ def claim_batch(RawBatch raw not None, list handles not None, release):
     ClaimMismatch if the frame contradicts the task."""
     if raw.slot >= len(handles):
         return None
-    handle = handles[raw.slot]
-    if handle is None or handle.tag != raw.tag:
+    entry = handles[raw.slot]
+    if entry is None:
+        return None
+    cdef WorkerChannel handle = <WorkerChannel?>entry
+    if handle.tag != raw.tag:
         return None
     cdef dict slabs = handle.slabs
     slab = slabs.pop((raw.epoch, raw.idx), _NO_TASK)
     if slab is _NO_TASK:
         return None
-    cached = (<dict?>handle.layouts).get(raw.layout_id)
+    cached = handle.layouts.get(raw.layout_id)
     if slab is None or (<Slab?>slab).slab_id != raw.slab_id or cached is None:
         if slab is not None:
             release(slab)

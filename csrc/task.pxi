@@ -124,9 +124,9 @@ def send_task(int sock, bytes prefix, int64_t epoch, int64_t batch_index, object
         PyMem_Free(head)
 
 
-def send_tasks(handle, pool, bytes prefix, list tasks not None):
+def send_tasks(WorkerChannel handle not None, pool, bytes prefix, list tasks not None):
     """Send `tasks` ((epoch, batch index, indices, profiling) each, in order)
-    to `handle`'s worker (a ProcessHandle) without blocking, as few messages
+    to `handle`'s worker (its WorkerChannel: a ProcessHandle) without blocking, as few messages
     as it can: every frame in a slab from `pool` when one is free (recorded
     on the handle under (epoch, batch index) before anything is sent; None:
     the worker makes one), the slabs the worker must forget named in the
@@ -150,7 +150,7 @@ def send_tasks(handle, pool, bytes prefix, list tasks not None):
     carried = None
     if len(prefix) != 4:
         raise ValueError(f"a task frame's prefix is 4 bytes, got {len(prefix)}")
-    drops = handle.pending_drops
+    cdef list drops = handle.pending_drops
     ndrops = len(drops)
     heads = <char *>PyMem_Malloc(_MAX_FRAMES * MXL_TASK_FIXED + 8 * ndrops)
     if heads == NULL:

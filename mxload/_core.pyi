@@ -169,7 +169,17 @@ class _ReceiveStats(TypedDict):
 def send_task(sock: int, prefix: bytes, epoch: int, batch_index: int,
               indices: bytes | NDArray[Any] | None, profiling: bool, slab_id: int, slab_size: int,
               drop_slabs: Sequence[int], slab_fd: int) -> tuple[bytes, int] | None: ...
-def send_tasks(handle: Any, pool: Any, prefix: bytes,
+class WorkerChannel:
+    """One worker's task channel as the compiled code reads it (channel.pxi, mxload/_core.pxd)."""
+    sock: Any
+    tag: int
+    known_slabs: set[int]
+    pending_drops: list[int]
+    slabs: dict[tuple[int, int], Slab | None]
+    layouts: dict[int, tuple[Any, Any]]
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self: ...
+
+def send_tasks(handle: WorkerChannel, pool: Any, prefix: bytes,
                tasks: list[tuple[int, int, bytes | NDArray[Any] | None, bool]],
                ) -> tuple[int, int, tuple[bytes, int] | None]: ...
 
@@ -219,7 +229,8 @@ class ClaimMismatch:
     def task_slab_id(self) -> Any: ...
     def __new__(cls, task_slab_id: Any) -> Self: ...
 
-def claim_batch(raw: RawBatch, handles: list[Any], release: Callable[[Slab], object]) -> Any: ...
+def claim_batch(raw: RawBatch, handles: Sequence[WorkerChannel | None],
+                release: Callable[[Slab], object]) -> Any: ...
 
 # ---------------------------------------------------------------- interrupt.pxi
 

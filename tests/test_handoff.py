@@ -65,11 +65,15 @@ def _xy_template() -> _core.ViewTemplate:
     return layout.compile_template((root, [(0, (2, 3), "<f4"), (64, (2,), "<i8")]))
 
 
-def _handle(tag: int = 7, **kw) -> SimpleNamespace:
-    fields = dict(worker_id=0, pid=123, tag=tag, slabs={}, layouts={}, known_slabs=set(), pending_drops=[],
-                  sock=None)
-    fields.update(kw)
-    return SimpleNamespace(**fields)
+class _Handle(_core.WorkerChannel):
+    """A worker's channel as the compiled send and hand-off read it, plus what errors name."""
+
+
+def _handle(tag: int = 7, **kw) -> _Handle:
+    handle = _Handle()
+    for name, value in dict(worker_id=0, pid=123, tag=tag, **kw).items():
+        setattr(handle, name, value)
+    return handle
 
 
 def test_a_claimed_batch_is_views_of_its_tasks_slab_and_recycles_it():
@@ -362,3 +366,15 @@ def test_a_task_sent_again_by_a_restart_goes_at_once_to_a_loop_already_asleep(nu
     assert got == list(range(20))
     assert stats["worker_restarts"] == 1 and stats["tasks_sent"] == 11, stats
     assert took < 8, took   # the restart's time, not the timeout's
+
+
+def test_the_compiled_send_and_claim_take_only_a_typed_worker_channel():
+    """The core reads a worker's channel through the typed fields of WorkerChannel
+    (csrc/mxload/_core.pxd): an object that merely has attributes of those names is refused,
+    so a renamed field cannot be read by name at run time."""
+    lookalike = SimpleNamespace(worker_id=0, pid=1, tag=7, slabs={}, layouts={}, known_slabs=set(),
+                                pending_drops=[], sock=None)
+    with pytest.raises(TypeError, match="WorkerChannel"):
+        _core.send_tasks(lookalike, None, m.TASK_PREFIX, [])
+    with pytest.raises(TypeError, match="WorkerChannel"):
+        _core.claim_batch(_raw_batch(0, 1, 5, 64, 1), [lookalike], lambda slab: None)

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from multiprocessing import connection as mp_connection
 from typing import Any, Protocol
 
-from .._core import ReorderBuffer, Slab
+from .._core import ReorderBuffer, WorkerChannel
 from . import fds as _fds
 from .procs import SpawnedWorker, Zygote, ZygoteWorker, ensure_fork_server, sigint_deferred
 from .transport import Transport
@@ -127,34 +127,35 @@ class Process(Protocol):
 _tags: Iterator[int] = itertools.count(1)
 
 
-@dataclasses.dataclass(eq=False)
-class ProcessHandle:
-    """The main process's view of one worker process."""
-    worker_id: int
-    process: Process
-    pid: int | None              # kept: the process object is closed once it is reaped
-    sock: socket.socket | None   # the task socket (messages.py)
-    known_slabs: set[int] = dataclasses.field(default_factory=set)
-    pending_drops: list[int] = dataclasses.field(default_factory=list)
-    # (epoch, batch index) -> the slab the task fills.  Tasks of an abandoned
-    # epoch stay here until their result arrives: the worker may still be
-    # writing into their slab, so it must not be handed out again.
-    slabs: dict[tuple[int, int], Slab | None] = dataclasses.field(default_factory=dict)
-    alive: bool = True
-    # Its name on the batches the receive path stores (a restart makes a new
-    # handle, so a stored batch always finds the handle whose worker sent it).
-    tag: int = dataclasses.field(default_factory=lambda: next(_tags))
-    # Layout id -> (layout, build_views template): the layouts its worker named.
-    layouts: dict[int, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
-    # A task's frame was cut short (a send given up): nothing more may be sent.
-    send_cut: bool = False
-    # Tasks held back to go with the next in one message (ProcessTransport.dispatch):
-    # (epoch, batch index, indices, profiling) each.
-    held: list[tuple[int, int, Any, bool]] = dataclasses.field(default_factory=list)
+class ProcessHandle(WorkerChannel):
+    """The main process's view of one worker process: its task channel (WorkerChannel,
+    whose typed fields the compiled send and hand-off read: socket, tag, known_slabs,
+    pending_drops, the slab of each task, the layouts its worker named) and its process.
+
+    Tasks of an abandoned epoch stay in `slabs` until their result arrives: the worker may
+    still be writing into their slab, so it must not be handed out again.  A restart makes a
+    new handle, with a new tag, so a stored batch always finds the handle whose worker sent it.
+    """
+
+    def __init__(self, worker_id: int, process: Process, pid: int | None, sock: socket.socket | None):
+        self.worker_id = worker_id
+        self.process = process
+        self.pid = pid                 # kept: the process object is closed once it is reaped
+        self.sock = sock               # the task socket (messages.py)
+        self.tag = next(_tags)
+        self.alive = True
+        # A task's frame was cut short (a send given up): nothing more may be sent.
+        self.send_cut = False
+        # Tasks held back to go with the next in one message (ProcessTransport.dispatch):
+        # (epoch, batch index, indices, profiling) each.
+        self.held: list[tuple[int, int, Any, bool]] = []
 
     def close_channel(self) -> None:
         _fds.close_socket(self.sock)
         self.sock = None
+
+    def __repr__(self) -> str:
+        return f"ProcessHandle(worker {self.worker_id}, pid {self.pid}, tag {self.tag})"
 
 
 class Pausable(Protocol):
