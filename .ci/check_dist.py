@@ -29,7 +29,8 @@ def checkout(*patterns: str) -> set[str]:
 
 def main(sdist: str, wheel: str) -> int:
     errors = []
-    package = checkout("mxload/*.py", "mxload/*/*.py") | {"mxload/py.typed", "mxload/_core.pyi"}
+    package = (checkout("mxload/*.py", "mxload/*/*.py", "mxload/*/*/*.py")
+               | {"mxload/py.typed", "mxload/_core.pyi"})
 
     with tarfile.open(sdist) as tar:
         names = tar.getnames()

@@ -161,7 +161,7 @@ def task_messages(loader: Any) -> int | None:
 def one_task_per_message() -> Iterator[None]:
     """Engines made meanwhile send every task on its own, as mxload did
     before a worker's task waited for its next (the same run's baseline)."""
-    from mxload._runtime import processes
+    from mxload._runtime.local import transport as processes
     init = processes.ProcessTransport.__init__
     signature = inspect.signature(init)
 

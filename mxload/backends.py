@@ -36,7 +36,7 @@ class LocalProcesses(Backend):
     start_method: str | None = None
 
     def make_transport(self, setup: TransportSetup) -> Transport:
-        from ._runtime.processes import ProcessTransport
+        from ._runtime.local.transport import ProcessTransport
         return ProcessTransport(setup, self.start_method)
 
 
@@ -114,7 +114,7 @@ class RayBackend(Backend):
                              f"got {type(self.runtime_env).__name__}")
 
     def make_transport(self, setup: TransportSetup) -> Transport:
-        from ._runtime.ray_transport import RayTransport  # imports ray: only here
+        from ._runtime.ray.transport import RayTransport  # imports ray: only here
         return RayTransport(setup, self)
 
 

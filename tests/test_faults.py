@@ -545,7 +545,7 @@ def test_a_result_that_cannot_be_unpickled_in_the_main_process_names_batch_and_w
 
 
 def test_a_failure_taking_a_result_in_the_main_process_names_batch_and_worker(monkeypatch):
-    from mxload._runtime import fetcher
+    from mxload._runtime.local import receiver as fetcher
 
     def broken(layout, buffer, base_offset=0):
         raise OSError("mapping failed")

@@ -22,9 +22,9 @@ from test_core_receive import batch_frame, receiver
 import mxload
 from mxload import _core
 from mxload._collate import layout
-from mxload._runtime import fetcher
 from mxload._runtime import messages as m
-from mxload._runtime.slabs import SlabPool, create_shared_fd
+from mxload._runtime.local import receiver as fetcher
+from mxload._runtime.local.slabs import SlabPool, create_shared_fd
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -25,7 +25,8 @@ pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 PRELUDE = fresh_python.PRELUDE + """
-from mxload._runtime import lifecycle, threads
+from mxload._runtime import threads
+from mxload._runtime.local import launcher as lifecycle
 from datasets_for_tests import SlowDataset, StuckDataset, TupleDataset
 
 
@@ -62,7 +63,7 @@ def iterate_until_interrupted(loader):
 def interrupt_when_a_slab_is_adopted():
     '''A Ctrl-C landing inside SlabPool.adopt, after a worker's new slab is
     mapped and before its descriptor is kept (the training loop takes it).'''
-    from mxload._runtime import fds as owned_fds
+    from mxload._runtime.local import fds as owned_fds
     original = owned_fds.own
     def own(obj):
         original(obj)

@@ -7,7 +7,7 @@ import time
 import pytest
 from conftest import _snapshot, is_slab_mapping, leftovers
 
-from mxload._runtime.slabs import create_shared_fd, map_slab
+from mxload._runtime.local.slabs import create_shared_fd, map_slab
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -431,7 +431,7 @@ def test_a_worker_whose_zygote_died_before_it_armed_the_death_signal_ends_itself
     parent-death signal: armed too late, the signal never comes, so the worker
     checks its parent right after arming it."""
     proc = _popen("""
-        from mxload._runtime.procs import die_with_parent
+        from mxload._runtime.local.zygote import die_with_parent
         zygote = os.fork()
         if zygote == 0:
             zygote_pid = os.getpid()

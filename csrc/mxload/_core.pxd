@@ -5,7 +5,7 @@
 
 cdef class WorkerChannel:
     # The main process's side of one worker process's task channel (the receive path and
-    # the task send read it; mxload._runtime.lifecycle.ProcessHandle extends it).
+    # the task send read it; mxload._runtime.local.launcher.ProcessHandle extends it).
     cdef public object sock              # socket.socket | None: the task socket
     cdef public long long tag            # its name on the batches the receive path stores
     cdef public set known_slabs          # slab ids whose descriptor the worker has

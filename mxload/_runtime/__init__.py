@@ -9,17 +9,20 @@ layout) define a format that crosses processes.
                    consume from the ReorderBuffer, failure record, restart policy
     transport.py   the seam: Transport (how tasks reach workers, results come back,
                    shutdown phases) and ResultSink (the engine, as a transport sees it)
-    processes.py   ProcessTransport: sockets, pooled slabs, the receive path
-      lifecycle.py   start method, starting/restarting/ending processes, the
-                     numbered shutdown sequence
-      fetcher.py     the receive path (run by the consumer) and the watcher thread:
+    shutdown.py    the numbered shutdown sequence and its one deadline
+    backends (mxload/backends.py) make the transport: a new kind of worker is one
+                   module and its backend class
+    local/         the process transport (local processes)
+      transport.py   ProcessTransport: sockets, pooled slabs, the receive path
+      launcher.py    start method, starting/restarting/ending processes
+      receiver.py    the receive path (run by the consumer) and the watcher thread:
                      adopt slabs, views, notice deaths
-      procs.py       the zygote (fork), spawn workers, SIGINT handling at starts
+      zygote.py      the zygote (fork), spawn and forkserver workers, SIGINT at starts
       slabs.py       memfd slabs and the main process's pool
       fds.py         descriptors no forked child may keep
     threads.py     ThreadTransport: a task queue per worker thread
-    ray_transport.py  RayTransport (backend="ray"): Ray actors (ray_actor.py) as
-                   workers, anywhere in a Ray cluster
+    ray/           backend="ray": RayTransport (transport.py) and the LoaderActor
+                   (actor.py), workers anywhere in a Ray cluster
     worker.py      the one task loop of process and thread workers; WorkerInfo, seeding
     source.py      the samples of a batch (map-style indices or a stream)
     messages.py    Task, Stop, Batch, NewSlab, Loaded, Failed, Exhausted, InitFailed,
@@ -34,9 +37,9 @@ One batch with worker processes:
       -> Batch (or NewSlab with its descriptor, Failed, Exhausted) -> messages.send
     training loop: EpochIterator.__next__ -> Engine.next_batch -> transport.next_result:
       the batch is in the ReorderBuffer, or the consumer receives it itself
-      (Fetcher.next_result -> _core.FrameReceiver.get, GIL released: reads the workers'
+      (receiver.Fetcher.next_result -> _core.FrameReceiver.get, GIL released: reads the workers'
       sockets, a BatchRef (layout named before) goes into the ReorderBuffer as a C struct;
-      any other frame: messages.decode -> fetcher.take_result (adopt the slab; numpy views
+      any other frame: messages.decode -> receiver.take_result (adopt the slab; numpy views
       owned by a BatchOwner) -> Loaded -> Engine.deliver -> ReorderBuffer.put)
       -> a raw one becomes views through the transport's claim -> (batch index, batch)
       -> progress.taken(index) -> the batch

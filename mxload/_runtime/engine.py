@@ -7,7 +7,7 @@ EpochIterator (epoch.py); when it ends, the engine shuts down, unless the
 loader keeps it for persistent workers.
 
 States: RUNNING -> SHUTTING_DOWN -> CLOSED.  ``Engine.shutdown`` is the only
-place that ends workers (lifecycle.shutdown_sequence); every way an
+place that ends workers (shutdown.shutdown_sequence); every way an
 iteration can end goes through it.
 
 Ctrl-C: the start-up and the shutdown run with SIGINT deferred
@@ -35,7 +35,7 @@ from .._core import BufferClosedError, RawBatch, ReorderBuffer, defer_sigint
 from ..backends import workers_backend
 from ..errors import LoaderTimeoutError, WorkerError
 from . import messages as m
-from .lifecycle import shutdown_sequence
+from .shutdown import shutdown_sequence
 from .transport import Delivery, Transport, TransportSetup, WorkerLoss
 from .worker import WorkerConfig
 
@@ -464,14 +464,14 @@ class Engine:
     @defer_sigint
     def shutdown(self) -> None:
         """End the workers and release everything; idempotent, thread-safe,
-        bounded by lifecycle.SHUTDOWN_DEADLINE_S however stuck the workers
+        bounded by shutdown.SHUTDOWN_DEADLINE_S however stuck the workers
         are.  In a forked child (a user's os.fork()) the inherited copy is
         inert: the workers belong to the process that created them.  A
         Ctrl-C meanwhile is raised once the sequence is complete."""
         if self.state == CLOSED:
             return
         if os.getpid() != self._pid:
-            self.state = CLOSED   # fds.py closed the inherited descriptors at fork
+            self.state = CLOSED   # local/fds.py closed the inherited descriptors at fork
             return
         if sys.is_finalizing():
             return  # the zygote (or each worker's watchdog) sees the sockets hang up

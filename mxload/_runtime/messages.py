@@ -51,7 +51,7 @@ import numpy as np
 
 from .. import _core
 from .._collate.layout import Layout
-from .slabs import fd_limit_error
+from .local.slabs import fd_limit_error
 
 if TYPE_CHECKING:
     from .worker import WorkerConfig

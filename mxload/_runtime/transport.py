@@ -4,9 +4,9 @@ results come back.
 The engine (engine.py) decides which batch goes to which worker, keeps the
 prefetch window, the reorder buffer and the failure record; a Transport
 moves tasks and results and owns the workers' lives.  Three implement it:
-``processes.ProcessTransport`` (local processes: sockets, shared-memory slabs,
+``local.transport.ProcessTransport`` (local processes: sockets, shared-memory slabs,
 a receive path the consumer runs itself), ``threads.ThreadTransport`` (worker
-threads in this process) and ``ray_transport.RayTransport`` (Ray actors, local
+threads in this process) and ``ray.transport.RayTransport`` (Ray actors, local
 or on other nodes).
 """
 from __future__ import annotations
@@ -93,7 +93,7 @@ class Transport(ABC):
         its worker is lost first; results of an abandoned epoch are still
         delivered (the engine drops them), so the transport can recycle
         what they hold.
-      * Shutdown is the numbered sequence of lifecycle.shutdown_sequence,
+      * Shutdown is the numbered sequence of shutdown.shutdown_sequence,
         each phase bounded by the deadline it is given: ``stop_receiving``,
         ``refuse_starts``, ``ask_to_stop``, ``end_workers``, ``release``.
         None of them raises.

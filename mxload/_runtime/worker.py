@@ -31,7 +31,7 @@ from .._collate import plan as _plan
 from .._core import Slab, watch_main_process
 from .._torch_compat import enter_worker
 from . import messages as m
-from .slabs import create_shared_fd, map_slab, slab_size_for
+from .local.slabs import create_shared_fd, map_slab, slab_size_for
 from .source import SampleSource
 
 __all__ = ["WorkerInfo", "WorkerConfig", "get_worker_info", "worker_seed", "in_worker_process",
@@ -239,7 +239,7 @@ def worker_process_main(config: WorkerConfig, sock: socket.socket) -> None:
     # since then is discarded here, never delivered.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    if not config.zygote_child:   # a zygote child was armed by the zygote (procs.die_with_parent)
+    if not config.zygote_child:   # a zygote child was armed by the zygote (local/zygote.die_with_parent)
         watch_main_process(sock.fileno())
     payload = config.payload
     if isinstance(payload, bytes):

@@ -12,8 +12,8 @@ import errno
 import os
 import secrets
 
-from .._core import Slab
-from ..errors import SHARED_MEMORY_ADVICE, SharedMemoryError
+from ..._core import Slab
+from ...errors import SHARED_MEMORY_ADVICE, SharedMemoryError
 from . import fds as _fds
 
 _PAGE = 4096

@@ -26,9 +26,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .. import _core
-from .._collate.layout import compile_template, views_from_layout
-from .._core import (
+from ... import _core
+from ..._collate.layout import compile_template, views_from_layout
+from ..._core import (
     BatchOwner,
     ClaimMismatch,
     FrameReceiver,
@@ -38,13 +38,14 @@ from .._core import (
     claim_batch,
     defer_sigint,
 )
-from ..errors import SharedMemoryError, WorkerError
+from ...errors import SharedMemoryError, WorkerError
+from .. import messages as m
+from ..shutdown import SHUTDOWN_DEADLINE_S
+from ..transport import Delivery, ResultSink
 from . import fds as _fds
-from . import messages as m
-from .lifecycle import SHUTDOWN_DEADLINE_S, ProcessHandle
-from .procs import block_sigint_in_this_thread
+from .launcher import ProcessHandle
 from .slabs import SlabPool, fd_limit_error
-from .transport import Delivery, ResultSink
+from .zygote import block_sigint_in_this_thread
 
 __all__ = ["Fetcher", "take_result", "adopt_raw"]
 

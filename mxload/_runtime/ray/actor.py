@@ -19,9 +19,9 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
-from .._collate import plan as _plan
-from . import messages as m
-from .worker import WorkerConfig, _Link, answer, enter_process, reseed_process
+from ..._collate import plan as _plan
+from .. import messages as m
+from ..worker import WorkerConfig, _Link, answer, enter_process, reseed_process
 
 __all__ = ["LoaderActor"]
 

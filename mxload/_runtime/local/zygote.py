@@ -55,13 +55,13 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .._core import watch_main_process
-from ..errors import WorkerError
+from ..._core import watch_main_process
+from ...errors import WorkerError
+from .. import messages as m
 from . import fds as _fds
-from . import messages as m
 
 if TYPE_CHECKING:
-    from .worker import WorkerConfig
+    from ..worker import WorkerConfig
 
 # How long the zygote may take to fork a worker and answer.
 ZYGOTE_REPLY_S = 10.0
@@ -129,7 +129,7 @@ class SpawnedWorker:
         prep["authkey"] = bytes(prep["authkey"])   # pickled outside a spawning context
         self._handover: m.Handover | None = m.Handover(prep, config)
         flags: list[str] = util._args_from_interpreter_flags()  # type: ignore[attr-defined]  # as mp's spawn
-        entry = "from mxload._runtime.procs import spawned_worker_main; spawned_worker_main()"
+        entry = "from mxload._runtime.local.zygote import spawned_worker_main; spawned_worker_main()"
         cmd = [spawn.get_executable(), *flags, "-c", entry, str(sock.fileno())]
         self._popen = subprocess.Popen(cmd, pass_fds=[sock.fileno()], stdin=subprocess.DEVNULL,
                                        process_group=0)
@@ -186,7 +186,7 @@ def spawned_worker_main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from multiprocessing import spawn
 
-    from .worker import worker_process_main
+    from ..worker import worker_process_main
     sock = socket.socket(fileno=int(sys.argv[1]))
     # Before the main module is imported (spawn.prepare), which can take
     # seconds (torch, models): a main process killed meanwhile takes us along.

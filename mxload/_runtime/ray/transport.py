@@ -1,6 +1,6 @@
 """Ray actors as a loader's workers (backend="ray"): the Transport for them.
 
-Tasks are actor calls (``LoaderActor.load``, ray_actor.py), one ObjectRef
+Tasks are actor calls (``LoaderActor.load``, actor.py), one ObjectRef
 each; an actor runs its calls in order, one at a time.  Every ref's
 completion (``ObjectRef.future()``, whose callback runs in Ray's own thread
 and only queues it) wakes this transport's fetcher thread, which turns the
@@ -17,7 +17,7 @@ delivered; what the engine then sends again to a replacement is exactly the
 tasks without a result, and a late result of a reported actor is dropped,
 so every batch is delivered exactly once.
 
-Shutdown (lifecycle.shutdown_sequence): the fetcher stops, every actor this
+Shutdown (shutdown.shutdown_sequence): the fetcher stops, every actor this
 transport ever made is killed (``ray.kill``, its pending calls fail), then
 probed until Ray reports it dead (bounded by the shutdown deadline), and
 every ref is dropped.  An atexit hook, registered after Ray's own, kills the
@@ -36,14 +36,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._collate.layout import views_from_layout
-from ..errors import WorkerError
-from . import messages as m
-from .ray_actor import LoaderActor
-from .transport import Transport, TransportSetup, WorkerLoss
+from ..._collate.layout import views_from_layout
+from ...errors import WorkerError
+from .. import messages as m
+from ..transport import Transport, TransportSetup, WorkerLoss
+from .actor import LoaderActor
 
 if TYPE_CHECKING:
-    from ..backends import RayBackend
+    from ...backends import RayBackend
 
 __all__ = ["RayTransport", "connect"]
 
@@ -267,7 +267,7 @@ class RayTransport(Transport):
     # ---------------------------------------------------------------- results (fetcher thread)
 
     def _fetch_loop(self) -> None:
-        from .procs import block_sigint_in_this_thread
+        from ..local.zygote import block_sigint_in_this_thread
         block_sigint_in_this_thread()
         try:
             while not self._stopping:

@@ -1,7 +1,6 @@
-"""Worker processes on this machine: one socket per worker for tasks and
-results (messages.py), batches in pooled shared-memory slabs (slabs.py),
-a fetcher thread for the results (fetcher.py), lives managed by the
-launcher (lifecycle.py)."""
+"""The process transport: worker processes on this machine, one socket per worker for tasks
+and results (../messages.py), batches in pooled shared-memory slabs (slabs.py), the receive
+path and the watcher thread (receiver.py), lives managed by the launcher (launcher.py)."""
 from __future__ import annotations
 
 import signal
@@ -9,14 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from .._core import RawBatch, ReorderBuffer, send_tasks
-from ..errors import SHARED_MEMORY_ADVICE, LoaderTimeoutError, SharedMemoryError
-from . import lifecycle
-from . import messages as m
-from .fetcher import Fetcher, adopt_raw
-from .lifecycle import Closing, Launcher, Process, ProcessHandle, describe_exit, process_state
+from ..._core import RawBatch, ReorderBuffer, send_tasks
+from ...errors import SHARED_MEMORY_ADVICE, LoaderTimeoutError, SharedMemoryError
+from .. import messages as m
+from ..transport import Transport, TransportSetup, WorkerLoss
+from . import launcher
+from .launcher import Closing, Launcher, Process, ProcessHandle, describe_exit, process_state
+from .receiver import Fetcher, adopt_raw
 from .slabs import SlabPool
-from .transport import Transport, TransportSetup, WorkerLoss
 
 # Slab descriptors the main process keeps for recycling (beyond this, kept
 # batches cost a mapping each, never a descriptor; see SlabPool).
@@ -67,7 +66,7 @@ class ProcessTransport(Transport):
         self._fetcher = Fetcher(self.sink, self.lock, self.pool, self._buffer, self._config.num_workers,
                                 lambda: self._handles, self._on_death)
         self._fetcher.sync()
-        lifecycle.register_pausable(self)
+        launcher.register_pausable(self)
         self._fetcher.start()
 
     def counters(self) -> list[dict[str, int]]:

@@ -1,8 +1,7 @@
-"""Worker processes' lives: the start method, starting and restarting them,
-ending them within a deadline, and the numbered shutdown sequence every
-way an iteration ends goes through (``shutdown_sequence``).
+"""Worker processes' lives: the start method, starting and restarting them, and ending them
+within the shutdown's deadline (the sequence itself: ../shutdown.py).
 
-Ctrl-C: starting runs with SIGINT deferred (procs.sigint_deferred), so no
+Ctrl-C: starting runs with SIGINT deferred (zygote.sigint_deferred), so no
 worker is left half made; the engine runs the whole shutdown with SIGINT
 deferred (_core.defer_sigint), so none is left half ended.
 """
@@ -24,52 +23,13 @@ from collections.abc import Iterator
 from multiprocessing import connection as mp_connection
 from typing import Any, Protocol
 
-from .._core import ReorderBuffer, WorkerChannel
+from ..._core import WorkerChannel
+from ..shutdown import SHUTDOWN_DEADLINE_S, SHUTDOWN_GRACE_S, SHUTDOWN_TERMINATE_S
+from ..worker import Payload, WorkerConfig, in_worker_process, worker_process_main
 from . import fds as _fds
-from .procs import SpawnedWorker, Zygote, ZygoteWorker, ensure_fork_server, sigint_deferred
-from .transport import Transport
-from .worker import Payload, WorkerConfig, in_worker_process, worker_process_main
+from .zygote import SpawnedWorker, Zygote, ZygoteWorker, ensure_fork_server, sigint_deferred
 
-__all__ = ["SHUTDOWN_GRACE_S", "SHUTDOWN_TERMINATE_S", "SHUTDOWN_DEADLINE_S", "Closing", "Launcher",
-           "ProcessHandle", "choose_start_method", "describe_exit", "shutdown_sequence"]
-
-# Shutdown budget: a worker between tasks exits within a few ms of the stop
-# message; one still inside a batch (whose result nobody wants any more) gets
-# SIGTERM after the grace period, SIGKILL after the terminate period; every
-# wait shares the one deadline.
-SHUTDOWN_GRACE_S = 0.02
-SHUTDOWN_TERMINATE_S = 0.5
-SHUTDOWN_DEADLINE_S = 1.0
-
-
-def shutdown_sequence(transport: Transport, buffer: ReorderBuffer) -> None:
-    """End an engine's workers and release everything, within SHUTDOWN_DEADLINE_S
-    however stuck the workers are.  The engine runs it once, Ctrl-C deferred."""
-    start = time.monotonic()
-    deadline = start + SHUTDOWN_DEADLINE_S
-    # 1. Take no result from now on.  Stop the watcher thread (asleep in the
-    #    core's poll() on the workers' pidfds) and join it: the self-pipe wakes
-    #    it.  A consumer receiving in next() is woken the same way, and one
-    #    handling a worker's death finishes that first.
-    transport.stop_receiving(deadline)
-    # 2. No worker starts from now on; wait for one under way (a restart),
-    #    which then ends its process itself if we stop waiting first.
-    transport.refuse_starts(deadline)
-    # 3. Wake a consumer blocked in the ReorderBuffer.
-    buffer.close("the loader is shutting down")
-    # 4. Ask every worker to stop.  The stop message never blocks (a
-    #    stuck worker's socket may be full); workers read ahead, so one
-    #    that is between tasks skips its queued work and exits at once.
-    transport.ask_to_stop()
-    # 5. Grace period, then SIGTERM, then SIGKILL, all within the one
-    #    deadline; reap every process (threads: join until the deadline).
-    #    Then the zygote, which kills and reaps whatever is left of its children.
-    transport.end_workers(start, deadline)
-    # 6. Close sockets and pipes, drop buffered batches, release slabs
-    #    (batches the consumer still holds stay valid until it drops them).
-    transport.release()
-    buffer.clear()
-
+__all__ = ["Closing", "Launcher", "ProcessHandle", "choose_start_method", "describe_exit", "process_state"]
 
 def choose_start_method(requested: str | None) -> str:
     if requested is not None:
@@ -110,7 +70,7 @@ class Closing(Exception):
 
 class Process(Protocol):
     """What the launcher needs of a worker process (multiprocessing.Process,
-    procs.SpawnedWorker, procs.ZygoteWorker)."""
+    zygote.SpawnedWorker, zygote.ZygoteWorker)."""
     sentinel: int
 
     @property

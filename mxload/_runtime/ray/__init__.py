@@ -1,0 +1,1 @@
+"""Workers as Ray actors (backend="ray"): the transport and the actor."""

@@ -1,0 +1,48 @@
+"""The numbered shutdown sequence every way an iteration ends goes through, and its
+budget: one deadline for every phase, whatever the transport (Engine.shutdown runs it once,
+Ctrl-C deferred, so nothing is left half ended)."""
+from __future__ import annotations
+
+import time
+
+from .._core import ReorderBuffer
+from .transport import Transport
+
+__all__ = ["SHUTDOWN_DEADLINE_S", "SHUTDOWN_GRACE_S", "SHUTDOWN_TERMINATE_S", "shutdown_sequence"]
+
+# Shutdown budget: a worker between tasks exits within a few ms of the stop
+# message; one still inside a batch (whose result nobody wants any more) gets
+# SIGTERM after the grace period, SIGKILL after the terminate period; every
+# wait shares the one deadline.
+SHUTDOWN_GRACE_S = 0.02
+SHUTDOWN_TERMINATE_S = 0.5
+SHUTDOWN_DEADLINE_S = 1.0
+
+
+def shutdown_sequence(transport: Transport, buffer: ReorderBuffer) -> None:
+    """End an engine's workers and release everything, within SHUTDOWN_DEADLINE_S
+    however stuck the workers are.  The engine runs it once, Ctrl-C deferred."""
+    start = time.monotonic()
+    deadline = start + SHUTDOWN_DEADLINE_S
+    # 1. Take no result from now on.  Stop the watcher thread (asleep in the
+    #    core's poll() on the workers' pidfds) and join it: the self-pipe wakes
+    #    it.  A consumer receiving in next() is woken the same way, and one
+    #    handling a worker's death finishes that first.
+    transport.stop_receiving(deadline)
+    # 2. No worker starts from now on; wait for one under way (a restart),
+    #    which then ends its process itself if we stop waiting first.
+    transport.refuse_starts(deadline)
+    # 3. Wake a consumer blocked in the ReorderBuffer.
+    buffer.close("the loader is shutting down")
+    # 4. Ask every worker to stop.  The stop message never blocks (a
+    #    stuck worker's socket may be full); workers read ahead, so one
+    #    that is between tasks skips its queued work and exits at once.
+    transport.ask_to_stop()
+    # 5. Grace period, then SIGTERM, then SIGKILL, all within the one
+    #    deadline; reap every process (threads: join until the deadline).
+    #    Then the zygote, which kills and reaps whatever is left of its children.
+    transport.end_workers(start, deadline)
+    # 6. Close sockets and pipes, drop buffered batches, release slabs
+    #    (batches the consumer still holds stay valid until it drops them).
+    transport.release()
+    buffer.clear()
