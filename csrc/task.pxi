@@ -124,6 +124,11 @@ def send_task(int sock, bytes prefix, int64_t epoch, int64_t batch_index, object
         PyMem_Free(head)
 
 
+# A task frame's fixed part (header and fields before the dropped slabs and indices): the
+# Python side (wire.py) checks its own layout against it at import.
+TASK_FRAME_FIXED_SIZE = MXL_TASK_FIXED
+
+
 def send_tasks(WorkerChannel handle not None, pool, bytes prefix, list tasks not None):
     """Send `tasks` ((epoch, batch index, indices, profiling) each, in order)
     to `handle`'s worker (its WorkerChannel: a ProcessHandle) without blocking, as few messages

@@ -160,6 +160,7 @@ EV_READY: int
 EV_WOULD_WAIT: int
 BATCH_FRAME_SIZE: int
 FRAME_HEADER_SIZE: int
+TASK_FRAME_FIXED_SIZE: int
 
 class _ReceiveStats(TypedDict):
     gil_ns: int

@@ -15,6 +15,7 @@ from conftest import race_rounds
 
 from mxload import _core
 from mxload._runtime import messages as m
+from mxload._runtime import wire
 
 HEADER = struct.Struct("<2sBBIB")   # messages.py's header
 BATCH = struct.Struct("<5q")        # a BatchRef's payload
@@ -22,15 +23,15 @@ PICKLED = 0                         # any tag but BatchRef's (Task's)
 
 
 def batch_frame(epoch: int, idx: int, slab_id: int = 0, nbytes: int = 0, layout_id: int = 0) -> bytes:
-    return m.encode(m.BatchRef(epoch, idx, slab_id, nbytes, layout_id))
+    return wire.encode(m.BatchRef(epoch, idx, slab_id, nbytes, layout_id))
 
 
 def pickled_frame(payload: bytes, nfds: int = 0) -> bytes:
-    return HEADER.pack(m.MAGIC, m.VERSION, PICKLED, len(payload), nfds) + payload
+    return HEADER.pack(wire.MAGIC, wire.VERSION, PICKLED, len(payload), nfds) + payload
 
 
 def receiver(slots: int, wake_fd: int, rb: _core.ReorderBuffer) -> _core.FrameReceiver:
-    return _core.FrameReceiver(slots, wake_fd, rb, m.MAGIC, m.VERSION, m.BATCH_REF_TAG)
+    return _core.FrameReceiver(slots, wake_fd, rb, wire.MAGIC, wire.VERSION, wire.BATCH_REF_TAG)
 
 
 @pytest.fixture
@@ -52,11 +53,11 @@ def chan():
 
 def test_formats_agree_with_the_c_side():
     """mxl_recv.h mirrors messages.py's header and BatchRef payload."""
-    assert _core.FRAME_HEADER_SIZE == m.HEADER_SIZE == HEADER.size
-    assert _core.BATCH_FRAME_SIZE == BATCH.size == m.BATCH_REF.size - m.HEADER_SIZE
+    assert _core.FRAME_HEADER_SIZE == wire.HEADER_SIZE == HEADER.size
+    assert _core.BATCH_FRAME_SIZE == BATCH.size == wire.BATCH_REF.size - wire.HEADER_SIZE
     frame = batch_frame(7, 8, 9, 10, 11)
-    assert HEADER.unpack(frame[:HEADER.size]) == (m.MAGIC, m.VERSION, m.BATCH_REF_TAG, BATCH.size, 0)
-    assert m.decode(frame[:HEADER.size], frame[HEADER.size:], 0) == m.BatchRef(7, 8, 9, 10, 11)
+    assert HEADER.unpack(frame[:HEADER.size]) == (wire.MAGIC, wire.VERSION, wire.BATCH_REF_TAG, BATCH.size, 0)
+    assert wire.decode(frame[:HEADER.size], frame[HEADER.size:], 0) == m.BatchRef(7, 8, 9, 10, 11)
 
 
 def test_batch_frames_are_stored_without_waking_python(chan):
@@ -82,7 +83,7 @@ def test_other_frames_go_to_python_in_order(chan):
     assert rcv.take_frame(0) == (pickled_frame(b"hello")[:HEADER.size], b"hello", [])
     assert rcv.wait(1) == (_core.EV_FRAME, 0)   # a batch of another epoch
     header, payload, fds = rcv.take_frame(0)
-    assert m.decode(header, payload, len(fds)) == m.BatchRef(2, 5, 0, 0, 0)
+    assert wire.decode(header, payload, len(fds)) == m.BatchRef(2, 5, 0, 0, 0)
     assert 1 in rb
     with pytest.raises(LookupError):
         rcv.take_frame(0)
@@ -135,7 +136,7 @@ def test_closed_buffer_and_duplicates_go_to_python(chan):
     rcv, rb, worker, _ = chan
     worker.sendall(batch_frame(3, 4) + batch_frame(3, 4))
     assert rcv.wait(1) == (_core.EV_FRAME, 0)   # the same index twice
-    assert rcv.take_frame(0)[0][3] == m.BATCH_REF_TAG
+    assert rcv.take_frame(0)[0][3] == wire.BATCH_REF_TAG
     rb.close("done")
     worker.sendall(batch_frame(3, 5))
     assert rcv.wait(1) == (_core.EV_FRAME, 0)
@@ -342,9 +343,9 @@ def test_foreign_frames_go_to_python(chan):
     worker.sendall(b"ZZ" + good[2:])
     assert rcv.wait(1) == (_core.EV_FRAME, 0)
     header, payload, fds = rcv.take_frame(0)
-    with pytest.raises(m.ProtocolError, match="not an mxload message"):
-        m.decode(header, payload, len(fds))
-    worker.sendall(good[:2] + bytes([m.VERSION + 1]) + good[3:])
+    with pytest.raises(wire.ProtocolError, match="not an mxload message"):
+        wire.decode(header, payload, len(fds))
+    worker.sendall(good[:2] + bytes([wire.VERSION + 1]) + good[3:])
     assert rcv.wait(1) == (_core.EV_FRAME, 0)
     assert 1 not in rb
 

@@ -22,7 +22,7 @@ from test_core_receive import batch_frame, receiver
 import mxload
 from mxload import _core
 from mxload._collate import layout
-from mxload._runtime import messages as m
+from mxload._runtime import wire
 from mxload._runtime.local import receiver as fetcher
 from mxload._runtime.local.slabs import SlabPool, create_shared_fd
 
@@ -118,8 +118,9 @@ def test_a_batch_contradicting_its_task_is_a_protocol_error_naming_both(case):
     assert got.task_slab_id == (None if task_slab is None else task_slab.slab_id)
     assert pool.released == ([] if task_slab is None else [task_slab])   # the slab is not lost
     handle.slabs[(3, 4)] = task_slab
-    with pytest.raises(m.ProtocolError, match=r"worker 0 \(pid 123\) sent batch 4 in slab 5 with layout 1; "
-                       r"its task had slab (6|None|5) and it named layouts \[(1)?\]"):
+    with pytest.raises(wire.ProtocolError,
+                       match=r"worker 0 \(pid 123\) sent batch 4 in slab 5 with layout 1; "
+                             r"its task had slab (6|None|5) and it named layouts \[(1)?\]"):
         fetcher.adopt_raw(raw, [handle], pool)
 
 
@@ -155,11 +156,11 @@ def _tasks(epoch: int, *indices: int) -> list[tuple[int, int, np.ndarray, bool]]
 def test_tasks_of_known_slabs_go_in_one_message(channel):
     main, worker, pool = channel
     handle = _handle(sock=main, known_slabs={s.slab_id for s in pool.slabs}, pending_drops=[41, 42])
-    done, messages, unsent = _core.send_tasks(handle, pool.pool, m.TASK_PREFIX, _tasks(2, 10, 12, 14))
+    done, messages, unsent = _core.send_tasks(handle, pool.pool, wire.TASK_PREFIX, _tasks(2, 10, 12, 14))
     assert (done, messages, unsent) == (3, 1, None)
     assert handle.slabs == {(2, 10): pool.slabs[0], (2, 12): pool.slabs[1], (2, 14): pool.slabs[2]}
     assert handle.pending_drops == []
-    got = [m.recv(worker) for _ in range(3)]
+    got = [wire.recv(worker) for _ in range(3)]
     assert [(t.epoch, t.batch_index, t.slab_id, t.drop_slabs, fds) for t, fds in got] == [
         (2, 10, pool.slabs[0].slab_id, (41, 42), []), (2, 12, pool.slabs[1].slab_id, (), []),
         (2, 14, pool.slabs[2].slab_id, (), [])]
@@ -172,10 +173,10 @@ def test_a_slab_new_to_the_worker_leads_a_message_with_its_descriptor(channel):
     main, worker, pool = channel
     first, second, third = pool.slabs
     handle = _handle(sock=main, known_slabs={first.slab_id, third.slab_id})
-    done, messages, unsent = _core.send_tasks(handle, pool.pool, m.TASK_PREFIX, _tasks(0, 1, 3, 5))
+    done, messages, unsent = _core.send_tasks(handle, pool.pool, wire.TASK_PREFIX, _tasks(0, 1, 3, 5))
     assert (done, messages, unsent) == (3, 2, None)
     assert handle.known_slabs == {first.slab_id, second.slab_id, third.slab_id}
-    got = [m.recv(worker) for _ in range(3)]
+    got = [wire.recv(worker) for _ in range(3)]
     assert [(t.batch_index, t.slab_id, len(fds)) for t, fds in got] == [
         (1, first.slab_id, 0), (3, second.slab_id, 1), (5, third.slab_id, 0)]
     for _, fds in got:
@@ -189,9 +190,9 @@ def test_without_a_free_slab_the_worker_makes_one(channel):
     main, worker, _ = channel
     empty = SlabPool(8)
     handle = _handle(sock=main)
-    assert _core.send_tasks(handle, empty, m.TASK_PREFIX, _tasks(0, 1, 2)) == (2, 1, None)
+    assert _core.send_tasks(handle, empty, wire.TASK_PREFIX, _tasks(0, 1, 2)) == (2, 1, None)
     assert handle.slabs == {(0, 1): None, (0, 2): None}
-    assert [m.recv(worker)[0].slab_id for _ in range(2)] == [None, None]
+    assert [wire.recv(worker)[0].slab_id for _ in range(2)] == [None, None]
 
 
 def test_a_full_socket_leaves_the_rest_of_the_message_to_finish(channel):
@@ -202,14 +203,14 @@ def test_a_full_socket_leaves_the_rest_of_the_message_to_finish(channel):
     main.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     big = [(0, i, np.arange(i, i + 20_000, dtype=np.int64), False) for i in (1, 2)]
     handle = _handle(sock=main, known_slabs={pool.slabs[1].slab_id})   # the first slab is new to it
-    done, messages, unsent = _core.send_tasks(handle, pool.pool, m.TASK_PREFIX, big)
+    done, messages, unsent = _core.send_tasks(handle, pool.pool, wire.TASK_PREFIX, big)
     assert (done, messages) == (2, 1) and unsent is not None
     rest, fd = unsent
     assert fd == -1 and 0 < len(rest) < 2 * 20_000 * 8   # the descriptor went with the first byte
     got = []
-    reader = threading.Thread(target=lambda: got.extend(m.recv(worker) for _ in range(2)))
+    reader = threading.Thread(target=lambda: got.extend(wire.recv(worker) for _ in range(2)))
     reader.start()
-    assert m.finish_send(main, memoryview(rest), fd, 10.0, None)
+    assert wire.finish_send(main, memoryview(rest), fd, 10.0, None)
     reader.join(10)
     assert [t.index_array()[[0, -1]].tolist() for t, _ in got] == [[1, 20_000], [2, 20_001]]
     assert len(got[0][1]) == 1 and got[1][1] == []
@@ -220,7 +221,7 @@ def test_a_closed_worker_end_is_an_oserror(channel):
     main, worker, pool = channel
     worker.close()
     with pytest.raises(OSError):
-        _core.send_tasks(_handle(sock=main), pool.pool, m.TASK_PREFIX, _tasks(0, 1))
+        _core.send_tasks(_handle(sock=main), pool.pool, wire.TASK_PREFIX, _tasks(0, 1))
 
 
 def test_a_pool_closed_while_tasks_are_packed_is_an_oserror(channel):
@@ -241,7 +242,7 @@ def test_a_pool_closed_while_tasks_are_packed_is_an_oserror(channel):
 
     handle = _handle(sock=main)   # the worker knows no slab: its descriptor is needed
     with pytest.raises(OSError, match="closed"):
-        _core.send_tasks(handle, ClosingPool(), m.TASK_PREFIX, _tasks(0, 1))
+        _core.send_tasks(handle, ClosingPool(), wire.TASK_PREFIX, _tasks(0, 1))
     worker.setblocking(False)
     with pytest.raises(BlockingIOError):
         worker.recv(1)   # nothing was sent
@@ -375,6 +376,6 @@ def test_the_compiled_send_and_claim_take_only_a_typed_worker_channel():
     lookalike = SimpleNamespace(worker_id=0, pid=1, tag=7, slabs={}, layouts={}, known_slabs=set(),
                                 pending_drops=[], sock=None)
     with pytest.raises(TypeError, match="WorkerChannel"):
-        _core.send_tasks(lookalike, None, m.TASK_PREFIX, [])
+        _core.send_tasks(lookalike, None, wire.TASK_PREFIX, [])
     with pytest.raises(TypeError, match="WorkerChannel"):
         _core.claim_batch(_raw_batch(0, 1, 5, 64, 1), [lookalike], lambda slab: None)

@@ -14,6 +14,7 @@ import pytest
 
 from mxload import _core
 from mxload._runtime import messages as m
+from mxload._runtime import wire
 
 ERROR = m.ExceptionInfo.of(ValueError("bad sample 3"))
 TIMINGS = m.Timings(1, 2, 3, 4, [("x", "stack", 8, (2,), "<f4")], [5])
@@ -26,7 +27,6 @@ EVERY_MESSAGE = [
     m.Batch(1, 2, 5, 16, LAYOUT, TIMINGS),
     m.Batch(1, 2, None, 0, LAYOUT, None),
     m.NewSlab(1, 3, 65536, 16, LAYOUT, None),
-    m.Loaded(1, 4, {"x": [1, 2]}, TIMINGS),
     m.Failed(2, 9, ERROR),
     m.Exhausted(2, 10),
     m.InitFailed(ERROR),
@@ -49,23 +49,38 @@ def pair():
 @pytest.mark.parametrize("message", EVERY_MESSAGE, ids=lambda msg: type(msg).__name__)
 def test_every_message_round_trips(pair, message):
     a, b = pair
-    m.send(a, message)
-    got, fds = m.recv(b)
+    wire.send(a, message)
+    got, fds = wire.recv(b)
     assert type(got) is type(message) and got == message and fds == []
+
+
+def test_only_the_types_that_travel_have_a_tag():
+    """Thread workers' Loaded and Ray's RemoteBatch/ActorReady never cross a socket: they have
+    no tag, and framing one is refused."""
+    assert set(wire._TYPES) >= {type(msg) for msg in EVERY_MESSAGE} | {m.BatchRef}
+    assert not {m.Loaded, m.RemoteBatch, m.ActorReady} & set(wire._TYPES)
+    with pytest.raises(TypeError, match="Loaded never crosses a socket"):
+        wire.encode(m.Loaded(1, 4, {"x": [1, 2]}, TIMINGS))
+
+
+def test_the_layouts_sizes_are_the_cores():
+    assert wire.HEADER_SIZE == _core.FRAME_HEADER_SIZE == wire._HEADER.size
+    assert wire._HEADER.size + wire._PACKED_TASK.size == _core.TASK_FRAME_FIXED_SIZE
+    assert wire.BATCH_REF.size == _core.FRAME_HEADER_SIZE + _core.BATCH_FRAME_SIZE
 
 
 def test_a_descriptor_travels_in_the_same_frame_as_its_message(pair):
     a, b = pair
     r, w = os.pipe()
     try:
-        m.send(a, m.NewSlab(0, 1, 65536, 8, LAYOUT, None), [w])
-        m.send(a, m.Stop())
-        got, fds = m.recv(b)
+        wire.send(a, m.NewSlab(0, 1, 65536, 8, LAYOUT, None), [w])
+        wire.send(a, m.Stop())
+        got, fds = wire.recv(b)
         assert isinstance(got, m.NewSlab) and len(fds) == 1
         os.write(fds[0], b"!")   # the received descriptor is the pipe's write end
         os.close(fds[0])
         assert os.read(r, 1) == b"!"
-        assert m.recv(b) == (m.Stop(), [])
+        assert wire.recv(b) == (m.Stop(), [])
     finally:
         os.close(r)
         os.close(w)
@@ -74,8 +89,8 @@ def test_a_descriptor_travels_in_the_same_frame_as_its_message(pair):
 def test_the_index_array_is_the_tasks_indices(pair):
     a, b = pair
     indices = np.array([5, 1, 9], dtype=np.int64)
-    m.send(a, m.Task(0, 0, indices.tobytes()))
-    got, _ = m.recv(b)
+    wire.send(a, m.Task(0, 0, indices.tobytes()))
+    got, _ = wire.recv(b)
     assert isinstance(got, m.Task) and got.index_array().tolist() == [5, 1, 9]
     assert m.Task(0, 0, indices).index_array() is indices   # threads: the array itself
 
@@ -100,47 +115,48 @@ def test_an_exception_that_cannot_be_rebuilt_is_sent_without_its_pickle():
 @pytest.mark.parametrize("cut", [0, 3, "header", "payload"])
 def test_a_frame_cut_short_is_the_end_of_the_channel(pair, cut):
     a, b = pair
-    frame = m.encode(m.Batch(1, 2, 5, 16, LAYOUT, None))
+    frame = wire.encode(m.Batch(1, 2, 5, 16, LAYOUT, None))
     keep = {"header": 9, "payload": len(frame) - 1}.get(cut, cut)
     a.sendall(frame[:keep])
     a.close()
     expected = "channel is closed" if keep == 0 else "closed in the middle of a message"
     with pytest.raises(EOFError, match=expected):
-        m.recv(b)
+        wire.recv(b)
 
 
 def test_a_foreign_frame_is_a_clear_protocol_error(pair):
     a, b = pair
     a.sendall(b"GET / HTTP/1.1\r\n\r\n")
-    with pytest.raises(m.ProtocolError, match="not an mxload message.*another program, or a worker of "
+    with pytest.raises(wire.ProtocolError, match="not an mxload message.*another program, or a worker of "
                                               "another mxload version"):
-        m.recv(b)
+        wire.recv(b)
 
 
 def test_a_frame_of_another_protocol_version_is_a_protocol_error(pair):
     a, b = pair
-    frame = bytearray(m.encode(m.Stop()))
-    frame[2] = m.VERSION + 1
+    frame = bytearray(wire.encode(m.Stop()))
+    frame[2] = wire.VERSION + 1
     a.sendall(bytes(frame))
-    with pytest.raises(m.ProtocolError, match="protocol version"):
-        m.recv(b)
+    with pytest.raises(wire.ProtocolError, match="protocol version"):
+        wire.recv(b)
 
 
 def test_an_unknown_message_type_is_a_protocol_error(pair):
     a, b = pair
     data = pickle.dumps(())
-    a.sendall(struct.pack("<2sBBIB", m.MAGIC, m.VERSION, 200, len(data), 0) + data)
-    with pytest.raises(m.ProtocolError, match="type tag"):
-        m.recv(b)
+    a.sendall(struct.pack("<2sBBIB", wire.MAGIC, wire.VERSION, 200, len(data), 0) + data)
+    with pytest.raises(wire.ProtocolError, match="type tag"):
+        wire.recv(b)
 
 
 def test_a_payload_that_does_not_fit_its_type_is_a_protocol_error(pair):
     a, b = pair
-    frame = m.encode(m.Exhausted(1, 2))
+    frame = wire.encode(m.Exhausted(1, 2))
     data = pickle.dumps((1, 2, 3))   # an Exhausted has two fields
     a.sendall(frame[:4] + struct.pack("<IB", len(data), 0) + data)
-    with pytest.raises(m.ProtocolError, match=r"Exhausted frame carried tuple .*\('epoch', 'batch_index'\)"):
-        m.recv(b)
+    with pytest.raises(wire.ProtocolError,
+                       match=r"Exhausted frame carried tuple .*\('epoch', 'batch_index'\)"):
+        wire.recv(b)
 
 
 def test_descriptors_of_a_rejected_frame_are_closed(pair):
@@ -148,11 +164,11 @@ def test_descriptors_of_a_rejected_frame_are_closed(pair):
     r, w = os.pipe()
     try:
         data = pickle.dumps("not a tuple")
-        frame = struct.pack("<2sBBIB", m.MAGIC, m.VERSION, 3, len(data), 1) + data   # a NewSlab
+        frame = struct.pack("<2sBBIB", wire.MAGIC, wire.VERSION, 3, len(data), 1) + data   # a NewSlab
         before = set(os.listdir("/proc/self/fd"))
-        m.send_encoded(a, frame, [w])
-        with pytest.raises(m.ProtocolError):
-            m.recv(b)
+        wire.send_encoded(a, frame, [w])
+        with pytest.raises(wire.ProtocolError):
+            wire.recv(b)
         assert set(os.listdir("/proc/self/fd")) <= before
     finally:
         os.close(r)
@@ -169,8 +185,8 @@ def test_a_task_sent_without_pickle_arrives_as_the_same_task(task):
     a, b = socket.socketpair()
     r, w = os.pipe()
     try:
-        m.send_task(a, task, [w])
-        got, fds = m.recv(b)
+        wire.send_task(a, task, [w])
+        got, fds = wire.recv(b)
         assert len(fds) == 1
         os.close(fds[0])
         want = None if task.indices is None else np.frombuffer(task.indices, np.int64) \
@@ -194,14 +210,15 @@ def test_the_compiled_task_frame_is_byte_for_byte_the_documented_layout():
     drops = tuple(range(100, 120))
     a, b = socket.socketpair()
     try:
-        m.send_task(a, m.Task(2**33, 9, indices, 7, 1 << 20, drops, True))
+        wire.send_task(a, m.Task(2**33, 9, indices, 7, 1 << 20, drops, True))
         frame = b.recv(65536)
     finally:
         a.close()
         b.close()
-    payload = (m._PACKED_TASK.pack(2**33, 9, 7, 1 << 20, 3, len(drops), len(indices))
+    payload = (wire._PACKED_TASK.pack(2**33, 9, 7, 1 << 20, 3, len(drops), len(indices))
                + struct.pack(f"<{len(drops)}q", *drops) + indices.astype("<i8").tobytes())
-    assert frame == m._HEADER.pack(m.MAGIC, m.VERSION, m._PACKED_TASK_TAG, len(payload), 0) + payload
+    header = wire._HEADER.pack(wire.MAGIC, wire.VERSION, wire._PACKED_TASK_TAG, len(payload), 0)
+    assert frame == header + payload
 
 
 @pytest.mark.parametrize("full", [True, False], ids=["nothing_fits", "part_fits"])
@@ -234,7 +251,7 @@ def test_a_task_to_a_full_socket_is_finished_blocking_with_its_descriptor(full):
         reader = threading.Thread(target=lambda: got.append(_read_after(b, backlog)))
         reader.start()
         task = m.Task(1, 3, np.arange(100_000, dtype=np.int64), 2, 65536, (4,), False)
-        m.send_task(a, task, [w])
+        wire.send_task(a, task, [w])
         reader.join(30)
         assert not reader.is_alive()
         (message, fds), = got
@@ -256,7 +273,7 @@ def _read_after(sock, backlog):
     skipped = 0
     while skipped < backlog:
         skipped += len(sock.recv(min(65536, backlog - skipped)))
-    return m.recv(sock)
+    return wire.recv(sock)
 
 
 def test_a_task_to_a_worker_that_is_gone_is_an_oserror_not_sigpipe():
@@ -265,7 +282,7 @@ def test_a_task_to_a_worker_that_is_gone_is_an_oserror_not_sigpipe():
     previous = signal.signal(signal.SIGPIPE, signal.SIG_DFL)   # as a program that restored it
     try:
         with pytest.raises(BrokenPipeError):
-            m.send_task(a, m.Task(0, 1, np.arange(4, dtype=np.int64)))
+            wire.send_task(a, m.Task(0, 1, np.arange(4, dtype=np.int64)))
     finally:
         signal.signal(signal.SIGPIPE, previous)
         a.close()
@@ -281,9 +298,9 @@ class _ManyDrops:
      "prefix is 4 bytes, got 2"),
     (lambda s: _core.send_task(s.fileno(), b"MX\x01\x10", 0, 0, b"1234567", False, -1, 0, (), -1),
      "7 bytes, not a whole number of int64"),
-    (lambda s: m.send_task(s, m.Task(0, 0, None), [1, 2]), "at most one slab descriptor, got 2"),
+    (lambda s: wire.send_task(s, m.Task(0, 0, None), [1, 2]), "at most one slab descriptor, got 2"),
     # A frame's length is a uint32: past it, an error rather than a length that wraps.
-    (lambda s: _core.send_task(s.fileno(), m.TASK_PREFIX, 0, 0, None, False, -1, 0, _ManyDrops(), -1),
+    (lambda s: _core.send_task(s.fileno(), wire.TASK_PREFIX, 0, 0, None, False, -1, 0, _ManyDrops(), -1),
      "does not fit in one frame"),
 ])
 def test_a_malformed_task_send_is_refused_before_anything_is_sent(call, match):
@@ -302,11 +319,11 @@ def test_a_malformed_task_send_is_refused_before_anything_is_sent(call, match):
 def test_a_packed_task_of_the_wrong_size_is_a_protocol_error():
     a, b = socket.socketpair()
     try:
-        m.send_task(a, m.Task(0, 1, np.arange(4, dtype=np.int64)))
+        wire.send_task(a, m.Task(0, 1, np.arange(4, dtype=np.int64)))
         frame = b.recv(4096)
-        header, payload = frame[:m.HEADER_SIZE], frame[m.HEADER_SIZE:]
-        with pytest.raises(m.ProtocolError, match="announced 0 dropped slabs and 4 indices"):
-            m.decode(header[:4] + struct.pack("<I", len(payload) - 8) + header[8:], payload[:-8], 0)
+        header, payload = frame[:wire.HEADER_SIZE], frame[wire.HEADER_SIZE:]
+        with pytest.raises(wire.ProtocolError, match="announced 0 dropped slabs and 4 indices"):
+            wire.decode(header[:4] + struct.pack("<I", len(payload) - 8) + header[8:], payload[:-8], 0)
     finally:
         a.close()
         b.close()

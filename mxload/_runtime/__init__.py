@@ -1,6 +1,6 @@
 """The loader's runtime: how a batch travels from the sampler to the consumer,
 one module per stage.  Its only input is the loader's LoaderOptions
-(``mxload/_options.py``); only ``messages.py`` (and ``mxload/_collate``'s
+(``mxload/_options.py``); only ``messages.py`` and ``wire.py`` (and ``mxload/_collate``'s
 layout) define a format that crosses processes.
 
     epoch.py       start_epoch, EpochPlan (which batches; resumed or not) and the
@@ -26,20 +26,22 @@ layout) define a format that crosses processes.
     worker.py      the one task loop of process and thread workers; WorkerInfo, seeding
     source.py      the samples of a batch (map-style indices or a stream)
     messages.py    Task, Stop, Batch, NewSlab, Loaded, Failed, Exhausted, InitFailed,
-                   zygote and spawn messages; send/recv of one frame
+                   zygote and spawn messages (the types)
+    wire.py        their frames on a socket: send/recv of one frame, the packed Task and
+                   BatchRef layouts (sizes checked against the core's)
 
 One batch with worker processes:
 
     DataLoader.__iter__ -> epoch.start_epoch: the batch sampler's indices -> EpochPlan
       -> Engine.begin_epoch -> Engine._dispatch_more -> Task -> ProcessTransport.dispatch
-         (attaches a pooled slab) -> messages.send over the worker's socket
+         (attaches a pooled slab) -> wire.send over the worker's socket
     worker process: worker.serve -> source.SampleSource.samples -> plan + fill the slab
-      -> Batch (or NewSlab with its descriptor, Failed, Exhausted) -> messages.send
+      -> Batch (or NewSlab with its descriptor, Failed, Exhausted) -> wire.send
     training loop: EpochIterator.__next__ -> Engine.next_batch -> transport.next_result:
       the batch is in the ReorderBuffer, or the consumer receives it itself
       (receiver.Fetcher.next_result -> _core.FrameReceiver.get, GIL released: reads the workers'
       sockets, a BatchRef (layout named before) goes into the ReorderBuffer as a C struct;
-      any other frame: messages.decode -> receiver.take_result (adopt the slab; numpy views
+      any other frame: wire.decode -> receiver.take_result (adopt the slab; numpy views
       owned by a BatchOwner) -> Loaded -> Engine.deliver -> ReorderBuffer.put)
       -> a raw one becomes views through the transport's claim -> (batch index, batch)
       -> progress.taken(index) -> the batch

@@ -35,6 +35,7 @@ from .._core import BufferClosedError, RawBatch, ReorderBuffer, defer_sigint
 from ..backends import workers_backend
 from ..errors import LoaderTimeoutError, WorkerError
 from . import messages as m
+from . import wire
 from .shutdown import shutdown_sequence
 from .transport import Delivery, Transport, TransportSetup, WorkerLoss
 from .worker import WorkerConfig
@@ -312,7 +313,7 @@ class Engine:
                 if type(item) is RawBatch:
                     try:
                         item = self._claim(item)
-                    except m.ProtocolError as e:
+                    except wire.ProtocolError as e:
                         err = WorkerError(f"mxload could not take batch {idx} in the main process: {e}",
                                           None, None, None, idx)
                         self.fail(err)

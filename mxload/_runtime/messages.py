@@ -1,16 +1,5 @@
-"""Cross-process format: every message between the main process, the worker
-zygote and the workers (with ``mxload/_collate/layout.py``, which describes a
-batch inside a slab, the only module that defines one).
-
-A frame is a header, the message's fields pickled as a plain tuple (for a
-BatchRef: five little-endian int64, see BATCH_REF; for a Task sent by
-``send_task``: fixed fields, then the slabs to drop and the indices as
-little-endian int64, see _PACKED_TASK), and the frame's
-descriptors (SCM_RIGHTS) attached to the same ``sendmsg``: a message
-and its descriptor arrive together or not at all, and a frame cut short (the
-sender died mid-send) reads as the end of the channel.  The header names the
-message type, so a frame of another program or another mxload version is a
-clear ``ProtocolError`` rather than a tuple decoded by position.
+"""The messages between the main process, the worker zygote and the workers, as types
+(how they are framed on a socket: wire.py; how a batch lies in a slab: ``mxload/_collate/layout.py``).
 
     main -> worker      Task (carrying the task's slab descriptor the first time a
                         worker is given that slab), Stop
@@ -22,58 +11,29 @@ clear ``ProtocolError`` rather than a tuple decoded by position.
     zygote -> main      Started (carrying a pidfd of the worker), StartFailed, Exited
     main -> spawn worker Handover (once, before its first Task)
 
-The main process reads the workers' frames with the compiled receive path
-(``_core.FrameReceiver``, csrc/mxl_recv.h): it stores a BatchRef in the
-ReorderBuffer without the GIL and hands every other frame to ``decode``.  It
-is given MAGIC, VERSION and BATCH_REF_TAG; the header's layout and BatchRef's
-payload are mirrored there (tests/test_core_receive.py checks both).  It
-sends each Task with the compiled send (``_core.send_task``, csrc/mxl_send.h),
-which packs _PACKED_TASK's layout itself (tests/test_messages.py compares it
-byte for byte).
-
-Thread workers use the same types in memory (``Loaded`` is their batch, never
-sent).  Timings are on the system-wide monotonic clock (``time.monotonic_ns``).
+Never framed: thread workers use the same types in memory (``Loaded`` is their batch), and
+Ray actors return RemoteBatch and ActorReady through Ray's object store.  Timings are on
+the system-wide monotonic clock (``time.monotonic_ns``).
 """
 from __future__ import annotations
 
-import array
-import os
 import pickle
-import select
-import socket
-import struct
-import time
 import traceback
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from .. import _core
 from .._collate.layout import Layout
-from .local.slabs import fd_limit_error
 
 if TYPE_CHECKING:
     from .worker import WorkerConfig
 
 __all__ = [
-    "MAGIC", "VERSION", "ProtocolError", "ExceptionInfo", "Timings",
-    "BATCH_REF", "BATCH_REF_TAG", "HEADER_SIZE", "decode", "send_task", "finish_send", "TASK_PREFIX",
+    "ExceptionInfo", "Timings",
     "Task", "Stop", "Batch", "BatchRef", "NewSlab", "Loaded", "Failed", "Exhausted", "InitFailed",
     "StartWorker", "Started", "StartFailed", "Exited", "Handover", "RemoteBatch", "ActorReady",
-    "Message", "WorkerResult", "send", "send_encoded", "encode", "recv",
+    "Message", "WorkerResult",
 ]
-
-MAGIC = b"MX"
-VERSION = 1
-# magic, protocol version, message type tag, payload bytes, descriptors carried.
-_HEADER = struct.Struct("<2sBBIB")
-_MAX_FDS = 1
-
-
-class ProtocolError(Exception):
-    """A frame that is not a message of this protocol (another program, or
-    another mxload version, writes to the channel)."""
 
 
 class ExceptionInfo(NamedTuple):
@@ -246,192 +206,3 @@ class ActorReady(NamedTuple):
 Message = (Task | Stop | Batch | NewSlab | Loaded | Failed | Exhausted | InitFailed | StartWorker
            | Started | StartFailed | Exited | Handover | RemoteBatch | ActorReady | BatchRef)
 WorkerResult = Batch | NewSlab | Loaded | Failed | Exhausted | InitFailed
-
-class PackedTask(NamedTuple):
-    """The tag under which send_task sends a Task without pickle (the
-    indices as raw int64 straight from their array); decode gives the Task."""
-
-
-# The tag of each type is its position: append new types, never reorder.
-_TYPES: tuple[type[Any], ...] = (Task, Stop, Batch, NewSlab, Loaded, Failed, Exhausted, InitFailed,
-                                 StartWorker, Started, StartFailed, Exited, Handover, RemoteBatch, ActorReady,
-                                 BatchRef, PackedTask)
-_TAG = {t: i for i, t in enumerate(_TYPES)}
-# A PackedTask's fixed fields: epoch, batch index, slab id (-1: none), slab
-# size, flags (_PROFILING, _HAS_INDICES), slabs to drop, indices; then the
-# dropped slab ids and the indices, int64 each.
-_PACKED_TASK = struct.Struct("<qqqqBxxxII")
-_PROFILING, _HAS_INDICES = 1, 2
-_PACKED_TASK_TAG = _TAG[PackedTask]
-# What the compiled send puts before a PackedTask's length (mxl_send.h packs the rest).
-TASK_PREFIX = MAGIC + bytes([VERSION, _PACKED_TASK_TAG])
-HEADER_SIZE = _HEADER.size
-BATCH_REF_TAG = _TAG[BatchRef]
-# A whole BatchRef frame: the header, then epoch, batch index, slab id, bytes, layout id.
-BATCH_REF = struct.Struct("<2sBBIB5q")
-_BATCH_REF_PAYLOAD = struct.Struct("<5q")
-
-
-def encode(message: Message, nfds: int = 0) -> bytes:
-    """The frame of `message` (header and payload) for `nfds` descriptors."""
-    if type(message) is BatchRef:
-        return BATCH_REF.pack(MAGIC, VERSION, BATCH_REF_TAG, _BATCH_REF_PAYLOAD.size, 0, *message)
-    data = pickle.dumps(tuple(message), protocol=pickle.HIGHEST_PROTOCOL)
-    return _HEADER.pack(MAGIC, VERSION, _TAG[type(message)], len(data), nfds) + data
-
-
-def send_task(sock: socket.socket, task: Task, fds: list[int] | tuple[int, ...] = (),
-              timeout: float | None = None, give_up: Callable[[], bool] | None = None) -> bool:
-    """Send a Task without pickling it: its frame is packed and sent by the
-    compiled core, its indices (an int64 array, or None for a stream) straight
-    from their memory; `fds`: at most one, the descriptor of the task's slab.
-    A full socket (a worker that stopped reading) is finished by finish_send.
-    (The engine's per-batch send is _core.send_tasks: the same frames.)"""
-    if len(fds) > 1:
-        raise ValueError(f"a task passes at most one slab descriptor, got {len(fds)}")
-    slab_fd = fds[0] if fds else -1
-    unsent = _core.send_task(sock.fileno(), TASK_PREFIX, task.epoch, task.batch_index, task.indices,
-                             task.profiling, -1 if task.slab_id is None else task.slab_id, task.slab_size,
-                             task.drop_slabs, slab_fd)
-    if unsent is None:
-        return True
-    rest, fd_left = unsent
-    return finish_send(sock, memoryview(rest), fd_left, timeout, give_up)
-
-
-# How often a send waiting for a worker to read checks whether to give up.
-SEND_POLL_S = 0.05
-
-
-def finish_send(sock: socket.socket, rest: memoryview, slab_fd: int, timeout: float | None,
-                give_up: Callable[[], bool] | None) -> bool:
-    """The rest of a task's frame the compiled send left (the socket was
-    full), sent as the worker reads it, `slab_fd` (-1: none) with its first
-    byte, GIL released while it waits; never blocked for longer than
-    SEND_POLL_S at a time, so that whoever holds the engine lock meanwhile
-    lets a shutdown through.
-
-    False if `give_up()` said so first (the frame is then cut short, so
-    nothing more may follow on `sock`).  TimeoutError if the worker read
-    none of the rest for `timeout` s."""
-    poller = select.poll()
-    poller.register(sock.fileno(), select.POLLOUT)
-    waited_since = time.monotonic()
-    while rest:
-        if give_up is not None and give_up():
-            return False
-        if not poller.poll(SEND_POLL_S * 1000):
-            if timeout is not None and time.monotonic() - waited_since > timeout:
-                raise TimeoutError(f"the worker read none of its task for {timeout} s")
-            continue
-        try:
-            if slab_fd >= 0:
-                ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [slab_fd]))]
-                sent = sock.sendmsg([rest], ancillary, socket.MSG_DONTWAIT)
-                slab_fd = -1
-            else:
-                sent = sock.send(rest, socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            continue
-        rest = rest[sent:]
-        waited_since = time.monotonic()
-    return True
-
-
-def _unpack_task(data: bytes) -> Task:
-    if len(data) < _PACKED_TASK.size:
-        raise ProtocolError(f"a packed Task of {len(data)} bytes, less than its {_PACKED_TASK.size} fixed")
-    epoch, idx, slab_id, slab_size, flags, ndrops, n = _PACKED_TASK.unpack_from(data)
-    at = _PACKED_TASK.size
-    if len(data) != at + 8 * (ndrops + n):
-        raise ProtocolError(f"a packed Task of {len(data)} bytes announced {ndrops} dropped slabs and "
-                            f"{n} indices")
-    drops = struct.unpack_from(f"<{ndrops}q", data, at) if ndrops else ()
-    at += 8 * ndrops
-    return Task(epoch, idx, data[at:] if flags & _HAS_INDICES else None, None if slab_id < 0 else slab_id,
-                slab_size, tuple(drops), bool(flags & _PROFILING))
-
-
-def send(sock: socket.socket, message: Message, fds: list[int] | tuple[int, ...] = ()) -> None:
-    """Send one message with its descriptors, in one sendmsg."""
-    send_encoded(sock, encode(message, len(fds)), fds)
-
-
-def send_encoded(sock: socket.socket, frame: bytes, fds: list[int] | tuple[int, ...] = ()) -> None:
-    """send() of a frame already encoded (a worker encodes inside its
-    batch's try: an unpicklable object is that batch's error)."""
-    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-    sent = sock.sendmsg([frame], ancillary)
-    if sent < len(frame):   # a signal interrupted a large send: the descriptors went with the first part
-        sock.sendall(memoryview(frame)[sent:])
-
-
-def recv(sock: socket.socket) -> tuple[Message, list[int]]:
-    """One message and the descriptors that came with it.  EOFError if the
-    channel is closed or the frame is cut short; ProtocolError for a frame
-    that is not this protocol's; SharedMemoryError if this process had no
-    room for the descriptors (RLIMIT_NOFILE).  Anything unpickling the
-    payload raises (a class the receiver cannot import) propagates."""
-    fds: list[int] = []
-    try:
-        header = _recv_exact(sock, _HEADER.size, fds, frame_started=False)
-        _, _, _, length, _ = _check_header(header)
-        data = _recv_exact(sock, length, fds, frame_started=True)
-        return decode(header, data, len(fds)), fds
-    except BaseException:
-        for fd in fds:
-            os.close(fd)
-        raise
-
-
-def _check_header(header: bytes) -> tuple[bytes, int, int, int, int]:
-    magic, version, tag, length, nfds = _HEADER.unpack(header)
-    if magic != MAGIC or version != VERSION or tag >= len(_TYPES):
-        raise ProtocolError(
-            f"received a frame that is not an mxload message (header {header!r}; expected magic "
-            f"{MAGIC!r}, protocol version {VERSION}, a type tag below {len(_TYPES)}): the peer is "
-            f"another program, or a worker of another mxload version")
-    return magic, version, tag, length, nfds
-
-
-def decode(header: bytes, data: bytes, fds_carried: int) -> Message:
-    """The message of one whole frame (its header, its payload, and how many
-    descriptors came with it).  Raises as recv() does."""
-    _, _, tag, length, nfds = _check_header(header)
-    if len(data) != length:
-        raise EOFError(f"a frame announced {length} bytes and carried {len(data)}")
-    if fds_carried != nfds:
-        raise EOFError(f"a frame announced {nfds} descriptors and carried {fds_carried}")
-    kind = _TYPES[tag]
-    if kind is PackedTask:
-        return _unpack_task(data)
-    if kind is BatchRef:
-        if length != _BATCH_REF_PAYLOAD.size:
-            raise ProtocolError(f"a BatchRef frame of {length} bytes, not {_BATCH_REF_PAYLOAD.size}")
-        return BatchRef._make(_BATCH_REF_PAYLOAD.unpack(data))
-    fields = pickle.loads(data)
-    if not isinstance(fields, tuple) or len(fields) != len(kind._fields):
-        raise ProtocolError(f"a {kind.__name__} frame carried {type(fields).__name__} "
-                            f"{fields!r:.200}, not the {len(kind._fields)} fields {kind._fields}")
-    message: Message = kind._make(fields)
-    return message
-
-
-def _recv_exact(sock: socket.socket, n: int, fds: list[int], frame_started: bool) -> bytes:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        nbytes, ancillary, flags, _ = sock.recvmsg_into([view[got:]], socket.CMSG_SPACE(4 * _MAX_FDS),
-                                                        socket.MSG_CMSG_CLOEXEC)
-        for level, kind, cdata in ancillary:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.extend(array.array("i", cdata[:len(cdata) - len(cdata) % 4]))
-        if flags & socket.MSG_CTRUNC:
-            raise fd_limit_error("receiving a shared-memory descriptor")
-        if nbytes == 0:
-            if got or frame_started:
-                raise EOFError("the channel closed in the middle of a message")
-            raise EOFError("the channel is closed")
-        got += nbytes
-    return bytes(buf)

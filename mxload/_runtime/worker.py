@@ -31,6 +31,7 @@ from .._collate import plan as _plan
 from .._core import Slab, watch_main_process
 from .._torch_compat import enter_worker
 from . import messages as m
+from . import wire
 from .local.slabs import create_shared_fd, map_slab, slab_size_for
 from .source import SampleSource
 
@@ -307,12 +308,12 @@ class _ProcessLink(_Link[_Encoded]):
         self._layouts = Layouts()
 
     def _read_one(self) -> None:
-        task, fds = m.recv(self._sock)
+        task, fds = wire.recv(self._sock)
         if not isinstance(task, m.Task):
             for fd in fds:
                 os.close(fd)
             if not isinstance(task, m.Stop):
-                raise m.ProtocolError(f"a worker received {type(task).__name__}, not a Task or Stop")
+                raise wire.ProtocolError(f"a worker received {type(task).__name__}, not a Task or Stop")
             self._stopped = True
             return
         for dropped in task.drop_slabs:
@@ -355,7 +356,7 @@ class _ProcessLink(_Link[_Encoded]):
                 _, fill_ns = plan.fill(slab)
                 layout_id, new = self._layouts.lookup(plan)
                 if layout_id >= 0 and not new and not task.profiling:
-                    return m.encode(m.BatchRef(task.epoch, task.batch_index, task.slab_id, plan.nbytes,
+                    return wire.encode(m.BatchRef(task.epoch, task.batch_index, task.slab_id, plan.nbytes,
                                                layout_id)), -1
                 reply = m.Batch(task.epoch, task.batch_index, task.slab_id, plan.nbytes, plan.layout(), None,
                                 layout_id)
@@ -373,7 +374,7 @@ class _ProcessLink(_Link[_Encoded]):
                                                          stats, field_ns))
             # Encoded here, inside the batch's try: an unpicklable object in
             # the batch is reported as this batch's error, not as a dead worker.
-            return m.encode(reply, 1 if new_fd >= 0 else 0), new_fd
+            return wire.encode(reply, 1 if new_fd >= 0 else 0), new_fd
         except BaseException:
             if new_fd >= 0:
                 os.close(new_fd)
@@ -382,13 +383,13 @@ class _ProcessLink(_Link[_Encoded]):
     def send_batch(self, reply: _Encoded) -> None:
         frame, new_fd = reply
         try:
-            m.send_encoded(self._sock, frame, [new_fd] if new_fd >= 0 else [])
+            wire.send_encoded(self._sock, frame, [new_fd] if new_fd >= 0 else [])
         finally:
             if new_fd >= 0:
                 os.close(new_fd)
 
     def send(self, message: m.Failed | m.Exhausted | m.InitFailed) -> None:
-        m.send(self._sock, message)
+        wire.send(self._sock, message)
 
 
 # ---------------------------------------------------------------- worker threads

@@ -101,7 +101,7 @@ class ProcessHandle(WorkerChannel):
         self.worker_id = worker_id
         self.process = process
         self.pid = pid                 # kept: the process object is closed once it is reaped
-        self.sock = sock               # the task socket (messages.py)
+        self.sock = sock               # the task socket (wire.py)
         self.tag = next(_tags)
         self.alive = True
         # A task's frame was cut short (a send given up): nothing more may be sent.

@@ -40,6 +40,7 @@ from ..._core import (
 )
 from ...errors import SharedMemoryError, WorkerError
 from .. import messages as m
+from .. import wire
 from ..shutdown import SHUTDOWN_DEADLINE_S
 from ..transport import Delivery, ResultSink
 from . import fds as _fds
@@ -57,7 +58,7 @@ def adopt_raw(raw: RawBatch, handles: list[ProcessHandle], pool: SlabPool) -> An
     batch = claim_batch(raw, handles, pool.release)
     if type(batch) is ClaimMismatch:
         handle = handles[raw.slot]
-        raise m.ProtocolError(
+        raise wire.ProtocolError(
             f"worker {handle.worker_id} (pid {handle.pid}) sent batch {raw.idx} in slab {raw.slab_id} with "
             f"layout {raw.layout_id}; its task had slab {batch.task_slab_id} and it named layouts "
             f"{sorted(handle.layouts)}")
@@ -73,13 +74,14 @@ def take_result(msg: m.Message, fds: list[int], handle: ProcessHandle, handles: 
         return msg
     if isinstance(msg, m.BatchRef):   # one the receive path could not store (stale, say)
         if msg.layout_id not in handle.layouts:
-            raise m.ProtocolError(f"a worker sent a BatchRef to layout {msg.layout_id}, which it never named")
+            raise wire.ProtocolError(
+                f"a worker sent a BatchRef to layout {msg.layout_id}, which it never named")
         msg = m.Batch(msg.epoch, msg.batch_index, msg.slab_id, msg.nbytes,
                       handle.layouts[msg.layout_id][0], None)
     elif isinstance(msg, m.Batch) and msg.layout_id >= 0:
         handle.layouts[msg.layout_id] = (msg.layout, compile_template(msg.layout))
     if not isinstance(msg, (m.Batch, m.NewSlab, m.Failed, m.Exhausted)):
-        raise m.ProtocolError(f"a worker sent {type(msg).__name__}, not a result")
+        raise wire.ProtocolError(f"a worker sent {type(msg).__name__}, not a result")
     assigned = handle.slabs.pop((msg.epoch, msg.batch_index), None)
     if isinstance(msg, m.NewSlab):
         assert fds, "recv checks that a frame carries the descriptors it announces"
@@ -132,7 +134,8 @@ class Fetcher:
         self._wake_r, self._wake_w = os.pipe()
         _fds.own(self._wake_r)
         _fds.own(self._wake_w)
-        self.receiver = FrameReceiver(slots, self._wake_r, buffer, m.MAGIC, m.VERSION, m.BATCH_REF_TAG)
+        self.receiver = FrameReceiver(slots, self._wake_r, buffer, wire.MAGIC, wire.VERSION,
+                                      wire.BATCH_REF_TAG)
         # Worker id -> the handle attached to the receiver.  Kept across
         # threads (a pause ends one, a resume starts another): attaching again
         # would drop what the receiver holds of a channel (frames after one
@@ -335,7 +338,7 @@ class Fetcher:
         for _, raw in sorted(self._buffer.take_raw(handle.tag).items()):
             try:
                 batch = adopt_raw(raw, self._handles(), self._pool)
-            except m.ProtocolError as e:
+            except wire.ProtocolError as e:
                 self._sink.fail(self._main_side_error(handle, None, "taking its result", e))
                 return
             if batch is not None:
@@ -359,10 +362,10 @@ class Fetcher:
                 return False
             try:
                 try:
-                    msg = m.decode(header, data, len(fds))
+                    msg = wire.decode(header, data, len(fds))
                 except (EOFError, pickle.UnpicklingError):
                     return False
-                except m.ProtocolError as e:   # garbage on its channel: nothing it sends can be trusted
+                except wire.ProtocolError as e:   # garbage on its channel: nothing it sends can be trusted
                     self._sink.fail(self._main_side_error(handle, None, "reading its message", e))
                     return False
                 except Exception as e:   # a whole frame whose objects cannot be rebuilt here

@@ -1,5 +1,5 @@
 """The process transport: worker processes on this machine, one socket per worker for tasks
-and results (../messages.py), batches in pooled shared-memory slabs (slabs.py), the receive
+and results (../wire.py), batches in pooled shared-memory slabs (slabs.py), the receive
 path and the watcher thread (receiver.py), lives managed by the launcher (launcher.py)."""
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 from ..._core import RawBatch, ReorderBuffer, send_tasks
 from ...errors import SHARED_MEMORY_ADVICE, LoaderTimeoutError, SharedMemoryError
 from .. import messages as m
+from .. import wire
 from ..transport import Transport, TransportSetup, WorkerLoss
 from . import launcher
 from .launcher import Closing, Launcher, Process, ProcessHandle, describe_exit, process_state
@@ -144,12 +145,12 @@ class ProcessTransport(Transport):
                 return   # a task's frame was cut short (below), or shut down: the epoch is over
             try:
                 # Packed and sent by the core, which records each task's slab on the handle first.
-                done, messages, unsent = send_tasks(handle, self.pool, m.TASK_PREFIX, tasks)
+                done, messages, unsent = send_tasks(handle, self.pool, wire.TASK_PREFIX, tasks)
                 self.counts["tasks_sent"] += done
                 self.counts["task_messages"] += messages
                 if unsent is not None:
                     rest, slab_fd = unsent
-                    if not m.finish_send(handle.sock, memoryview(rest), slab_fd, self._timeout,
+                    if not wire.finish_send(handle.sock, memoryview(rest), slab_fd, self._timeout,
                                          self._is_stopping):
                         # Closed while the worker was not reading: half a frame is in its socket.
                         handle.send_cut = self.stream_cut = True
@@ -233,7 +234,7 @@ class ProcessTransport(Transport):
             try:
                 if h.sock is not None:
                     h.sock.setblocking(False)
-                    m.send(h.sock, m.Stop())
+                    wire.send(h.sock, m.Stop())
             except (OSError, ValueError):
                 pass
 

@@ -9,7 +9,7 @@ Process tree with start_method="fork" (the default on Linux)::
              ├──fork──> worker 1       is the zygote's only thread)
              └──fork──> replacement of a dead worker, any time later
 
-    control socket, main <-> zygote (messages.py):
+    control socket, main <-> zygote (messages.py, framed by wire.py):
       main -> zygote  StartWorker carrying the worker's socket end (hang-up: stop)
       zygote -> main  Started carrying a pidfd of the worker
                       StartFailed                      fork() itself failed
@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from ..._core import watch_main_process
 from ...errors import WorkerError
 from .. import messages as m
+from .. import wire
 from . import fds as _fds
 
 if TYPE_CHECKING:
@@ -151,7 +152,7 @@ class SpawnedWorker:
         if handover is None:
             return
         try:
-            m.send(parent_end, handover)
+            wire.send(parent_end, handover)
         except OSError:
             pass
 
@@ -191,9 +192,10 @@ def spawned_worker_main() -> None:
     # Before the main module is imported (spawn.prepare), which can take
     # seconds (torch, models): a main process killed meanwhile takes us along.
     watch_main_process(sock.fileno())
-    handover, _ = m.recv(sock)
+    handover, _ = wire.recv(sock)
     if not isinstance(handover, m.Handover):
-        raise m.ProtocolError(f"a spawn worker's first message is a Handover, not {type(handover).__name__}")
+        raise wire.ProtocolError(
+            f"a spawn worker's first message is a Handover, not {type(handover).__name__}")
     prep, config = handover
     spawn.prepare(prep)   # sys.path, cwd and the main module, as multiprocessing's spawn does
     worker_process_main(config, sock)
@@ -330,7 +332,7 @@ class Zygote:
             if self._sock is None or self._broken is not None:
                 raise WorkerError(f"the worker zygote (pid {self.pid}) is gone: {self._broken or 'closed'}")
             try:
-                m.send(self._sock, m.StartWorker(worker_id, epoch), [sock.fileno()])
+                wire.send(self._sock, m.StartWorker(worker_id, epoch), [sock.fileno()])
             except OSError as e:
                 self._broken = f"its control socket failed ({e})"
                 raise WorkerError(f"the worker zygote (pid {self.pid}) is gone: {self._broken}") from e
@@ -397,8 +399,8 @@ class Zygote:
         if not select.select([sock], [], [], max(0.0, deadline - time.monotonic()))[0]:
             return False
         try:
-            msg, fds = m.recv(sock)
-        except (EOFError, OSError, m.ProtocolError) as e:
+            msg, fds = wire.recv(sock)
+        except (EOFError, OSError, wire.ProtocolError) as e:
             self._broken = f"it died ({e})" if not isinstance(e, EOFError) else "it died"
             return False
         if isinstance(msg, m.Exited):
@@ -501,10 +503,10 @@ def _serve_zygote(sock: socket.socket, entry: Callable[[int, int, socket.socket]
                     poller.unregister(fd)
                     os.close(fd)
                     _, status = os.waitpid(pid, 0)
-                    m.send(sock, m.Exited(pid, os.waitstatus_to_exitcode(status)))
+                    wire.send(sock, m.Exited(pid, os.waitstatus_to_exitcode(status)))
                     continue
                 try:
-                    msg, fds = m.recv(sock)
+                    msg, fds = wire.recv(sock)
                 except (EOFError, OSError):
                     return   # the main process closed or died
                 if not isinstance(msg, m.StartWorker):
@@ -515,7 +517,7 @@ def _serve_zygote(sock: socket.socket, entry: Callable[[int, int, socket.socket]
                     pid = os.fork()
                 except OSError as e:
                     worker_sock.close()
-                    m.send(sock, m.StartFailed(worker_id, str(e)))
+                    wire.send(sock, m.StartFailed(worker_id, str(e)))
                     continue
                 if pid == 0:
                     _worker_child(entry, worker_id, epoch, worker_sock, sock, list(children), zygote_pid)
@@ -523,7 +525,7 @@ def _serve_zygote(sock: socket.socket, entry: Callable[[int, int, socket.socket]
                 pidfd = os.pidfd_open(pid)
                 children[pidfd] = pid
                 poller.register(pidfd, select.POLLIN)
-                m.send(sock, m.Started(worker_id, pid), [pidfd])
+                wire.send(sock, m.Started(worker_id, pid), [pidfd])
     finally:
         for pid in children.values():
             with contextlib.suppress(OSError):
