@@ -35,6 +35,9 @@ _FROZEN_ATTRIBUTES = frozenset(("batch_size", "batch_sampler", "sampler", "drop_
                                 "persistent_workers"))
 
 _T = TypeVar("_T")
+# What a batch is (torch's DataLoader is Generic[T_co]: ``DataLoader[list[Tensor]]``
+# in an annotation is evaluated at run time in a module without postponed annotations).
+_T_co = TypeVar("_T_co", covariant=True)
 
 
 class _Option(Generic[_T]):
@@ -53,14 +56,14 @@ class _Option(Generic[_T]):
     @overload
     def __get__(self, loader: None, owner: type[Any]) -> _Option[_T]: ...
     @overload
-    def __get__(self, loader: DataLoader, owner: type[Any]) -> _T: ...
+    def __get__(self, loader: DataLoader[Any], owner: type[Any]) -> _T: ...
 
-    def __get__(self, loader: DataLoader | None, owner: type[Any]) -> _T | _Option[_T]:
+    def __get__(self, loader: DataLoader[Any] | None, owner: type[Any]) -> _T | _Option[_T]:
         if loader is None:
             return self
         return cast(_T, getattr(loader._options, self._field))
 
-    def __set__(self, loader: DataLoader, value: _T) -> None:
+    def __set__(self, loader: DataLoader[Any], value: _T) -> None:
         changes: dict[str, Any] = {self._field: value}
         loader._options = dataclasses.replace(loader._options, **changes)
 
@@ -82,7 +85,7 @@ def _make_batch_sampler(options: LoaderOptions) -> Any:
     return BatchSampler(sampler, options.batch_size or 1, options.last_batch)
 
 
-class DataLoader:
+class DataLoader(Generic[_T_co]):
     """Loads batches from a dataset, in-process or with worker processes/threads.
 
     Positional arguments follow Gluon 1.9's DataLoader (its first four --
@@ -458,7 +461,7 @@ class DataLoader:
         if engine is not None:
             engine.shutdown()
 
-    def __enter__(self) -> DataLoader:
+    def __enter__(self) -> DataLoader[_T_co]:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -489,7 +492,7 @@ class _LoaderIterator:
     memory, auto_reload (the next epoch starts loading when this one ends),
     and torch's warning when an IterableDataset yields more than its len()."""
 
-    def __init__(self, loader: DataLoader, inner: Any):
+    def __init__(self, loader: DataLoader[Any], inner: Any):
         self.loader = loader
         self.inner = inner
         self._pin = loader._pin_device is not None
