@@ -23,6 +23,7 @@ from .sampler import (
     RandomSampler,
     SequentialSampler,
     batch_sampler_indices,
+    bulk_batches,
     load_sampler_state,
     sampler_state,
 )
@@ -292,6 +293,8 @@ class DataLoader(Generic[_T_co]):
 
     def _epoch_batches(self) -> list[Any]:
         """This epoch's batches of indices (advances the sampler's epoch)."""
+        if not self._options.auto_batching and self._options.batch_sampler is None:
+            return bulk_batches(self.batch_sampler.sampler)   # batch_size=None: a key per batch
         epoch_batches: Callable[[], list[Any]] | None = getattr(self.batch_sampler, "epoch_batches", None)
         if epoch_batches is not None and type(self.batch_sampler) is BatchSampler:
             return epoch_batches()   # views of its sampler's indices, checked as a whole

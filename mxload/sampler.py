@@ -103,6 +103,31 @@ def _sampler_indices(sampler: Any) -> IndexArray:
     return _checked_indices(indices, None)
 
 
+def bulk_batches(sampler: Any) -> list[IndexArray]:
+    """batch_size=None: one batch per key the sampler yields this epoch.  An
+    integer key is the one-index batch [key]; any other (a list of indices,
+    a slice...) is passed to ``dataset[...]`` as it is, as torch does, so it
+    travels encoded (``_runtime.source.encode_key``)."""
+    from ._runtime.source import encode_key
+    if getattr(sampler, "epoch_indices", None) is not None or isinstance(sampler, np.ndarray):
+        keys: Any = _sampler_indices(sampler)
+    else:
+        keys = list(sampler)
+        try:
+            keys = _checked_indices(np.fromiter(map(operator.index, keys), dtype=np.int64), None)
+        except (TypeError, OverflowError):
+            pass
+    if isinstance(keys, np.ndarray):
+        return [keys[i:i + 1] for i in range(len(keys))]
+    batches = []
+    for key in keys:
+        try:
+            batches.append(np.array([operator.index(key)], np.int64))
+        except (TypeError, OverflowError):
+            batches.append(encode_key(key))
+    return batches
+
+
 _INT64 = np.dtype(np.int64)
 _INT64_MAX = np.iinfo(np.int64).max
 

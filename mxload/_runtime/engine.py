@@ -153,7 +153,7 @@ class Engine:
         config = WorkerConfig(0, options.num_workers, options.seed, epoch,
                               (options.dataset, options.batchify_fn, options.worker_init_fn),
                               options.iterable, options.fetch_batch_size, options.drop_last,
-                              zygote_child=False)
+                              zygote_child=False, keyed=not options.auto_batching)
         self.transport: Transport
         if options.backend is not None:
             from .ray_transport import RayTransport  # imports ray: only here

@@ -123,9 +123,11 @@ class WorkerConfig:
     # main process or the fork server, and a watchdog thread notices the main
     # process's end of our socket closing instead.
     zygote_child: bool
+    # batch_size=None: each task is one sampler key for dataset[key] (source.encode_key).
+    keyed: bool = False
 
     def source(self, dataset: Any) -> SampleSource:
-        return SampleSource(dataset, self.iterable, self.batch_size, self.drop_last, self.seed)
+        return SampleSource(dataset, self.iterable, self.batch_size, self.drop_last, self.seed, self.keyed)
 
 
 R = TypeVar("R")
