@@ -154,7 +154,8 @@ class DataLoader(Generic[_T_co]):
             :func:`mxload.sample_rng`; default drawn from `generator`, else
             from torch's global RNG when the program imported torch, else fresh.
         start_method (str | None): ``"fork"``, ``"spawn"`` or ``"forkserver"``;
-            default ``fork`` on Linux.
+            default: the one set with ``multiprocessing.set_start_method()``
+            (as torch), else ``fork`` on Linux.
         max_worker_restarts (int): restart a dead worker and retry its batches
             up to this many times per loader. Default ``0``.
         profile (bool): record per-stage timings in ``loader.profiler``

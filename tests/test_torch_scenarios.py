@@ -4,6 +4,8 @@ intent, replayed against mxload.torch.DataLoader.  No postponed annotations:
 DataLoader[...] in an annotation must work at run time, as with torch."""
 
 
+import multiprocessing
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -111,3 +113,48 @@ def test_bulk_loading_each_sample_through_collate_fn_and_default_convert(num_wor
     assert [t.item() for t in got] == [0, 10, 20, 30, 40]
     calls = list(DataLoader(Squares(4), batch_size=None, num_workers=num_workers, collate_fn=str))
     assert calls == ["0", "1", "4", "9"]
+
+
+# ------------------------------------------------------------------ 3. multiprocessing_context=None
+
+
+MAIN_ONLY = {"touched": False}   # set in the test's process; a spawned worker imports this module afresh
+
+
+class SeesMainState(Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return int(MAIN_ONLY["touched"])
+
+
+@pytest.fixture
+def global_start_method():
+    """Sets multiprocessing's global start method for one test, then unsets it."""
+    def set_method(method):
+        multiprocessing.set_start_method(method, force=True)
+    yield set_method
+    multiprocessing.set_start_method(None, force=True)
+    MAIN_ONLY["touched"] = False
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_no_multiprocessing_context_follows_set_start_method(global_start_method, method):
+    MAIN_ONLY["touched"] = True
+    global_start_method(method)
+    loader = DataLoader(SeesMainState(), batch_size=2, num_workers=2)
+    assert loader.multiprocessing_context is None
+    with iter(loader) as it:
+        started = it.engine.transport.start_method
+        seen = sum((b.tolist() for b in it), [])
+    assert started == method
+    assert seen == ([0] * 4 if method == "spawn" else [1] * 4)
+
+
+def test_no_set_start_method_keeps_the_platform_default():
+    assert multiprocessing.get_start_method(allow_none=True) is None
+    with iter(DataLoader(SeesMainState(), batch_size=2, num_workers=1)) as it:
+        started = it.engine.transport.start_method
+    assert started == "fork"
+    assert multiprocessing.get_start_method(allow_none=True) is None   # asking did not fix it

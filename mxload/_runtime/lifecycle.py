@@ -70,8 +70,15 @@ def shutdown_sequence(transport: Transport, buffer: ReorderBuffer) -> None:
 
 
 def choose_start_method(requested: str | None) -> str:
+    """The start method asked for; else, as torch's DataLoader with
+    multiprocessing_context=None, the one the program set with
+    ``multiprocessing.set_start_method(...)`` (read without fixing it);
+    else fork on Linux (mxload's zygote), the platform's default elsewhere."""
     if requested is not None:
         return requested
+    chosen = mp.get_start_method(allow_none=True)
+    if chosen is not None:
+        return chosen
     return "fork" if sys.platform.startswith("linux") else mp.get_start_method()
 
 
