@@ -268,8 +268,7 @@ class DataLoader(Generic[_T_co]):
             from .profiler import Profiler
             self.profiler = Profiler()
         self._initialized = True
-        if self.num_workers and not self.thread_pool and self._options.backend is None:
-            warn_if_oversubscribed(self.num_workers)
+        self._check_worker_count(stacklevel=4)
         if self.auto_reload:
             self._prefetched = self._start_iter()
 
@@ -313,7 +312,15 @@ class DataLoader(Generic[_T_co]):
             return prefetched   # auto_reload: this epoch started loading when the last one ended
         return self._start_iter()
 
+    def _check_worker_count(self, stacklevel: int) -> None:
+        """torch's check: more worker processes than usable cores warns (at
+        construction and when an iteration starts workers, as torch's)."""
+        if self.num_workers and not self.thread_pool and self._options.backend is None:
+            warn_if_oversubscribed(self.num_workers, stacklevel)
+
     def _start_iter(self) -> Any:
+        if self._engine is None:   # persistent workers already running were checked when they started
+            self._check_worker_count(stacklevel=5)   # the caller of iter()
         previous = self._live_iter() if self._live_iter is not None else None
         if previous is not None and self.persistent_workers:
             previous.supersede()

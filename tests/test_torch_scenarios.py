@@ -5,11 +5,12 @@ DataLoader[...] in an annotation must work at run time, as with torch."""
 
 
 import multiprocessing
+import warnings
 
 import pytest
 
 torch = pytest.importorskip("torch")
-from torch.utils.data import Dataset, Sampler  # noqa: E402
+from torch.utils.data import Dataset, IterableDataset, Sampler  # noqa: E402
 
 import mxload  # noqa: E402
 from mxload.torch import DataLoader  # noqa: E402
@@ -158,3 +159,97 @@ def test_no_set_start_method_keeps_the_platform_default():
         started = it.engine.transport.start_method
     assert started == "fork"
     assert multiprocessing.get_start_method(allow_none=True) is None   # asking did not fix it
+
+
+# ------------------------------------------------------------------ 4. constructor errors as torch's
+
+
+class Counting(Dataset):
+    def __len__(self):
+        return 20
+
+    def __getitem__(self, i):
+        return i
+
+
+class CountingStream(IterableDataset):
+    def __len__(self):
+        return 20
+
+    def __iter__(self):
+        return iter(range(20))
+
+
+def _seq():
+    return torch.utils.data.SequentialSampler(range(20))
+
+
+def _batches():
+    return torch.utils.data.BatchSampler(_seq(), 3, False)
+
+
+BATCH_SAMPLER_EXCLUSIVE = r"batch_sampler option is mutually exclusive with"
+
+# (dataset, arguments, what the message says: the words torch's own message has, so a
+# program or test matching torch's text matches mxload's)
+CTOR_ERRORS = [
+    (Counting, dict(num_workers=-1), r"num_workers option should be non-negative"),
+    (Counting, dict(timeout=-1), r"timeout option should be non-negative"),
+    (Counting, dict(batch_size=None, drop_last=True),
+     r"batch_size=None option disables auto-batching and is mutually exclusive"),
+    (Counting, dict(num_workers=0, multiprocessing_context="spawn"),
+     r"multi-process loading \(num_workers > 0\), but got"),
+    (Counting, dict(num_workers=1, multiprocessing_context="bad"), r"should specify a valid start method in"),
+    (Counting, dict(num_workers=1, multiprocessing_context=object()),
+     r"multiprocessing_context option should be a valid context "),
+    (Counting, dict(batch_size=11, sampler=_seq(), shuffle=True),
+     r"sampler option is mutually exclusive with shuffle"),
+    (Counting, dict(batch_sampler=_batches(), sampler=_seq(), shuffle=True),
+     r"sampler option is mutually exclusive with shuffle"),
+    (Counting, dict(batch_sampler=_batches(), sampler=_seq(), shuffle=3),
+     r"sampler option is mutually exclusive with shuffle"),
+    (Counting, dict(batch_size=11, batch_sampler=_batches()), BATCH_SAMPLER_EXCLUSIVE),
+    (Counting, dict(shuffle=True, batch_sampler=_batches()), BATCH_SAMPLER_EXCLUSIVE),
+    (Counting, dict(drop_last=True, batch_sampler=_batches()), BATCH_SAMPLER_EXCLUSIVE),
+    (Counting, dict(drop_last=3, batch_sampler=_batches()), BATCH_SAMPLER_EXCLUSIVE),
+    (CountingStream, dict(shuffle=True), r"DataLoader with IterableDataset: expected unspecified shuffle"),
+    (CountingStream, dict(shuffle=3), r"DataLoader with IterableDataset: expected unspecified shuffle"),
+    (CountingStream, dict(sampler=_seq()), r"DataLoader with IterableDataset: expected unspecified sampler"),
+    (CountingStream, dict(sampler=3), r"DataLoader with IterableDataset: expected unspecified sampler"),
+    (CountingStream, dict(batch_sampler=_batches()),
+     r"DataLoader with IterableDataset: expected unspecified batch_sampler"),
+    (CountingStream, dict(batch_sampler=3),
+     r"DataLoader with IterableDataset: expected unspecified batch_sampler"),
+    (Counting, dict(num_workers=0, prefetch_factor=2),
+     r"prefetch_factor option could only be specified in multiproc"),
+    (Counting, dict(num_workers=2, prefetch_factor=-1), r"prefetch_factor option should be non-negative"),
+    (Counting, dict(persistent_workers=True), r"persistent_workers option needs num_workers > 0"),
+]
+
+
+@pytest.mark.parametrize("make,kwargs,says", CTOR_ERRORS, ids=[str(i) for i in range(len(CTOR_ERRORS))])
+def test_constructor_errors_are_torchs(make, kwargs, says):
+    with pytest.raises(Exception) as theirs:
+        torch.utils.data.DataLoader(make(), **kwargs)
+    with pytest.raises(theirs.type, match=says):
+        DataLoader(make(), **kwargs)
+
+
+def test_excessive_worker_warning_fires_where_torchs_does(monkeypatch):
+    import mxload._cpus
+    monkeypatch.setattr(mxload._cpus, "usable_cores", lambda: 1)
+    excessive = "excessive worker creation might get DataLoader running slow or even freeze"
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        loader = DataLoader(Counting(), batch_size=10, num_workers=3)   # a count no other test warns of
+    assert [excessive in str(w.message) for w in record] == [True]
+    loader.num_workers = 2
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert len(list(loader)) == 2   # iter() checks the workers it starts, as torch's does
+    assert [excessive in str(w.message) for w in record] == [True]
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        DataLoader(Counting(), batch_size=10, num_workers=1)
+        DataLoader(Counting(), batch_size=10, num_workers=4, thread_pool=True)
+    assert not record
