@@ -248,6 +248,10 @@ class DataLoader(Generic[_T_co]):
             max_worker_restarts=max_worker_restarts, profile=profile, distributed=distributed,
             try_nopython=try_nopython, backend=backend)
         self.batch_sampler = _make_batch_sampler(self._options)
+        # The loader made the sampler over range(len(dataset)): it follows len(dataset) (as torch's
+        # default samplers read it at every len() and iter()), so a dataset may grow between epochs.
+        self._own_sampler = (self._options.sampler is None and self._options.batch_sampler is None
+                             and not self.iterable and not self._options.distributed)
         self.sampler = getattr(self.batch_sampler, "sampler", None)  # e.g. loader.sampler.set_epoch(e)
         self.epoch = 0
         self._engine: Engine | None = None          # persistent workers' engine
@@ -293,6 +297,7 @@ class DataLoader(Generic[_T_co]):
 
     def _epoch_batches(self) -> list[Any]:
         """This epoch's batches of indices (advances the sampler's epoch)."""
+        self._follow_dataset_length()
         if not self._options.auto_batching and self._options.batch_sampler is None:
             return bulk_batches(self.batch_sampler.sampler)   # batch_size=None: a key per batch
         epoch_batches: Callable[[], list[Any]] | None = getattr(self.batch_sampler, "epoch_batches", None)
@@ -423,12 +428,20 @@ class DataLoader(Generic[_T_co]):
         self._progress = None
         self._resume = state
 
+    def _follow_dataset_length(self) -> None:
+        if self._own_sampler:
+            sampler = self.batch_sampler.sampler
+            n = len(self.dataset)
+            if n != len(sampler):
+                sampler._resize(n)
+
     def __len__(self) -> int:
         if self.iterable:
             n = len(self.dataset)  # TypeError if the stream has no length
             bs = self._fetch_batch_size
             self._len_reported = n // bs if self.last_batch == "discard" else -(-n // bs)
             return self._len_reported
+        self._follow_dataset_length()
         return len(self.batch_sampler)
 
     @property
@@ -509,7 +522,9 @@ class _LoaderIterator:
         self._pin = loader._pin_device is not None
         self._as_tensors = loader._as_tensors
         self._yielded = 0
-        self._warned = False
+        # As torch: the length the loader reported before this iteration
+        # began (len(loader) asked meanwhile is the next iteration's).
+        self._reported = loader._len_reported
 
     def __iter__(self) -> _LoaderIterator:
         return self
@@ -526,17 +541,25 @@ class _LoaderIterator:
             del self, loader   # the traceback must not keep the epoch alive (see EpochIterator.__next__)
             raise
         self._yielded += 1
-        reported = loader._len_reported
-        if reported is not None and self._yielded > reported and not self._warned:
-            self._warned = True
-            more = (" With workers, each worker's copy of the dataset must yield its own part of the stream: "
-                    "split it with get_worker_info() (torch's or mxload's)." if loader.num_workers else "")
-            warnings.warn(f"Length of IterableDataset {loader.dataset} was reported to be {reported} batches "
-                          f"(when accessing len(dataloader)), but {self._yielded} batches have been fetched."
-                          + more, stacklevel=2)
+        reported = self._reported
+        if reported is not None and self._yielded > reported:
+            self._warn_overrun(reported)
         if self._pin:
             batch = pin_batch(batch)
         return to_tensors(batch) if self._as_tensors else batch
+
+    def _warn_overrun(self, reported: int) -> None:
+        """As torch, at every batch past the length len(loader) reported
+        (each message differs, so Python's default filter shows each)."""
+        loader = self.loader
+        what = "samples" if loader._fetch_batch_size <= 1 else "batches"
+        more = (" For multiprocessing data-loading, this could be caused by not properly configuring the "
+                "IterableDataset replica at each worker: each worker's copy must yield its own part of "
+                "the stream (split it with get_worker_info(), torch's or mxload's)."
+                if loader.num_workers else "")
+        warnings.warn(f"Length of IterableDataset {loader.dataset} was reported to be {reported} {what} "
+                      f"(when accessing len(dataloader)), but {self._yielded} {what} have been fetched."
+                      + more, stacklevel=3)
 
     def __len__(self) -> int:
         return len(self.inner)

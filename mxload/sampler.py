@@ -264,6 +264,10 @@ class SequentialSampler(Sampler):
     def epoch_indices(self) -> IndexArray:
         return np.arange(self._start, self._start + self._n, dtype=np.int64)
 
+    def _resize(self, n: int) -> None:
+        # The loader's own sampler follows a dataset whose len() changed (torch's reads it each time).
+        self._n = check_int("len(dataset)", n, 0)
+
     def __len__(self) -> int:
         return self._n
 
@@ -373,6 +377,10 @@ class RandomSampler(Sampler):
     def set_epoch(self, epoch: int) -> None:
         """Make the next epoch use permutation number ``epoch``."""
         self.epoch = check_int("epoch", epoch, 0)
+
+    def _resize(self, n: int) -> None:
+        # The loader's own sampler follows a dataset whose len() changed (torch's reads it each time).
+        self._n = check_int("len(dataset)", n, 0)
 
     def epoch_indices(self) -> IndexArray:
         indices = _permutation(self.seed, self.epoch, self._n)

@@ -253,3 +253,82 @@ def test_excessive_worker_warning_fires_where_torchs_does(monkeypatch):
         DataLoader(Counting(), batch_size=10, num_workers=1)
         DataLoader(Counting(), batch_size=10, num_workers=4, thread_pool=True)
     assert not record
+
+
+# ---------------------------------------------------- 5. a stream longer than its len(); a growing dataset
+
+
+class UnshardedStream(IterableDataset):
+    """Says it has `n` samples; with workers, each yields all n (not split per worker)."""
+
+    def __init__(self, n=20):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+
+def _next_warnings(it):
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        next(it)
+    return [str(w.message) for w in record if "Length of IterableDataset" in str(w.message)]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_stream_longer_than_its_len_warns_past_the_length_and_goes_on(num_workers):
+    loader = DataLoader(UnshardedStream(20), num_workers=num_workers)
+    with iter(loader) as it:   # len() not asked yet: no warning however many come
+        assert all(not _next_warnings(it) for _ in range(20 * max(num_workers, 1)))
+    assert len(loader) == 20
+    with iter(loader) as it:
+        assert all(not _next_warnings(it) for _ in range(20))
+        if num_workers == 0:
+            with pytest.raises(StopIteration):
+                next(it)
+            return
+        for _ in range(3):   # as torch: each batch past the reported length says so
+            (message,) = _next_warnings(it)
+            assert "was reported to be 20" in message and "samples have been fetched" in message
+            assert "For multiprocessing data-loading" in message
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rest = list(it)
+    assert len(rest) == 20 * num_workers - 23   # and it goes on to the end of every worker's stream
+
+
+class Growing(Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i >= self.n:
+            raise IndexError(i)
+        return i
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_len_and_epochs_follow_a_growing_dataset(num_workers, shuffle):
+    ds = Growing(6)
+    loader = DataLoader(ds, batch_size=4, shuffle=shuffle, num_workers=num_workers)
+    assert len(loader) == 2 and sorted(sum((b.tolist() for b in loader), [])) == list(range(6))
+    ds.n = 11   # torch's default samplers read len(dataset) each time
+    assert len(loader) == 3
+    assert sorted(sum((b.tolist() for b in loader), [])) == list(range(11))
+    ds.n = 3
+    assert len(loader) == 1 and sorted(sum((b.tolist() for b in loader), [])) == [0, 1, 2]
+
+
+def test_stream_len_is_read_again():
+    ds = UnshardedStream(5)
+    loader = DataLoader(ds, batch_size=2)
+    assert len(loader) == 3
+    ds.n = 9
+    assert len(loader) == 5 and len(list(loader)) == 5
