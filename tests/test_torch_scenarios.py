@@ -140,7 +140,7 @@ def global_start_method():
     MAIN_ONLY["touched"] = False
 
 
-@pytest.mark.parametrize("method", ["spawn", "fork"])
+@pytest.mark.parametrize("method", [pytest.param("spawn", marks=pytest.mark.faults), "fork"])
 def test_no_multiprocessing_context_follows_set_start_method(global_start_method, method):
     MAIN_ONLY["touched"] = True
     global_start_method(method)
@@ -332,3 +332,68 @@ def test_stream_len_is_read_again():
     assert len(loader) == 3
     ds.n = 9
     assert len(loader) == 5 and len(list(loader)) == 5
+
+
+# ------------------------------------------------ 6. torch's get_worker_info() in workers; partial workers
+
+
+def _init_records_info(worker_id):
+    info = torch.utils.data.get_worker_info()
+    assert info is not None and info.id == worker_id, (info, worker_id)
+    info.dataset.init_saw = (info.id, info.num_workers)
+
+
+class InfoProbe(Dataset):
+    init_saw = None
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        info = torch.utils.data.get_worker_info()
+        return torch.tensor([info.id, info.num_workers, info.seed % 2 ** 31, info.dataset is self,
+                             torch.initial_seed() == info.seed, self.init_saw == (info.id, info.num_workers),
+                             mxload.get_worker_info().seed == info.seed])
+
+
+# A start of fresh interpreters (spawn, forkserver) takes seconds: the fault tier's.
+SLOW_STARTS = [pytest.param(m, marks=pytest.mark.faults) for m in ("spawn", "forkserver")]
+
+
+@pytest.mark.parametrize("method", ["fork", *SLOW_STARTS])
+def test_torch_get_worker_info_in_every_start_method(method):
+    loader = DataLoader(InfoProbe(), batch_size=2, num_workers=2, multiprocessing_context=method,
+                        worker_init_fn=_init_records_info)
+    rows = torch.cat(list(loader)).tolist()
+    assert sorted({r[0] for r in rows}) == [0, 1] and all(r[1] == 2 for r in rows)
+    assert all(r[3:] == [1, 1, 1, 1] for r in rows), rows
+    assert len({r[2] for r in rows}) == 2   # a seed of its own per worker
+    assert torch.utils.data.get_worker_info() is None
+
+
+class WorkerSized(IterableDataset):
+    """Worker k yields range(sizes[k]): some workers run out before others."""
+
+    def __init__(self, sizes):
+        self.sizes = sizes
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        assert info is not None and info.num_workers == len(self.sizes)
+        return iter(range(self.sizes[info.id]))
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("batch_size", [None, 7])
+def test_partial_workers_every_sample_once_and_the_next_epoch_clean(persistent, batch_size):
+    sizes = [0, 4, 20]
+    loader = DataLoader(WorkerSized(sizes), batch_size=batch_size, num_workers=3,
+                        persistent_workers=persistent, prefetch_factor=3)
+    with loader:
+        for _ in range(3):
+            got = list(loader)
+            if batch_size is None:
+                assert sorted(got) == sorted(list(range(4)) + list(range(20)))
+            else:
+                assert sorted(tuple(b.tolist()) for b in got) == sorted(
+                    [tuple(range(4)), tuple(range(7)), tuple(range(7, 14)), tuple(range(14, 20))])
