@@ -66,6 +66,9 @@ class LoaderOptions:
     timeout: float | None                         # seconds; None waits forever
     worker_init_fn: Callable[[int], None] | None
     seed: int                                     # the run's seed (given, drawn from torch, or fresh)
+    # Not given: drawn from torch (`generator`, or torch's global RNG) when
+    # torch's DataLoader draws its base seed, at iter() (then `seed` is 0 until drawn).
+    torch_seeded: bool
     distributed: bool
     distributed_seed: int                         # the shuffle seed every rank shares: never a fresh one
     generator: Any                                # torch.Generator or None, kept for torch's view
@@ -126,7 +129,7 @@ class LoaderOptions:
         if distributed:
             _check_distributed(iterable, sampler, batch_sampler)
         given_seed = None if seed is None else check_int("seed", seed, 0, or_none=True)
-        run_seed = _run_seed(given_seed, generator)
+        from_torch = _seeded_by_torch(given_seed, generator)
         auto_batching = _check_batching(iterable, batch_size, shuffle, sampler, batch_sampler, last_batch)
         if batch_sampler is not None:
             batch_size = None
@@ -156,7 +159,8 @@ class LoaderOptions:
             num_workers=num_workers, prefetch=resolved_prefetch,
             prefetch_factor=None if num_workers == 0 else max(1, resolved_prefetch // num_workers),
             thread_pool=bool(thread_pool), timeout=timeout, worker_init_fn=worker_init_fn,
-            seed=run_seed if run_seed is not None else _fresh_seed(),
+            seed=given_seed if given_seed is not None else (0 if from_torch else _fresh_seed()),
+            torch_seeded=from_torch,
             distributed=bool(distributed), distributed_seed=given_seed if given_seed is not None else 0,
             generator=generator, multiprocessing_context=multiprocessing_context, start_method=start_method,
             persistent_workers=bool(persistent_workers), in_order=bool(in_order),
@@ -217,18 +221,20 @@ def _check_distributed(iterable: bool, sampler: object, batch_sampler: object) -
                          "(shard the stream by rank in the dataset instead)")
 
 
-def _run_seed(seed: int | None, generator: object) -> int | None:
-    """seed=, else torch's generator= (or, when the program uses torch,
-    torch's global RNG) as torch's DataLoader draws its base seed, so
-    torch.manual_seed(s) fixes the run as it does with torch; None: neither
-    (a fresh seed is drawn)."""
+def _seeded_by_torch(seed: int | None, generator: object) -> bool:
+    """Whether the run's seed comes from torch: without seed=, from
+    generator= (or, when the program uses torch, torch's global RNG), drawn
+    when torch's DataLoader draws its base seed, so torch.manual_seed(s)
+    fixes the run as it does with torch; False: seed= (or a fresh seed)."""
     if seed is not None:
         if generator is not None:
             raise ValueError("pass seed or generator, not both (generator seeds the run as seed does)")
-        return seed
-    if generator is not None or torch_module() is not None:
-        return seed_from_torch(generator)
-    return None
+        return False
+    if generator is not None:
+        if torch_module() is None or not isinstance(generator, torch_module().Generator):
+            seed_from_torch(generator)   # raises its TypeError, naming what generator must be
+        return True
+    return torch_module() is not None
 
 
 def _fresh_seed() -> int:

@@ -16,7 +16,7 @@ from ._cpus import warn_if_oversubscribed
 from ._options import LoaderOptions
 from ._runtime.engine import Engine
 from ._runtime.epoch import EpochIterator, start_epoch
-from ._torch_compat import PIN_MEMORY_NO_ACCELERATOR, pin_batch, pinning_device, to_tensors
+from ._torch_compat import PIN_MEMORY_NO_ACCELERATOR, pin_batch, pinning_device, seed_from_torch, to_tensors
 from .sampler import (
     BatchSampler,
     DistributedSampler,
@@ -152,7 +152,9 @@ class DataLoader(Generic[_T_co]):
             ``False`` yields them as they complete.
         seed (int | None): fixes the shuffle order, the workers' RNG seeds and
             :func:`mxload.sample_rng`; default drawn from `generator`, else
-            from torch's global RNG when the program imported torch, else fresh.
+            from torch's global RNG when the program imported torch (at
+            ``iter()``, drawing from torch's RNGs what torch's loader draws
+            there), else fresh.
         start_method (str | None): ``"fork"``, ``"spawn"`` or ``"forkserver"``;
             default: the one set with ``multiprocessing.set_start_method()``
             (as torch), else ``fork`` on Linux.
@@ -209,7 +211,6 @@ class DataLoader(Generic[_T_co]):
     thread_pool = _Option[bool]()
     timeout = _Option[float | None]()
     worker_init_fn = _Option[Callable[[int], None] | None]()
-    seed = _Option[int]()
     persistent_workers = _Option[bool]()
     in_order = _Option[bool]()
     start_method = _Option[str | None]()
@@ -254,6 +255,8 @@ class DataLoader(Generic[_T_co]):
                              and not self.iterable and not self._options.distributed)
         self.sampler = getattr(self.batch_sampler, "sampler", None)  # e.g. loader.sampler.set_epoch(e)
         self.epoch = 0
+        self._seed_pending = self._options.torch_seeded   # drawn at the first iter(), as torch's
+        self._base_seed_drawn = False
         self._engine: Engine | None = None          # persistent workers' engine
         self._live_iter: weakref.ref[EpochIterator] | None = None   # the newest
         # Plain weak references, not a WeakSet: a WeakSet's callback would run
@@ -275,6 +278,47 @@ class DataLoader(Generic[_T_co]):
         self._check_worker_count(stacklevel=4)
         if self.auto_reload:
             self._prefetched = self._start_iter()
+
+    @property
+    def seed(self) -> int:
+        """The run's seed: given, or drawn from torch (at the first ``iter()``,
+        as torch draws its base seed; asking for it earlier draws it now), or fresh."""
+        if self._seed_pending:
+            self._draw_seed()
+        return self._options.seed
+
+    @seed.setter
+    def seed(self, value: int) -> None:
+        self._seed_pending = False
+        self._options = dataclasses.replace(self._options, seed=value)
+
+    def _draw_seed(self) -> None:
+        """Draw the run's seed from torch (the loader's generator, or torch's global RNG)."""
+        seed = seed_from_torch(self.generator)
+        self._base_seed_drawn = True
+        self.seed = seed
+        if self._own_sampler and isinstance(self.sampler, RandomSampler):
+            self.sampler.seed = seed
+
+    def _torch_draws(self) -> None:
+        """What torch's iter() draws from torch's RNGs, drawn here too, so the
+        program's later draws (its model's initialisation, dropout) are the
+        ones it gets with torch's loader: its RandomSampler's seed from the
+        global RNG (shuffle without a generator), then the iterator's base
+        seed (not again for persistent workers), which seeds this run the
+        first time."""
+        options = self._options
+        if not options.torch_seeded:
+            return
+        if self._own_sampler and options.shuffle and options.generator is None:
+            seed_from_torch(None)
+        if self.persistent_workers and self.num_workers and self._base_seed_drawn:
+            return
+        if self._seed_pending:
+            self._draw_seed()
+        else:
+            seed_from_torch(options.generator)
+            self._base_seed_drawn = True
 
     @property
     def drop_last(self) -> bool:
@@ -324,6 +368,7 @@ class DataLoader(Generic[_T_co]):
             warn_if_oversubscribed(self.num_workers, stacklevel)
 
     def _start_iter(self) -> Any:
+        self._torch_draws()
         if self._engine is None:   # persistent workers already running were checked when they started
             self._check_worker_count(stacklevel=5)   # the caller of iter()
         previous = self._live_iter() if self._live_iter is not None else None
@@ -387,13 +432,14 @@ class DataLoader(Generic[_T_co]):
             >>> [b.tolist() for b in resumed] == [b.tolist() for b in it]
             True
         """
+        seed = self.seed   # drawn now if torch's is still to come: the state must fix it
         progress = self._progress
         if self._resume is not None:
             return dict(self._resume)
         if progress is None or progress.complete:
             progress = EpochProgress(self.epoch, None if self.iterable else sampler_state(self.batch_sampler),
                                      self._dataset_state())
-        return progress.state(self.seed)
+        return progress.state(seed)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict`: the next ``iter()`` resumes that epoch.

@@ -397,3 +397,52 @@ def test_partial_workers_every_sample_once_and_the_next_epoch_clean(persistent, 
             else:
                 assert sorted(tuple(b.tolist()) for b in got) == sorted(
                     [tuple(range(4)), tuple(range(7)), tuple(range(7, 14)), tuple(range(14, 20))])
+
+
+# ---------------------------------------------------------------- 7. the seed is drawn at iter(), as torch's
+
+
+def _training_script(loader_class, shuffle, num_workers, persistent, generator):
+    """What a script sees of torch's global RNG around its loader: the model
+    built after the loader, then two epochs, each followed by a draw."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(5) if generator else None
+    loader = loader_class(Counting(), batch_size=5, shuffle=shuffle, num_workers=num_workers,
+                          persistent_workers=persistent, generator=g)
+    draws = [torch.rand(2)]   # the model's initialisation
+    batches = []
+    for _ in range(2):
+        batches.append([b.tolist() for b in loader])
+        draws.append(torch.rand(2))
+    if hasattr(loader, "close"):
+        loader.close()
+    return torch.stack(draws), batches
+
+
+@pytest.mark.parametrize("shuffle,num_workers,persistent,generator", [
+    (False, 0, False, False), (True, 0, False, False), (True, 2, False, False), (True, 2, True, False),
+    (True, 0, False, True), (False, 2, True, True)])
+def test_torch_rng_is_drawn_when_torch_draws_it(shuffle, num_workers, persistent, generator):
+    theirs, _ = _training_script(torch.utils.data.DataLoader, shuffle, num_workers, persistent, generator)
+    ours, batches = _training_script(DataLoader, shuffle, num_workers, persistent, generator)
+    assert torch.equal(theirs, ours)   # model init and later draws as with torch's loader
+    again, batches_again = _training_script(DataLoader, shuffle, num_workers, persistent, generator)
+    assert batches == batches_again   # torch.manual_seed still fixes the batches
+    if shuffle:
+        assert batches[0] != batches[1]
+
+
+def test_seed_given_draws_nothing_and_state_dict_fixes_a_drawn_seed():
+    torch.manual_seed(0)
+    expected = torch.rand(2)
+    torch.manual_seed(0)
+    loader = DataLoader(Counting(), batch_size=5, shuffle=True, seed=3)
+    list(loader)
+    assert torch.equal(torch.rand(2), expected)
+    torch.manual_seed(1)
+    loader = DataLoader(Counting(), batch_size=5, shuffle=True)
+    state = loader.state_dict()   # the seed is drawn now: the state must reproduce the epoch
+    first = [b.tolist() for b in loader]
+    resumed = DataLoader(Counting(), batch_size=5, shuffle=True)
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == first
