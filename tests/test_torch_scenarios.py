@@ -446,3 +446,74 @@ def test_seed_given_draws_nothing_and_state_dict_fixes_a_drawn_seed():
     resumed = DataLoader(Counting(), batch_size=5, shuffle=True)
     resumed.load_state_dict(state)
     assert [b.tolist() for b in resumed] == first
+
+
+# ------------------------------------------------------------ 8. a spawn worker that cannot start says why
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+_LOCAL_CLASS_PROGRAM = """
+import torch
+from mxload.torch import DataLoader
+class OnlyInMain(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+    def __getitem__(self, i):
+        return i
+try:
+    list(DataLoader(OnlyInMain(), batch_size=2, num_workers=1, multiprocessing_context="spawn", timeout=30))
+except Exception as e:
+    print("RAISED", type(e).__name__, isinstance(e, RuntimeError))
+    print(e)
+"""
+
+_UNGUARDED_SCRIPT = """
+import sys
+import torch
+from mxload.torch import DataLoader
+
+def report(kind, error, tb):   # the training process's error, on stdout; a worker's goes to stderr
+    if __name__ != "__main__":
+        return sys.__excepthook__(kind, error, tb)
+    print("RAISED", kind.__name__, isinstance(error, RuntimeError))
+    print(error)
+
+sys.excepthook = report
+
+class Squares(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+    def __getitem__(self, i):
+        return i * i
+
+print(list(DataLoader(Squares(), batch_size=2, num_workers=1, multiprocessing_context="spawn", timeout=30)))
+"""
+
+
+def _run_program(args, cwd):
+    """The program's stdout: what it printed of the error raised in it (a
+    worker's own stderr goes to stderr, so it cannot satisfy the test)."""
+    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=90, cwd=cwd)
+    return out.stdout
+
+
+@pytest.mark.faults
+def test_spawn_worker_of_a_class_only_in_main_names_the_cause(tmp_path):
+    # A program given with -c has no file a spawn worker could import its __main__ from.
+    out = _run_program(["-c", _LOCAL_CLASS_PROGRAM], tmp_path)
+    assert "RAISED WorkerError True" in out, out
+    assert "Can't get attribute 'OnlyInMain'" in out, out   # the worker's own error text
+    assert "died unexpectedly" not in out
+
+
+@pytest.mark.faults
+def test_spawn_worker_of_an_unguarded_script_names_the_cause(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(_UNGUARDED_SCRIPT)
+    out = _run_program([str(script)], tmp_path)
+    # The worker imports the script, which starts a loader of its own: refused there (no
+    # endless chain of workers), and the main process says why.
+    assert "RAISED WorkerError True" in out, out
+    assert "bootstrapping phase" in out and "__main__" in out, out
+    assert out.count("RAISED") == 1, out

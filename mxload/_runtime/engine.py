@@ -111,6 +111,28 @@ def rebuild_exception(info: m.ExceptionInfo, worker_id: int, pid: int | None,
     return err
 
 
+def start_failure(failed: m.InitFailed, worker_id: int, pid: int | None) -> WorkerError:
+    """A worker process that could not start: a WorkerError (a RuntimeError,
+    as torch's for a worker that could not start) with the worker's own error
+    text, and what to do about the usual causes."""
+    info = failed.error
+    hint = ""
+    if "__main__" in info.message or "__mp_main__" in info.message or "bootstrapping" in info.message:
+        hint = ("\n\nA spawn or forkserver worker imports the main module again, then unpickles the dataset: "
+                "classes and functions it uses must be importable (defined in a module, or in a script run "
+                "from a file, not with -c or interactively), and the script must start its loaders under "
+                "`if __name__ == \"__main__\":`. Or use multiprocessing_context=\"fork\".")
+    err = WorkerError(f"mxload worker {worker_id} (pid {pid}) could not start: {failed.starting} raised "
+                      f"{info.module}.{info.qualname}: {info.message}{hint}\n\nWorker traceback:\n"
+                      f"{info.traceback}", worker_id, pid, None, None)
+    if info.pickled is not None:
+        try:
+            err.__cause__ = pickle.loads(info.pickled)
+        except Exception:
+            pass
+    return err
+
+
 @dataclass
 class _Worker:
     """The engine's view of one worker (the transport keeps its channel)."""
@@ -376,7 +398,8 @@ class Engine:
         with self._lock:
             pid = self.transport.pid(worker_id)
             if isinstance(result, m.InitFailed):   # worker_init_fn failed: the worker is unusable
-                self.fail(rebuild_exception(result.error, worker_id, pid, -1))
+                self.fail(start_failure(result, worker_id, pid) if result.starting
+                          else rebuild_exception(result.error, worker_id, pid, -1))
                 return
             w = self._workers[worker_id]
             idx = result.batch_index
