@@ -517,3 +517,52 @@ def test_spawn_worker_of_an_unguarded_script_names_the_cause(tmp_path):
     assert "RAISED WorkerError True" in out, out
     assert "bootstrapping phase" in out and "__main__" in out, out
     assert out.count("RAISED") == 1, out
+
+
+# ---------------------------------------------------------- 9. in_order=False routes work around a straggler
+
+import time  # noqa: E402
+
+STRAGGLE_S = 0.6
+
+
+class SlowFirst(Dataset):
+    """Sample 0 takes STRAGGLE_S; the others are instant."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        if i == 0:
+            time.sleep(STRAGGLE_S)
+        return i
+
+
+class SlowFirstWorkerStream(IterableDataset):
+    """Worker 0's stream starts with a slow item; worker 1's are instant."""
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        if info.id == 0:
+            time.sleep(STRAGGLE_S)
+            return iter([100])
+        return iter(range(12))
+
+
+def test_out_of_order_map_style_batches_go_around_a_straggler():
+    loader = DataLoader(SlowFirst(), batch_size=1, num_workers=2, in_order=False, prefetch_factor=2)
+    order = [int(b) for b in loader]
+    assert sorted(order) == list(range(16))
+    # Only what was handed to the straggler before it stalled waits for it (its share of the
+    # window, prefetch_factor tasks); every other batch comes first.
+    assert order.index(0) >= 16 - 2, order
+
+
+def test_out_of_order_stream_items_go_around_a_straggler():
+    loader = DataLoader(SlowFirstWorkerStream(), batch_size=None, num_workers=2, in_order=False)
+    order = list(loader)
+    assert order == list(range(12)) + [100], order
+
+
+def test_in_order_keeps_the_sampler_order_with_a_straggler():
+    assert [int(b) for b in DataLoader(SlowFirst(), batch_size=1, num_workers=2)] == list(range(16))

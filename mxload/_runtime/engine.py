@@ -262,10 +262,25 @@ class Engine:
             live = self._takers = [wid for wid, w in enumerate(self._workers) if w.alive and not w.exhausted]
         if not live:
             return None
-        # Round-robin by batch index, not least-loaded: which worker loads
-        # which batch (and so which per-worker random stream it sees) must not
-        # depend on timing, nor on where a resumed epoch starts.
-        return live[idx % len(live)]
+        n = len(live)
+        if self.options.in_order or n == 1:
+            # Round-robin by batch index, not least-loaded: which worker loads
+            # which batch (and so which per-worker random stream it sees) must
+            # not depend on timing, nor on where a resumed epoch starts.
+            return live[idx % n]
+        # in_order=False gives up that determinism for throughput, as torch's:
+        # the worker with the fewest tasks out, so a straggler's queue stays at
+        # its share of the window while the others take the rest (ties go
+        # round-robin).  Its tasks are popped when their batch is taken.
+        workers = self._workers
+        start = idx % n
+        best, best_load = live[start], len(workers[live[start]].outstanding)
+        for k in range(1, n):
+            wid = live[(start + k) % n]
+            load = len(workers[wid].outstanding)
+            if load < best_load:
+                best, best_load = wid, load
+        return best
 
     def _dispatch_more(self) -> None:
         """Fill the prefetch window with the plan's next tasks."""
