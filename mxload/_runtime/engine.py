@@ -473,8 +473,9 @@ class Engine:
                 self._restart(wid)
                 return
             self.fail(loss.error_type(
-                f"mxload worker {wid} (pid {loss.pid}) died unexpectedly ({loss.how}){loss.hint} "
-                f"while holding batches {held}" +
+                # torch's words first ("DataLoader worker (pid N) exited unexpectedly"): programs match them.
+                f"DataLoader worker (pid {loss.pid}) exited unexpectedly: mxload worker {wid} died "
+                f"({loss.how}){loss.hint} while holding batches {held}" +
                 (f"; max_worker_restarts={limit} exhausted" if limit else ""),
                 wid, loss.pid, loss.exitcode, first))
 
