@@ -395,7 +395,9 @@ class RandomSampler(Sampler):
 
 
 class BatchSampler(Sampler):
-    """Groups a sampler's indices into batches (1-D ``np.int64`` arrays).
+    """Groups a sampler's indices into batches: iterated, each batch is a
+    list of ints, as Gluon 1.9's (``sum(list(bs), [])`` works); the loader
+    takes them as 1-D ``np.int64`` arrays (:meth:`epoch_batches`).
 
     ``last_batch`` decides what happens to an incomplete final batch:
     ``"keep"`` yields it, ``"discard"`` drops it, ``"rollover"`` carries
@@ -413,10 +415,10 @@ class BatchSampler(Sampler):
 
     Example:
         >>> from mxload.sampler import BatchSampler, SequentialSampler
-        >>> [b.tolist() for b in BatchSampler(SequentialSampler(5), 2, "keep")]
+        >>> list(BatchSampler(SequentialSampler(5), 2, "keep"))
         [[0, 1], [2, 3], [4]]
         >>> roll = BatchSampler(SequentialSampler(5), 2, "rollover")
-        >>> [b.tolist() for b in roll], [b.tolist() for b in roll]
+        >>> list(roll), list(roll)
         ([[0, 1], [2, 3]], [[4, 0], [1, 2], [3, 4]])
     """
 
@@ -478,13 +480,14 @@ class BatchSampler(Sampler):
         bs = self.batch_size
         return [indices[i:i + bs] for i in range(0, len(indices), bs)]
 
-    def __iter__(self) -> Iterator[IndexArray]:
+    def __iter__(self) -> Iterator[list[int]]:
         # The batches are drawn now (the epoch advances on iter()); the
         # rollover carry is passed on only if the iteration runs to its end.
         return self._consume(self.epoch_batches())
 
-    def _consume(self, batches: list[IndexArray]) -> Iterator[IndexArray]:
-        yield from batches
+    def _consume(self, batches: list[IndexArray]) -> Iterator[list[int]]:
+        for batch in batches:
+            yield batch.tolist()
         self.end_epoch()
 
     def __len__(self) -> int:
