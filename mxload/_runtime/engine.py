@@ -383,6 +383,8 @@ class Engine:
         waited = f"batch {idx}" if self.options.in_order else "any batch"
         stopped = any(s.startswith("stopped") for _, _, s in states)
         return LoaderTimeoutError(
+            # torch's words first ("DataLoader timed out after N seconds"): programs match them.
+            f"DataLoader timed out after {self.options.timeout} seconds: "
             f"no {waited} within timeout={self.options.timeout} s{self._whereabouts(idx)}; "
             f"workers (id, pid, state): {states}. "
             + ("A stopped worker runs again after SIGCONT (kill -CONT PID). " if stopped else "")
