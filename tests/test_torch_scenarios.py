@@ -566,3 +566,35 @@ def test_out_of_order_stream_items_go_around_a_straggler():
 
 def test_in_order_keeps_the_sampler_order_with_a_straggler():
     assert [int(b) for b in DataLoader(SlowFirst(), batch_size=1, num_workers=2)] == list(range(16))
+
+
+# --------------------------------------------------------- a worker's death in torch's words (test_segfault)
+
+import os  # noqa: E402
+import signal  # noqa: E402
+
+
+class DiesAt(Dataset):
+    def __init__(self, how):
+        self.how = how
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == 3:
+            if self.how == "segfault":
+                os.kill(os.getpid(), signal.SIGSEGV)
+            os._exit(3)
+        return i
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("how,says", [
+    ("segfault", r"^DataLoader worker \(pid \d+\) is killed by signal: Segmentation fault\. mxload worker 1"),
+    ("exit", r"^DataLoader worker \(pid\(s\) \d+\) exited unexpectedly: mxload worker 1 \(pid \d+\) died "
+             r"\(exit code 3\)"),
+])
+def test_worker_death_in_torchs_words(how, says):
+    with pytest.raises(RuntimeError, match=says):
+        list(DataLoader(DiesAt(how), batch_size=1, num_workers=2))

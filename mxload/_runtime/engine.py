@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
+import signal
 import sys
 import threading
 import warnings
@@ -109,6 +110,18 @@ def rebuild_exception(info: m.ExceptionInfo, worker_id: int, pid: int | None,
                       batch_index if batch_index >= 0 else None)
     err.__cause__ = original
     return err
+
+
+def _torch_words(loss: WorkerLoss) -> str:
+    """How torch's DataLoader says a worker died (programs and people grep
+    logs for it): killed by a signal, or exited."""
+    if loss.exitcode is not None and loss.exitcode < 0:
+        try:
+            name = signal.strsignal(-loss.exitcode) or f"signal {-loss.exitcode}"
+        except ValueError:
+            name = f"signal {-loss.exitcode}"
+        return f"DataLoader worker (pid {loss.pid}) is killed by signal: {name}."
+    return f"DataLoader worker (pid(s) {loss.pid}) exited unexpectedly:"
 
 
 def start_failure(failed: m.InitFailed, worker_id: int, pid: int | None) -> WorkerError:
@@ -475,9 +488,8 @@ class Engine:
                 self._restart(wid)
                 return
             self.fail(loss.error_type(
-                # torch's words first ("DataLoader worker (pid N) exited unexpectedly"): programs match them.
-                f"DataLoader worker (pid {loss.pid}) exited unexpectedly: mxload worker {wid} died "
-                f"({loss.how}){loss.hint} while holding batches {held}" +
+                f"{_torch_words(loss)} mxload worker {wid} (pid {loss.pid}) died ({loss.how}){loss.hint} "
+                f"while holding batches {held}" +
                 (f"; max_worker_restarts={limit} exhausted" if limit else ""),
                 wid, loss.pid, loss.exitcode, first))
 
