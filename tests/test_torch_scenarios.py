@@ -598,3 +598,26 @@ class DiesAt(Dataset):
 def test_worker_death_in_torchs_words(how, says):
     with pytest.raises(RuntimeError, match=says):
         list(DataLoader(DiesAt(how), batch_size=1, num_workers=2))
+
+
+# ------------------------------------------------- batches of zero bytes (test_large_sampler_indices' data)
+
+
+class EmptySamples(Dataset):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return torch.empty(0)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_zero_byte_batches_are_writable_tensors_without_warning(num_workers):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # torch warns of a tensor over a read-only array
+        batches = list(DataLoader(EmptySamples(), batch_size=3, num_workers=num_workers))
+    assert [tuple(b.shape) for b in batches] == [(3, 0), (3, 0)]
+    batches[0].add_(1)   # writable, as torch's batches are
+    # torch warns once per process: the arrays themselves say it for every later test too.
+    arrays = list(mxload.DataLoader(EmptySamples(), batch_size=3, num_workers=num_workers))
+    assert all(a.flags.writeable for a in arrays)
