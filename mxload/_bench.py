@@ -111,8 +111,8 @@ def _time(loader: Iterable[Any], batches: int, tick: Callable[[int], None]) -> R
 
 def run_mxload(dataset: Any, batch_size: int, workers: int, batches: int,
                tick: Callable[[int], None]) -> Run:
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, seed=0, num_workers=workers,
-                        persistent_workers=workers > 0)
+    loader: DataLoader[Any] = DataLoader(dataset, batch_size=batch_size, shuffle=True, seed=0,
+                                         num_workers=workers, persistent_workers=workers > 0)
     with profile(loader) as prof:
         run = _time(loader, batches, tick)
         run.verdict = prof.report().verdict

@@ -94,9 +94,10 @@ def usable_cores() -> int:
 _warned: set[tuple[int, int]] = set()
 
 
-def warn_if_oversubscribed(num_workers: int) -> None:
+def warn_if_oversubscribed(num_workers: int, stacklevel: int = 3) -> None:
     """Warn once per process (per worker count) when `num_workers` worker
-    processes exceed the cores this process may use, as PyTorch's DataLoader does."""
+    processes exceed the cores this process may use, as PyTorch's DataLoader
+    does (when it is built, and when an iteration starts its workers)."""
     cores = usable_cores()
     if num_workers <= cores or (num_workers, cores) in _warned:
         return
@@ -105,5 +106,6 @@ def warn_if_oversubscribed(num_workers: int) -> None:
         f"This DataLoader will create {num_workers} worker processes in total, but this process can "
         f"use only {cores} CPU cores (its CPU affinity and cgroup CPU quota), which is smaller than "
         f"what this DataLoader is going to create. Please be aware that excessive worker creation "
-        f"might get DataLoader running slow: lower num_workers to {cores} or fewer (more workers "
-        f"than cores only help when __getitem__ waits on I/O).", UserWarning, stacklevel=3)
+        f"might get DataLoader running slow or even freeze: lower num_workers to {cores} or fewer "
+        f"(more workers than cores only help when __getitem__ waits on I/O).", UserWarning,
+        stacklevel=stacklevel)

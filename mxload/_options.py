@@ -66,6 +66,9 @@ class LoaderOptions:
     timeout: float | None                         # seconds; None waits forever
     worker_init_fn: Callable[[int], None] | None
     seed: int                                     # the run's seed (given, drawn from torch, or fresh)
+    # Not given: drawn from torch (`generator`, or torch's global RNG) when
+    # torch's DataLoader draws its base seed, at iter() (then `seed` is 0 until drawn).
+    torch_seeded: bool
     distributed: bool
     distributed_seed: int                         # the shuffle seed every rank shares: never a fresh one
     generator: Any                                # torch.Generator or None, kept for torch's view
@@ -106,6 +109,9 @@ class LoaderOptions:
         Raises ValueError or TypeError naming the argument, what it allows
         and what it got, as documented on :class:`mxload.DataLoader`.
         """
+        iterable = is_iterable_dataset(dataset)
+        if iterable:   # first, as torch: an order argument means nothing to a stream, whatever its kind
+            _check_stream_order(shuffle, sampler, batch_sampler)
         _check_kinds(last_batch, batch_sampler, batchify_fn, collate_fn)
         batchify_fn = collate_fn if collate_fn is not None else batchify_fn
         if drop_last is not None:
@@ -113,17 +119,17 @@ class LoaderOptions:
                 raise ValueError(f"drop_last=True conflicts with last_batch={last_batch!r}")
             if drop_last:
                 last_batch = "discard"
+        if isinstance(num_workers, int) and num_workers < 0:
+            # torch's words (programs match them), in the one style otherwise.
+            raise ValueError(f"num_workers option should be non-negative (use num_workers=0 to load in the "
+                             f"main process), got {num_workers}")
         num_workers = check_int("num_workers", num_workers, 0,
                                 hint=" (use num_workers=0 to load in the main process)")
-        iterable = is_iterable_dataset(dataset)
-        if iterable and shuffle:
-            raise ValueError(f"shuffle={shuffle!r} cannot be used with an IterableDataset (it decides "
-                             f"its own order)")
         shuffle = bool(shuffle)
         if distributed:
             _check_distributed(iterable, sampler, batch_sampler)
         given_seed = None if seed is None else check_int("seed", seed, 0, or_none=True)
-        run_seed = _run_seed(given_seed, generator)
+        from_torch = _seeded_by_torch(given_seed, generator)
         auto_batching = _check_batching(iterable, batch_size, shuffle, sampler, batch_sampler, last_batch)
         if batch_sampler is not None:
             batch_size = None
@@ -153,7 +159,8 @@ class LoaderOptions:
             num_workers=num_workers, prefetch=resolved_prefetch,
             prefetch_factor=None if num_workers == 0 else max(1, resolved_prefetch // num_workers),
             thread_pool=bool(thread_pool), timeout=timeout, worker_init_fn=worker_init_fn,
-            seed=run_seed if run_seed is not None else _fresh_seed(),
+            seed=given_seed if given_seed is not None else (0 if from_torch else _fresh_seed()),
+            torch_seeded=from_torch,
             distributed=bool(distributed), distributed_seed=given_seed if given_seed is not None else 0,
             generator=generator, multiprocessing_context=multiprocessing_context, start_method=start_method,
             persistent_workers=bool(persistent_workers), in_order=bool(in_order),
@@ -169,6 +176,18 @@ def is_iterable_dataset(dataset: object) -> bool:
     if isinstance(dataset, IterableDataset) or is_torch_iterable_dataset(dataset):
         return True
     return hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
+
+
+def _check_stream_order(shuffle: object, sampler: object, batch_sampler: object) -> None:
+    """An IterableDataset decides its own order: no shuffle, sampler or
+    batch_sampler (torch's errors, with its wording)."""
+    for name, value, given in (("shuffle", shuffle, shuffle not in (False, None)),
+                               ("sampler", sampler, sampler is not None),
+                               ("batch_sampler", batch_sampler, batch_sampler is not None)):
+        if given:
+            raise ValueError(f"DataLoader with IterableDataset: expected unspecified {name} option, but got "
+                             f"{name}={value!r} (an IterableDataset decides its own order and batches by "
+                             f"batch_size: shuffle or sample inside its __iter__)")
 
 
 def _check_kinds(last_batch: object, batch_sampler: object, batchify_fn: object, collate_fn: object) -> None:
@@ -202,18 +221,20 @@ def _check_distributed(iterable: bool, sampler: object, batch_sampler: object) -
                          "(shard the stream by rank in the dataset instead)")
 
 
-def _run_seed(seed: int | None, generator: object) -> int | None:
-    """seed=, else torch's generator= (or, when the program uses torch,
-    torch's global RNG) as torch's DataLoader draws its base seed, so
-    torch.manual_seed(s) fixes the run as it does with torch; None: neither
-    (a fresh seed is drawn)."""
+def _seeded_by_torch(seed: int | None, generator: object) -> bool:
+    """Whether the run's seed comes from torch: without seed=, from
+    generator= (or, when the program uses torch, torch's global RNG), drawn
+    when torch's DataLoader draws its base seed, so torch.manual_seed(s)
+    fixes the run as it does with torch; False: seed= (or a fresh seed)."""
     if seed is not None:
         if generator is not None:
             raise ValueError("pass seed or generator, not both (generator seeds the run as seed does)")
-        return seed
-    if generator is not None or torch_module() is not None:
-        return seed_from_torch(generator)
-    return None
+        return False
+    if generator is not None:
+        if torch_module() is None or not isinstance(generator, torch_module().Generator):
+            seed_from_torch(generator)   # raises its TypeError, naming what generator must be
+        return True
+    return torch_module() is not None
 
 
 def _fresh_seed() -> int:
@@ -224,33 +245,30 @@ def _check_batching(iterable: bool, batch_size: object, shuffle: bool, sampler: 
                     last_batch: str | None) -> bool:
     """The batching arguments together; returns whether batches are made
     automatically (False: batch_size=None, each sample is its own batch)."""
+    if not iterable and sampler is not None and shuffle:
+        raise ValueError("sampler option is mutually exclusive with shuffle: shuffle=True with a sampler "
+                         "(shuffle with a RandomSampler instead)")
     if batch_sampler is not None:
         conflicts = [name for name, bad in (("batch_size", batch_size not in (None, 1)),
                                             ("shuffle", shuffle),
                                             ("sampler", sampler is not None),
                                             ("drop_last/last_batch", last_batch is not None)) if bad]
         if conflicts:
-            raise ValueError(f"batch_sampler is mutually exclusive with {', '.join(conflicts)}")
-        if iterable:
-            raise ValueError("batch_sampler cannot be used with an IterableDataset")
+            raise ValueError(f"batch_sampler option is mutually exclusive with batch_size, shuffle, sampler "
+                             f"and drop_last/last_batch (its batches decide them); got "
+                             f"{', '.join(conflicts)}")
         return True
     auto_batching = batch_size is not None
     if batch_size is None:
         # torch: no automatic batching; each sample is one "batch".
         if last_batch is not None:
-            raise ValueError("batch_size=None disables automatic batching and is mutually exclusive with "
+            raise ValueError("batch_size=None option disables auto-batching and is mutually exclusive with "
                              "drop_last/last_batch")
     else:
         check_int("batch_size", batch_size, 1, or_none=True)
-    if iterable:
-        if sampler is not None:
-            raise ValueError("sampler cannot be used with an IterableDataset (it decides its own order)")
-        if last_batch not in (None, "keep", "discard"):
-            raise ValueError(f"last_batch={last_batch!r} is not supported for an IterableDataset; use 'keep' "
-                             f"or 'discard'")
-    elif sampler is not None and shuffle:
-        raise ValueError("shuffle=True is mutually exclusive with sampler (shuffle with a RandomSampler "
-                         "instead)")
+    if iterable and last_batch not in (None, "keep", "discard"):
+        raise ValueError(f"last_batch={last_batch!r} is not supported for an IterableDataset; use 'keep' "
+                         f"or 'discard'")
     return auto_batching
 
 
@@ -262,11 +280,14 @@ def _check_prefetch(prefetch: object, prefetch_factor: object, num_workers: int)
     if prefetch_factor is None:
         return prefetch
     if num_workers == 0:
-        raise ValueError("prefetch_factor (batches in flight per worker) needs num_workers > 0; leave it "
-                         "None for num_workers=0")
+        raise ValueError("prefetch_factor option could only be specified in multiprocessing (batches in "
+                         "flight per worker, num_workers > 0); leave it None for num_workers=0")
     if prefetch is not None:
         raise ValueError("pass prefetch (batches in flight in all) or prefetch_factor (per worker, "
                          "torch's), not both")
+    if isinstance(prefetch_factor, int) and prefetch_factor < 0:
+        raise ValueError(f"prefetch_factor option should be non-negative (batches in flight per worker, at "
+                         f"least 1), got {prefetch_factor}")
     return check_int("prefetch_factor", prefetch_factor, 1) * num_workers
 
 
@@ -275,8 +296,8 @@ def _check_timeout(timeout: object) -> float | None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer, np.floating)) \
             or timeout < 0 or timeout != timeout:
-        raise ValueError(f"timeout must be a non-negative number of seconds (0 or None: wait forever), "
-                         f"got {timeout!r}")
+        raise ValueError(f"timeout option should be non-negative: a number of seconds (0 or None: wait "
+                         f"forever), got {timeout!r}")
     return None if timeout == 0 else cast(float, timeout)   # 0 is torch's "no timeout"
 
 
@@ -300,11 +321,11 @@ def _start_method_of(context: object) -> str:
     elif isinstance(context, mp_context.BaseContext):
         name = context.get_start_method()
     else:
-        raise TypeError(f"multiprocessing_context must be a start method name or a multiprocessing "
-                        f"context object, got {type(context).__name__}")
+        raise TypeError(f"multiprocessing_context option should be a valid context object or a start "
+                        f"method name, got {type(context).__name__}")
     if name not in START_METHODS:
-        raise ValueError(f"multiprocessing_context must be one of {START_METHODS} (or their context "
-                         f"objects), got {name!r}")
+        raise ValueError(f"multiprocessing_context option should specify a valid start method in "
+                         f"{list(START_METHODS)} (or be its context object), but got {name!r}")
     return name
 
 
@@ -332,4 +353,7 @@ def _check_no_worker_options(persistent_workers: bool, thread_pool: bool, max_wo
         ("multiprocessing_context" if multiprocessing_context is not None else "start_method",
          start_method is not None)) if used]
     if unsupported:
-        raise ValueError(f"{', '.join(unsupported)} need num_workers > 0")
+        one = len(unsupported) == 1
+        raise ValueError(f"{', '.join(unsupported)} option{'' if one else 's'} need{'s' if one else ''} "
+                         f"num_workers > 0: {'it' if one else 'they'} can only be used with multi-process "
+                         f"loading (num_workers > 0), but got num_workers=0")

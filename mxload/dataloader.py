@@ -16,13 +16,14 @@ from ._cpus import warn_if_oversubscribed
 from ._options import LoaderOptions
 from ._runtime.engine import Engine, merge_counters
 from ._runtime.epoch import EpochIterator, start_epoch
-from ._torch_compat import PIN_MEMORY_NO_ACCELERATOR, pin_batch, pinning_device, to_tensors
+from ._torch_compat import PIN_MEMORY_NO_ACCELERATOR, pin_batch, pinning_device, seed_from_torch, to_tensors
 from .sampler import (
     BatchSampler,
     DistributedSampler,
     RandomSampler,
     SequentialSampler,
     batch_sampler_indices,
+    bulk_batches,
     load_sampler_state,
     sampler_state,
 )
@@ -35,6 +36,9 @@ _FROZEN_ATTRIBUTES = frozenset(("batch_size", "batch_sampler", "sampler", "drop_
                                 "persistent_workers"))
 
 _T = TypeVar("_T")
+# What a batch is (torch's DataLoader is Generic[T_co]: ``DataLoader[list[Tensor]]``
+# in an annotation is evaluated at run time in a module without postponed annotations).
+_T_co = TypeVar("_T_co", covariant=True)
 
 
 class _Option(Generic[_T]):
@@ -53,14 +57,14 @@ class _Option(Generic[_T]):
     @overload
     def __get__(self, loader: None, owner: type[Any]) -> _Option[_T]: ...
     @overload
-    def __get__(self, loader: DataLoader, owner: type[Any]) -> _T: ...
+    def __get__(self, loader: DataLoader[Any], owner: type[Any]) -> _T: ...
 
-    def __get__(self, loader: DataLoader | None, owner: type[Any]) -> _T | _Option[_T]:
+    def __get__(self, loader: DataLoader[Any] | None, owner: type[Any]) -> _T | _Option[_T]:
         if loader is None:
             return self
         return cast(_T, getattr(loader._options, self._field))
 
-    def __set__(self, loader: DataLoader, value: _T) -> None:
+    def __set__(self, loader: DataLoader[Any], value: _T) -> None:
         changes: dict[str, Any] = {self._field: value}
         loader._options = dataclasses.replace(loader._options, **changes)
 
@@ -82,7 +86,7 @@ def _make_batch_sampler(options: LoaderOptions) -> Any:
     return BatchSampler(sampler, options.batch_size or 1, options.last_batch)
 
 
-class DataLoader:
+class DataLoader(Generic[_T_co]):
     """Loads batches from a dataset, in-process or with worker processes/threads.
 
     Positional arguments follow Gluon 1.9's DataLoader (its first four --
@@ -148,9 +152,12 @@ class DataLoader:
             ``False`` yields them as they complete.
         seed (int | None): fixes the shuffle order, the workers' RNG seeds and
             :func:`mxload.sample_rng`; default drawn from `generator`, else
-            from torch's global RNG when the program imported torch, else fresh.
+            from torch's global RNG when the program imported torch (at
+            ``iter()``, drawing from torch's RNGs what torch's loader draws
+            there), else fresh.
         start_method (str | None): ``"fork"``, ``"spawn"`` or ``"forkserver"``;
-            default ``fork`` on Linux.
+            default: the one set with ``multiprocessing.set_start_method()``
+            (as torch), else ``fork`` on Linux.
         max_worker_restarts (int): restart a dead worker and retry its batches
             up to this many times per loader. Default ``0``.
         profile (bool): record per-stage timings in ``loader.profiler``
@@ -204,7 +211,6 @@ class DataLoader:
     thread_pool = _Option[bool]()
     timeout = _Option[float | None]()
     worker_init_fn = _Option[Callable[[int], None] | None]()
-    seed = _Option[int]()
     persistent_workers = _Option[bool]()
     in_order = _Option[bool]()
     start_method = _Option[str | None]()
@@ -243,8 +249,14 @@ class DataLoader:
             max_worker_restarts=max_worker_restarts, profile=profile, distributed=distributed,
             try_nopython=try_nopython, backend=backend)
         self.batch_sampler = _make_batch_sampler(self._options)
+        # The loader made the sampler over range(len(dataset)): it follows len(dataset) (as torch's
+        # default samplers read it at every len() and iter()), so a dataset may grow between epochs.
+        self._own_sampler = (self._options.sampler is None and self._options.batch_sampler is None
+                             and not self.iterable and not self._options.distributed)
         self.sampler = getattr(self.batch_sampler, "sampler", None)  # e.g. loader.sampler.set_epoch(e)
         self.epoch = 0
+        self._seed_pending = self._options.torch_seeded   # drawn at the first iter(), as torch's
+        self._base_seed_drawn = False
         self._engine: Engine | None = None          # persistent workers' engine
         self._live_iter: weakref.ref[EpochIterator] | None = None   # the newest
         # Plain weak references, not a WeakSet: a WeakSet's callback would run
@@ -263,10 +275,50 @@ class DataLoader:
             from .profiler import Profiler
             self.profiler = Profiler()
         self._initialized = True
-        if self.num_workers and not self.thread_pool and self._options.backend is None:
-            warn_if_oversubscribed(self.num_workers)
+        self._check_worker_count(stacklevel=4)
         if self.auto_reload:
             self._prefetched = self._start_iter()
+
+    @property
+    def seed(self) -> int:
+        """The run's seed: given, or drawn from torch (at the first ``iter()``,
+        as torch draws its base seed; asking for it earlier draws it now), or fresh."""
+        if self._seed_pending:
+            self._draw_seed()
+        return self._options.seed
+
+    @seed.setter
+    def seed(self, value: int) -> None:
+        self._seed_pending = False
+        self._options = dataclasses.replace(self._options, seed=value)
+
+    def _draw_seed(self) -> None:
+        """Draw the run's seed from torch (the loader's generator, or torch's global RNG)."""
+        seed = seed_from_torch(self.generator)
+        self._base_seed_drawn = True
+        self.seed = seed
+        if self._own_sampler and isinstance(self.sampler, RandomSampler):
+            self.sampler.seed = seed
+
+    def _torch_draws(self) -> None:
+        """What torch's iter() draws from torch's RNGs, drawn here too, so the
+        program's later draws (its model's initialisation, dropout) are the
+        ones it gets with torch's loader: its RandomSampler's seed from the
+        global RNG (shuffle without a generator), then the iterator's base
+        seed (not again for persistent workers), which seeds this run the
+        first time."""
+        options = self._options
+        if not options.torch_seeded:
+            return
+        if self._own_sampler and options.shuffle and options.generator is None:
+            seed_from_torch(None)
+        if self.persistent_workers and self.num_workers and self._base_seed_drawn:
+            return
+        if self._seed_pending:
+            self._draw_seed()
+        else:
+            seed_from_torch(options.generator)
+            self._base_seed_drawn = True
 
     @property
     def drop_last(self) -> bool:
@@ -289,6 +341,9 @@ class DataLoader:
 
     def _epoch_batches(self) -> list[Any]:
         """This epoch's batches of indices (advances the sampler's epoch)."""
+        self._follow_dataset_length()
+        if not self._options.auto_batching and self._options.batch_sampler is None:
+            return bulk_batches(self.batch_sampler.sampler)   # batch_size=None: a key per batch
         epoch_batches: Callable[[], list[Any]] | None = getattr(self.batch_sampler, "epoch_batches", None)
         if epoch_batches is not None and type(self.batch_sampler) is BatchSampler:
             return epoch_batches()   # views of its sampler's indices, checked as a whole
@@ -306,7 +361,16 @@ class DataLoader:
             return prefetched   # auto_reload: this epoch started loading when the last one ended
         return self._start_iter()
 
+    def _check_worker_count(self, stacklevel: int) -> None:
+        """torch's check: more worker processes than usable cores warns (at
+        construction and when an iteration starts workers, as torch's)."""
+        if self.num_workers and not self.thread_pool and self._options.backend is None:
+            warn_if_oversubscribed(self.num_workers, stacklevel)
+
     def _start_iter(self) -> Any:
+        self._torch_draws()
+        if self._engine is None:   # persistent workers already running were checked when they started
+            self._check_worker_count(stacklevel=5)   # the caller of iter()
         previous = self._live_iter() if self._live_iter is not None else None
         if previous is not None and self.persistent_workers:
             previous.supersede()
@@ -368,13 +432,14 @@ class DataLoader:
             >>> [b.tolist() for b in resumed] == [b.tolist() for b in it]
             True
         """
+        seed = self.seed   # drawn now if torch's is still to come: the state must fix it
         progress = self._progress
         if self._resume is not None:
             return dict(self._resume)
         if progress is None or progress.complete:
             progress = EpochProgress(self.epoch, None if self.iterable else sampler_state(self.batch_sampler),
                                      self._dataset_state())
-        return progress.state(self.seed)
+        return progress.state(seed)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict`: the next ``iter()`` resumes that epoch.
@@ -409,12 +474,20 @@ class DataLoader:
         self._progress = None
         self._resume = state
 
+    def _follow_dataset_length(self) -> None:
+        if self._own_sampler:
+            sampler = self.batch_sampler.sampler
+            n = len(self.dataset)
+            if n != len(sampler):
+                sampler._resize(n)
+
     def __len__(self) -> int:
         if self.iterable:
             n = len(self.dataset)  # TypeError if the stream has no length
             bs = self._fetch_batch_size
             self._len_reported = n // bs if self.last_batch == "discard" else -(-n // bs)
             return self._len_reported
+        self._follow_dataset_length()
         return len(self.batch_sampler)
 
     @property
@@ -458,7 +531,7 @@ class DataLoader:
         if engine is not None:
             engine.shutdown()
 
-    def __enter__(self) -> DataLoader:
+    def __enter__(self) -> DataLoader[_T_co]:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -489,13 +562,15 @@ class _LoaderIterator:
     memory, auto_reload (the next epoch starts loading when this one ends),
     and torch's warning when an IterableDataset yields more than its len()."""
 
-    def __init__(self, loader: DataLoader, inner: Any):
+    def __init__(self, loader: DataLoader[Any], inner: Any):
         self.loader = loader
         self.inner = inner
         self._pin = loader._pin_device is not None
         self._as_tensors = loader._as_tensors
         self._yielded = 0
-        self._warned = False
+        # As torch: the length the loader reported before this iteration
+        # began (len(loader) asked meanwhile is the next iteration's).
+        self._reported = loader._len_reported
 
     def __iter__(self) -> _LoaderIterator:
         return self
@@ -512,17 +587,25 @@ class _LoaderIterator:
             del self, loader   # the traceback must not keep the epoch alive (see EpochIterator.__next__)
             raise
         self._yielded += 1
-        reported = loader._len_reported
-        if reported is not None and self._yielded > reported and not self._warned:
-            self._warned = True
-            more = (" With workers, each worker's copy of the dataset must yield its own part of the stream: "
-                    "split it with get_worker_info() (torch's or mxload's)." if loader.num_workers else "")
-            warnings.warn(f"Length of IterableDataset {loader.dataset} was reported to be {reported} batches "
-                          f"(when accessing len(dataloader)), but {self._yielded} batches have been fetched."
-                          + more, stacklevel=2)
+        reported = self._reported
+        if reported is not None and self._yielded > reported:
+            self._warn_overrun(reported)
         if self._pin:
             batch = pin_batch(batch)
         return to_tensors(batch) if self._as_tensors else batch
+
+    def _warn_overrun(self, reported: int) -> None:
+        """As torch, at every batch past the length len(loader) reported
+        (each message differs, so Python's default filter shows each)."""
+        loader = self.loader
+        what = "samples" if loader._fetch_batch_size <= 1 else "batches"
+        more = (" For multiprocessing data-loading, this could be caused by not properly configuring the "
+                "IterableDataset replica at each worker: each worker's copy must yield its own part of "
+                "the stream (split it with get_worker_info(), torch's or mxload's)."
+                if loader.num_workers else "")
+        warnings.warn(f"Length of IterableDataset {loader.dataset} was reported to be {reported} {what} "
+                      f"(when accessing len(dataloader)), but {self._yielded} {what} have been fetched."
+                      + more, stacklevel=3)
 
     def __len__(self) -> int:
         return len(self.inner)

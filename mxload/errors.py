@@ -1,6 +1,7 @@
 """Exceptions mxload raises to its users."""
 from __future__ import annotations
 
+import multiprocessing
 from typing import Any
 
 from ._core import BufferClosedError
@@ -65,8 +66,12 @@ class SharedMemoryError(WorkerError):
     """
 
 
-class LoaderTimeoutError(TimeoutError):
+class LoaderTimeoutError(TimeoutError, RuntimeError, multiprocessing.TimeoutError):
     """No batch arrived within the loader's `timeout` (a :class:`TimeoutError`).
+
+    Also a ``RuntimeError`` (what torch's DataLoader raises, "DataLoader timed
+    out after N seconds") and a ``multiprocessing.TimeoutError`` (what Gluon
+    1.9's worker pool raises), so code written against either catches it.
 
     The message names the batch and the workers still alive.  Raise `timeout`
     (or pass ``timeout=None``) for datasets that are slow on purpose; a dead

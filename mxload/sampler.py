@@ -103,6 +103,31 @@ def _sampler_indices(sampler: Any) -> IndexArray:
     return _checked_indices(indices, None)
 
 
+def bulk_batches(sampler: Any) -> list[IndexArray]:
+    """batch_size=None: one batch per key the sampler yields this epoch.  An
+    integer key is the one-index batch [key]; any other (a list of indices,
+    a slice...) is passed to ``dataset[...]`` as it is, as torch does, so it
+    travels encoded (``_runtime.source.encode_key``)."""
+    from ._runtime.source import encode_key
+    if getattr(sampler, "epoch_indices", None) is not None or isinstance(sampler, np.ndarray):
+        keys: Any = _sampler_indices(sampler)
+    else:
+        keys = list(sampler)
+        try:
+            keys = _checked_indices(np.fromiter(map(operator.index, keys), dtype=np.int64), None)
+        except (TypeError, OverflowError):
+            pass
+    if isinstance(keys, np.ndarray):
+        return [keys[i:i + 1] for i in range(len(keys))]
+    batches = []
+    for key in keys:
+        try:
+            batches.append(np.array([operator.index(key)], np.int64))
+        except (TypeError, OverflowError):
+            batches.append(encode_key(key))
+    return batches
+
+
 _INT64 = np.dtype(np.int64)
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -239,6 +264,10 @@ class SequentialSampler(Sampler):
     def epoch_indices(self) -> IndexArray:
         return np.arange(self._start, self._start + self._n, dtype=np.int64)
 
+    def _resize(self, n: int) -> None:
+        # The loader's own sampler follows a dataset whose len() changed (torch's reads it each time).
+        self._n = check_int("len(dataset)", n, 0)
+
     def __len__(self) -> int:
         return self._n
 
@@ -349,6 +378,10 @@ class RandomSampler(Sampler):
         """Make the next epoch use permutation number ``epoch``."""
         self.epoch = check_int("epoch", epoch, 0)
 
+    def _resize(self, n: int) -> None:
+        # The loader's own sampler follows a dataset whose len() changed (torch's reads it each time).
+        self._n = check_int("len(dataset)", n, 0)
+
     def epoch_indices(self) -> IndexArray:
         indices = _permutation(self.seed, self.epoch, self._n)
         self.epoch += 1
@@ -362,7 +395,9 @@ class RandomSampler(Sampler):
 
 
 class BatchSampler(Sampler):
-    """Groups a sampler's indices into batches (1-D ``np.int64`` arrays).
+    """Groups a sampler's indices into batches: iterated, each batch is a
+    list of ints, as Gluon 1.9's (``sum(list(bs), [])`` works); the loader
+    takes them as 1-D ``np.int64`` arrays (:meth:`epoch_batches`).
 
     ``last_batch`` decides what happens to an incomplete final batch:
     ``"keep"`` yields it, ``"discard"`` drops it, ``"rollover"`` carries
@@ -380,10 +415,10 @@ class BatchSampler(Sampler):
 
     Example:
         >>> from mxload.sampler import BatchSampler, SequentialSampler
-        >>> [b.tolist() for b in BatchSampler(SequentialSampler(5), 2, "keep")]
+        >>> list(BatchSampler(SequentialSampler(5), 2, "keep"))
         [[0, 1], [2, 3], [4]]
         >>> roll = BatchSampler(SequentialSampler(5), 2, "rollover")
-        >>> [b.tolist() for b in roll], [b.tolist() for b in roll]
+        >>> list(roll), list(roll)
         ([[0, 1], [2, 3]], [[4, 0], [1, 2], [3, 4]])
     """
 
@@ -445,13 +480,14 @@ class BatchSampler(Sampler):
         bs = self.batch_size
         return [indices[i:i + bs] for i in range(0, len(indices), bs)]
 
-    def __iter__(self) -> Iterator[IndexArray]:
+    def __iter__(self) -> Iterator[list[int]]:
         # The batches are drawn now (the epoch advances on iter()); the
         # rollover carry is passed on only if the iteration runs to its end.
         return self._consume(self.epoch_batches())
 
-    def _consume(self, batches: list[IndexArray]) -> Iterator[IndexArray]:
-        yield from batches
+    def _consume(self, batches: list[IndexArray]) -> Iterator[list[int]]:
+        for batch in batches:
+            yield batch.tolist()
         self.end_epoch()
 
     def __len__(self) -> int:

@@ -10,6 +10,7 @@ this module is for programs that use torch anyway, and imports it.
 from __future__ import annotations
 
 import importlib
+from typing import TypeVar
 
 from .dataloader import DataLoader as _NumpyDataLoader
 
@@ -17,8 +18,10 @@ importlib.import_module("torch")   # fail here, clearly, if torch is missing
 
 __all__ = ["DataLoader"]
 
+_T_co = TypeVar("_T_co", covariant=True)
 
-class DataLoader(_NumpyDataLoader):
+
+class DataLoader(_NumpyDataLoader[_T_co]):
     """:class:`mxload.DataLoader` whose batches are torch tensors (zero-copy
     views of its numpy batches): the same arguments, torch's types out.
 

@@ -26,7 +26,7 @@ def test_ray_backend_checks_its_arguments():
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(backend="rya", num_workers=2), "backend must be"),
-    (dict(backend="ray"), "backend need num_workers > 0"),
+    (dict(backend="ray"), "backend option needs num_workers > 0"),
     (dict(backend="ray", num_workers=2, thread_pool=True), "thread_pool"),
     (dict(backend=mxload.RayBackend(), num_workers=2, start_method="spawn"), "start_method"),
 ])

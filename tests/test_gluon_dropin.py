@@ -60,10 +60,11 @@ def test_sampler():
     assert list(SequentialSampler(10)) == list(range(10))
     assert sorted(RandomSampler(10)) == list(range(10))
     seq = SequentialSampler(10)
-    assert sum((b.tolist() for b in BatchSampler(seq, 3, "keep")), []) == list(range(10))
-    assert sum((b.tolist() for b in BatchSampler(seq, 3, "discard")), []) == list(range(9))
+    # Gluon 1.9's BatchSampler yields lists: they add up.
+    assert sum(list(BatchSampler(seq, 3, "keep")), []) == list(range(10))
+    assert sum(list(BatchSampler(seq, 3, "discard")), []) == list(range(9))
     rand_keep = BatchSampler(RandomSampler(10), 3, "keep")
-    assert sorted(sum((b.tolist() for b in rand_keep), [])) == list(range(10))
+    assert sorted(sum(list(rand_keep), [])) == list(range(10))
     assert sorted(IntervalSampler(10, 3)) == list(range(10))
     assert list(IntervalSampler(13, 3)) == [0, 3, 6, 9, 12, 1, 4, 7, 10, 2, 5, 8, 11]
     assert list(IntervalSampler(10, 3, rollover=False)) == [0, 3, 6, 9]
@@ -91,11 +92,11 @@ def test_rollover_counts_match_gluon_after_an_abandoned_epoch():
 
 def test_rollover_sampler_direct_iteration():
     bs = BatchSampler(SequentialSampler(10), 3, "rollover")
-    assert [b.tolist() for b in bs][-1] == [6, 7, 8]
+    assert list(bs)[-1] == [6, 7, 8]
     it = iter(bs)
-    assert next(it).tolist() == [9, 0, 1]
+    assert next(it) == [9, 0, 1]
     del it
-    assert len(bs) == 3 and [b.tolist() for b in bs][0] == [0, 1, 2]
+    assert len(bs) == 3 and list(bs)[0] == [0, 1, 2]
 
 
 @pytest.mark.parametrize("thread_pool", [False, True])
@@ -308,3 +309,55 @@ def test_rollover_epoch_too_short_for_a_batch_carries_its_samples_into_a_checkpo
     resumed = mxload.DataLoader(mxload.SimpleDataset([7]), batch_size=2, last_batch="rollover")
     resumed.load_state_dict(state)
     assert [b.tolist() for b in resumed] == [[7, 7]]
+
+
+# ------------------------------------------------ constructor conflicts and timeout= (Gluon 1.9's DataLoader)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(batch_size=2, shuffle=True, sampler=SequentialSampler(50)),
+    dict(batch_size=4, batch_sampler=BatchSampler(SequentialSampler(50), 2)),
+    dict(shuffle=True, batch_sampler=BatchSampler(SequentialSampler(50), 2)),
+    dict(sampler=SequentialSampler(50), batch_sampler=BatchSampler(SequentialSampler(50), 2)),
+    dict(last_batch="keep", batch_sampler=BatchSampler(SequentialSampler(50), 2)),
+    dict(last_batch="discard", batch_sampler=BatchSampler(SequentialSampler(50), 2)),
+    dict(last_batch="rollover", batch_sampler=BatchSampler(SequentialSampler(50), 2)),
+    dict(shuffle=True, sampler=SequentialSampler(50), batch_sampler=BatchSampler(SequentialSampler(50), 2)),
+    dict(batch_size=2, last_batch="sometimes"),
+])
+def test_conflicting_arguments_raise_value_error_as_gluon(kwargs):
+    with pytest.raises(ValueError):
+        mxload.DataLoader(Ones(), **kwargs)
+
+
+class Slow(mxload.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        import time
+        time.sleep(0.6)
+        return np.float32(i)
+
+
+@pytest.mark.parametrize("thread_pool", [False, True])
+def test_timeout_raises_when_a_batch_is_late_as_gluon(thread_pool):
+    import multiprocessing
+    import time
+    loader = mxload.DataLoader(Slow(), batch_size=1, num_workers=1, thread_pool=thread_pool, timeout=0.2)
+    it = iter(loader)
+    start = time.monotonic()
+    # Gluon 1.9 raises multiprocessing's TimeoutError from its pool's get(timeout); torch a
+    # RuntimeError "DataLoader timed out after N seconds": LoaderTimeoutError is both.
+    with pytest.raises(multiprocessing.TimeoutError) as info:
+        next(it)
+    waited = time.monotonic() - start
+    # When the batch's wait exceeds timeout, not when it arrives; a thread cannot be killed: its
+    # epoch ends once its current sample returns (its queued batch is dropped, not loaded).
+    assert 0.2 <= waited < (0.5 if not thread_pool else 0.9), waited
+    error = info.value
+    assert isinstance(error, mxload.LoaderTimeoutError) and isinstance(error, TimeoutError)
+    assert isinstance(error, RuntimeError) and "DataLoader timed out after 0.2 seconds" in str(error)
+    with pytest.raises(StopIteration):
+        next(it)   # the epoch is over; its workers were ended
+    del it, info, error

@@ -52,7 +52,8 @@ def test_check_int_names_the_argument_what_is_allowed_and_the_value(minimum, all
 @pytest.mark.parametrize("kwargs,message", [
     (dict(batch_size=0), "batch_size must be a positive integer or None, got 0"),
     (dict(batch_size=2.0), "batch_size must be a positive integer or None, got 2.0"),
-    (dict(num_workers=-1), "num_workers must be a non-negative integer (use num_workers=0 to load in the "
+    # A negative count in torch's words ("num_workers option should be non-negative"): programs match them.
+    (dict(num_workers=-1), "num_workers option should be non-negative (use num_workers=0 to load in the "
                            "main process), got -1"),
     (dict(num_workers=True), "num_workers must be a non-negative integer (use num_workers=0 to load in the "
                              "main process), got True"),

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
+import signal
 import sys
 import threading
 import warnings
@@ -122,6 +123,40 @@ def rebuild_exception(info: m.ExceptionInfo, worker_id: int, pid: int | None,
     return err
 
 
+def _torch_words(loss: WorkerLoss) -> str:
+    """How torch's DataLoader says a worker died (programs and people grep
+    logs for it): killed by a signal, or exited."""
+    if loss.exitcode is not None and loss.exitcode < 0:
+        try:
+            name = signal.strsignal(-loss.exitcode) or f"signal {-loss.exitcode}"
+        except ValueError:
+            name = f"signal {-loss.exitcode}"
+        return f"DataLoader worker (pid {loss.pid}) is killed by signal: {name}."
+    return f"DataLoader worker (pid(s) {loss.pid}) exited unexpectedly:"
+
+
+def start_failure(failed: m.InitFailed, worker_id: int, pid: int | None) -> WorkerError:
+    """A worker process that could not start: a WorkerError (a RuntimeError,
+    as torch's for a worker that could not start) with the worker's own error
+    text, and what to do about the usual causes."""
+    info = failed.error
+    hint = ""
+    if "__main__" in info.message or "__mp_main__" in info.message or "bootstrapping" in info.message:
+        hint = ("\n\nA spawn or forkserver worker imports the main module again, then unpickles the dataset: "
+                "classes and functions it uses must be importable (defined in a module, or in a script run "
+                "from a file, not with -c or interactively), and the script must start its loaders under "
+                "`if __name__ == \"__main__\":`. Or use multiprocessing_context=\"fork\".")
+    err = WorkerError(f"mxload worker {worker_id} (pid {pid}) could not start: {failed.starting} raised "
+                      f"{info.module}.{info.qualname}: {info.message}{hint}\n\nWorker traceback:\n"
+                      f"{info.traceback}", worker_id, pid, None, None)
+    if info.pickled is not None:
+        try:
+            err.__cause__ = pickle.loads(info.pickled)
+        except Exception:
+            pass
+    return err
+
+
 @dataclass
 class _Worker:
     """The engine's view of one worker (the transport keeps its channel)."""
@@ -161,7 +196,7 @@ class Engine:
         config = WorkerConfig(0, options.num_workers, options.seed, epoch,
                               (options.dataset, options.batchify_fn, options.worker_init_fn),
                               options.iterable, options.fetch_batch_size, options.drop_last,
-                              zygote_child=False)
+                              zygote_child=False, keyed=not options.auto_batching)
         backend = workers_backend(options.backend, options.thread_pool, options.start_method)
         self.transport: Transport = backend.make_transport(TransportSetup(
             self, self._lock, config, self._rb, type(options.dataset).__name__, self.prefetch,
@@ -244,10 +279,25 @@ class Engine:
             live = self._takers = [wid for wid, w in enumerate(self._workers) if w.alive and not w.exhausted]
         if not live:
             return None
-        # Round-robin by batch index, not least-loaded: which worker loads
-        # which batch (and so which per-worker random stream it sees) must not
-        # depend on timing, nor on where a resumed epoch starts.
-        return live[idx % len(live)]
+        n = len(live)
+        if self.options.in_order or n == 1:
+            # Round-robin by batch index, not least-loaded: which worker loads
+            # which batch (and so which per-worker random stream it sees) must
+            # not depend on timing, nor on where a resumed epoch starts.
+            return live[idx % n]
+        # in_order=False gives up that determinism for throughput, as torch's:
+        # the worker with the fewest tasks out, so a straggler's queue stays at
+        # its share of the window while the others take the rest (ties go
+        # round-robin).  Its tasks are popped when their batch is taken.
+        workers = self._workers
+        start = idx % n
+        best, best_load = live[start], len(workers[live[start]].outstanding)
+        for k in range(1, n):
+            wid = live[(start + k) % n]
+            load = len(workers[wid].outstanding)
+            if load < best_load:
+                best, best_load = wid, load
+        return best
 
     def _dispatch_more(self) -> None:
         """Fill the prefetch window with the plan's next tasks."""
@@ -350,6 +400,8 @@ class Engine:
         waited = f"batch {idx}" if self.options.in_order else "any batch"
         stopped = any(s.startswith("stopped") for _, _, s in states)
         return LoaderTimeoutError(
+            # torch's words first ("DataLoader timed out after N seconds"): programs match them.
+            f"DataLoader timed out after {self.options.timeout} seconds: "
             f"no {waited} within timeout={self.options.timeout} s{self._whereabouts(idx)}; "
             f"workers (id, pid, state): {states}. "
             + ("A stopped worker runs again after SIGCONT (kill -CONT PID). " if stopped else "")
@@ -380,7 +432,8 @@ class Engine:
         with self._lock:
             pid = self.transport.pid(worker_id)
             if isinstance(result, m.InitFailed):   # worker_init_fn failed: the worker is unusable
-                self.fail(rebuild_exception(result.error, worker_id, pid, -1))
+                self.fail(start_failure(result, worker_id, pid) if result.starting
+                          else rebuild_exception(result.error, worker_id, pid, -1))
                 return
             w = self._workers[worker_id]
             idx = result.batch_index
@@ -439,7 +492,7 @@ class Engine:
                 self._restart(wid)
                 return
             self.fail(loss.error_type(
-                f"mxload worker {wid} (pid {loss.pid}) died unexpectedly ({loss.how}){loss.hint} "
+                f"{_torch_words(loss)} mxload worker {wid} (pid {loss.pid}) died ({loss.how}){loss.hint} "
                 f"while holding batches {held}" +
                 (f"; max_worker_restarts={limit} exhausted" if limit else ""),
                 wid, loss.pid, loss.exitcode, first))

@@ -147,8 +147,10 @@ class Exhausted(NamedTuple):
 
 
 class InitFailed(NamedTuple):
-    """worker_init_fn raised: the worker is unusable."""
+    """worker_init_fn raised, or (`starting` set: what it was doing) the
+    worker could not start at all: the worker is unusable."""
     error: ExceptionInfo
+    starting: str = ""
 
 
 class StartWorker(NamedTuple):

@@ -2,13 +2,51 @@
 (num_workers=0), in worker threads and in worker processes."""
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 import numpy as np
 
 from .. import _rng
 
-__all__ = ["SampleSource", "fetch_samples"]
+__all__ = ["SampleSource", "fetch_samples", "encode_key", "decode_key"]
+
+# batch_size=None ("bulk loading", torch's no-auto-batching mode) passes each
+# key the sampler yields to dataset[...] as it is: a list of indices, a slice,
+# any picklable object.  A key travels as a task's int64 indices like any
+# batch: an integer key is the one-index batch [key], any other is pickled
+# behind this tag and its byte count (so never one word long).
+_KEY_TAG = 0x6B6579   # "key"
+
+
+def encode_key(key: Any) -> np.ndarray:
+    """A sampler's non-integer key as the int64 words a task carries."""
+    data = pickle.dumps(key, protocol=pickle.HIGHEST_PROTOCOL)
+    words = np.zeros(2 + -(-len(data) // 8), np.int64)
+    words[0], words[1] = _KEY_TAG, len(data)
+    words[2:].view(np.uint8)[:len(data)] = np.frombuffer(data, np.uint8)
+    return words
+
+
+def decode_key(words: np.ndarray) -> Any:
+    """The key a bulk-loading task's indices stand for (see encode_key)."""
+    if len(words) == 1:
+        return int(words[0])
+    if len(words) < 2 or int(words[0]) != _KEY_TAG:
+        raise ValueError(f"a batch_size=None task holds {len(words)} indices, not one key")
+    n = int(words[1])
+    return pickle.loads(np.ascontiguousarray(words[2:]).view(np.uint8)[:n].tobytes())
+
+
+def fetch_key(dataset: Any, words: np.ndarray, seed: int = 0, epoch: int = 0) -> list[Any]:
+    """batch_size=None: the one sample of `words`' key, ``dataset[key]`` as
+    torch's fetcher does without auto-batching (never __getitems__)."""
+    key = decode_key(words)
+    try:
+        _rng.set_sample(seed, epoch, key if isinstance(key, int) else None)
+        return [dataset[key]]
+    finally:
+        _rng.clear_sample()
 
 
 def fetch_samples(dataset: Any, indices: np.ndarray, seed: int = 0, epoch: int = 0) -> Any:
@@ -62,10 +100,14 @@ class SampleSource:
         batch_size: samples per batch of a stream.
         drop_last: a stream's incomplete last batch is dropped.
         seed: the loader's seed (sample_rng contexts).
+        keyed: batch_size=None on a map-style dataset: each batch is one
+            sampler key (encode_key), fetched as ``dataset[key]``.
     """
 
-    def __init__(self, dataset: Any, iterable: bool, batch_size: int, drop_last: bool, seed: int):
+    def __init__(self, dataset: Any, iterable: bool, batch_size: int, drop_last: bool, seed: int,
+                 keyed: bool = False):
         self._dataset = dataset
+        self._keyed = keyed and not iterable
         self._iterable = iterable
         self._batch_size = batch_size
         self._drop_last = drop_last
@@ -77,6 +119,8 @@ class SampleSource:
         """The samples of one batch, or None when this worker's stream is done."""
         if not self._iterable:
             assert indices is not None, "a map-style dataset's batch has indices"
+            if self._keyed:
+                return fetch_key(self._dataset, indices, self._seed, epoch)
             return fetch_samples(self._dataset, indices, self._seed, epoch)
         if self._stream is None or self._stream_epoch != epoch:
             self._stream = _Stream(self._dataset, self._batch_size, self._drop_last)

@@ -74,7 +74,15 @@ class ThreadTransport(Transport):
         """Thread workers all start with the engine, never later."""
 
     def ask_to_stop(self) -> None:
+        """Each thread stops after its current batch: the tasks queued
+        behind it are dropped (nobody wants their batches any more), as a
+        worker process skips its queued work."""
         for q in self._queues:
+            while True:
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    break
             q.put(m.Stop())
 
     def end_workers(self, start: float, deadline: float) -> None:

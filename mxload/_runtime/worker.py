@@ -36,7 +36,7 @@ from .local.slabs import create_shared_fd, map_slab, slab_size_for
 from .source import SampleSource
 
 __all__ = ["WorkerInfo", "WorkerConfig", "get_worker_info", "worker_seed", "in_worker_process",
-           "worker_process_main", "thread_worker_main", "answer",
+           "worker_process_main", "thread_worker_main", "answer", "report_start_failure",
            "enter_process", "reseed_process"]
 
 
@@ -124,9 +124,11 @@ class WorkerConfig:
     # main process or the fork server, and a watchdog thread notices the main
     # process's end of our socket closing instead.
     zygote_child: bool
+    # batch_size=None: each task is one sampler key for dataset[key] (source.encode_key).
+    keyed: bool = False
 
     def source(self, dataset: Any) -> SampleSource:
-        return SampleSource(dataset, self.iterable, self.batch_size, self.drop_last, self.seed)
+        return SampleSource(dataset, self.iterable, self.batch_size, self.drop_last, self.seed, self.keyed)
 
 
 R = TypeVar("R")
@@ -244,13 +246,26 @@ def worker_process_main(config: WorkerConfig, sock: socket.socket) -> None:
         watch_main_process(sock.fileno())
     payload = config.payload
     if isinstance(payload, bytes):
-        payload = pickle.loads(payload)
+        try:
+            payload = pickle.loads(payload)
+        except Exception as e:
+            report_start_failure(sock, e, "unpickling the dataset, batchify_fn and worker_init_fn")
+            return
     assert not isinstance(payload, bytes)
     enter_process(config, payload[0])
     try:
         serve(_ProcessLink(config, sock), config.worker_id, payload, config.source(payload[0]), config.epoch)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the main process went away: nothing left to serve
+
+
+def report_start_failure(sock: socket.socket, error: BaseException, doing: str) -> None:
+    """This worker process cannot start (`doing` raised `error`): tell the
+    main process why, so its error names the cause, not only an exit code."""
+    try:
+        wire.send(sock, m.InitFailed(m.ExceptionInfo.of(error), doing))
+    except OSError:
+        pass   # the main process is gone: nobody to tell
 
 
 # A batch encoded for its frame, with the new slab's descriptor (-1: none).

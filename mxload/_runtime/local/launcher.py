@@ -32,8 +32,15 @@ from .zygote import SpawnedWorker, Zygote, ZygoteWorker, ensure_fork_server, sig
 __all__ = ["Closing", "Launcher", "ProcessHandle", "choose_start_method", "describe_exit", "process_state"]
 
 def choose_start_method(requested: str | None) -> str:
+    """The start method asked for; else, as torch's DataLoader with
+    multiprocessing_context=None, the one the program set with
+    ``multiprocessing.set_start_method(...)`` (read without fixing it);
+    else fork on Linux (mxload's zygote), the platform's default elsewhere."""
     if requested is not None:
         return requested
+    chosen = mp.get_start_method(allow_none=True)
+    if chosen is not None:
+        return chosen
     return "fork" if sys.platform.startswith("linux") else mp.get_start_method()
 
 

@@ -106,7 +106,7 @@ def _views(msg: m.Batch | m.NewSlab, slab: Slab | None, pool: SlabPool) -> objec
     if msg.nbytes == 0 or slab is None:
         if slab is not None:
             pool.release(slab)
-        return views_from_layout(msg.layout, b"")
+        return views_from_layout(msg.layout, bytearray())   # writable, as a slab's views are
     # The slab returns to the pool when the batch's last view dies (or when
     # the engine drops the batch of an abandoned epoch at once).
     return views_from_layout(msg.layout, BatchOwner(slab, 0, msg.nbytes, pool.release))

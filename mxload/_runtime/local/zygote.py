@@ -185,9 +185,9 @@ class SpawnedWorker:
 def spawned_worker_main() -> None:
     """Entry point of a spawn worker's interpreter (see SpawnedWorker)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from multiprocessing import spawn
+    from multiprocessing import process, spawn
 
-    from ..worker import worker_process_main
+    from ..worker import report_start_failure, worker_process_main
     sock = socket.socket(fileno=int(sys.argv[1]))
     # Before the main module is imported (spawn.prepare), which can take
     # seconds (torch, models): a main process killed meanwhile takes us along.
@@ -197,7 +197,19 @@ def spawned_worker_main() -> None:
         raise wire.ProtocolError(
             f"a spawn worker's first message is a Handover, not {type(handover).__name__}")
     prep, config = handover
-    spawn.prepare(prep)   # sys.path, cwd and the main module, as multiprocessing's spawn does
+    # As multiprocessing's spawn: while the main module is imported, this
+    # process is "bootstrapping", so a script without the
+    # ``if __name__ == "__main__":`` guard that starts workers again there
+    # gets multiprocessing's RuntimeError instead of an endless chain of workers.
+    me: Any = process.current_process()
+    me._inheriting = True
+    try:
+        spawn.prepare(prep)   # sys.path, cwd and the main module, as multiprocessing's spawn does
+    except BaseException as e:
+        report_start_failure(sock, e, "importing the main module (as multiprocessing's spawn does)")
+        raise
+    finally:
+        me._inheriting = False
     worker_process_main(config, sock)
 
 

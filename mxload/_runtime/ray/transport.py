@@ -326,7 +326,7 @@ class RayTransport(Transport):
                   dispatched: int, received: int) -> Any:
         if not isinstance(result, m.RemoteBatch):
             return result
-        buffer = _writable(result.buffer) if result.buffer is not None else b""
+        buffer = _writable(result.buffer) if result.buffer is not None else bytearray()
         timings = result.timings
         if timings is not None and not actor.local:
             # The profiler's stages need its times on this process's clock.
