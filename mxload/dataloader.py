@@ -178,8 +178,8 @@ class DataLoader(Generic[_T_co]):
 
     While iterating, a worker that dies raises :class:`WorkerError`, a missing
     batch :class:`LoaderTimeoutError`, exhausted shared memory
-    :class:`SharedMemoryError`; an exception in the dataset is re-raised as its
-    own type with the worker's traceback.  More workers than usable CPU cores
+    :class:`SharedMemoryError`; an exception in the dataset is re-raised as the
+    worker's own exception object, the worker's traceback as its cause.  More workers than usable CPU cores
     warns once (``UserWarning``).  Setting `batch_size`, `sampler`,
     `batch_sampler`, `drop_last`, `dataset` or `persistent_workers` after
     construction raises ``ValueError``, as in torch.

@@ -6,7 +6,22 @@ from typing import Any
 
 from ._core import BufferClosedError
 
-__all__ = ["WorkerError", "LoaderTimeoutError", "SharedMemoryError", "BufferClosedError"]
+__all__ = ["WorkerError", "WorkerTraceback", "LoaderTimeoutError", "SharedMemoryError", "BufferClosedError"]
+
+
+class WorkerTraceback(Exception):
+    """Where an exception raised in a worker came from: its ``__cause__``, so a traceback
+    printed in the training process shows the worker's own traceback above the exception
+    (as ``concurrent.futures`` shows a remote one).
+
+    Args:
+        text (str): which worker, pid and batch, then the worker's formatted traceback.
+
+    Example:
+        >>> import mxload.errors
+        >>> print(mxload.errors.WorkerTraceback("Raised in worker 0 (pid 7) while loading batch 3."))
+        Raised in worker 0 (pid 7) while loading batch 3.
+    """
 
 
 class WorkerError(RuntimeError):

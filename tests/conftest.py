@@ -84,6 +84,13 @@ def asleep_in(pid: int, tid: int | None = None) -> str:
         return ""
 
 
+def exception_text(error: BaseException) -> str:
+    """An exception as a traceback prints it: its cause (a worker's traceback), its notes
+    (which worker, pid and batch) and its message."""
+    import traceback
+    return "".join(traceback.format_exception(error))
+
+
 def race_rounds(default: int) -> int:
     """How many times a `races` test tries its race: MXLOAD_RACE_ROUNDS (long mode: 50)."""
     return int(os.environ.get("MXLOAD_RACE_ROUNDS", default))

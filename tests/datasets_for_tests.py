@@ -5,6 +5,7 @@ import faulthandler
 import os
 import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -160,6 +161,14 @@ class CustomBaseException(BaseException):
     pass
 
 
+class UnpicklableError(Exception):
+    """Holds a lock, so it does not pickle; its class still builds from a message."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
 class RaisingDataset(mxload.Dataset):
     """Raises `exc_kind` at sample `at`."""
 
@@ -183,6 +192,8 @@ class RaisingDataset(mxload.Dataset):
                 raise KeyboardInterrupt(f"sample {i}")
             if self.exc_kind == "base":
                 raise CustomBaseException(f"sample {i}")
+            if self.exc_kind == "unpicklable":
+                raise UnpicklableError(f"sample {i} held a lock")
             raise MultiArgError(42, f"sample {i} exploded")
         return np.array([i])
 

@@ -255,7 +255,9 @@ def _user_error(out, *needles):
     """The user's traceback, then exactly one line of ours, exit status 1."""
     assert out.returncode == 1, (out.returncode, out.stdout, out.stderr)
     lines = out.stderr.rstrip("\n").splitlines()
-    assert lines[0] == "Traceback (most recent call last):", out.stderr
+    # A worker's exception prints its cause first: the worker's own traceback.
+    assert lines[0] == "Traceback (most recent call last):" \
+        or lines[0].startswith("mxload.errors.WorkerTraceback: Raised in worker"), out.stderr
     assert lines[-1].startswith("mxload: error: ") and lines[-1].endswith("(traceback above)")
     assert "__main__.py" not in out.stderr and "importlib" not in out.stderr, out.stderr
     for needle in needles:

@@ -23,6 +23,7 @@ from conftest import (
     assert_gone,
     descendant_pids,
     end_child,
+    exception_text,
     kill_and_expect_workers_gone,
     shm_entries,
     wait_until,
@@ -35,6 +36,7 @@ from datasets_for_tests import (
     SlowDataset,
     StuckDataset,
     TupleDataset,
+    UnpicklableError,
     failing_init,
 )
 
@@ -295,10 +297,10 @@ def test_dataset_exception_is_reraised_with_context_and_next_epoch_works(start_m
     loader = mxload.DataLoader(RaisingDataset(at=5), batch_size=2, num_workers=2, start_method=start_method)
     with pytest.raises(ValueError) as info:
         list(loader)
-    text = str(info.value)
-    assert "bad sample 5" in text
+    assert str(info.value) == "bad sample 5"   # the worker's own exception object
+    text = exception_text(info.value)
     assert "batch 2" in text and "worker" in text and "pid" in text
-    assert "Traceback" in text and "RaisingDataset" in text or "__getitem__" in text
+    assert "Worker traceback" in text and "__getitem__" in text
     # A new epoch on the same loader works up to the bad batch again.
     it = iter(loader)
     assert next(it).ravel().tolist() == [0, 1]
@@ -325,14 +327,26 @@ def test_dataset_raising_a_base_exception_is_that_batches_worker_error(start_met
     it.close()
 
 
-def test_multi_argument_exception_becomes_worker_error_naming_it():
+def test_an_exception_that_pickles_arrives_as_itself_with_its_attributes():
+    """A multi-argument exception with attributes of its own pickles: the training loop gets
+    that object (code and detail kept), the worker's traceback as its cause, a note naming
+    the worker, its pid and the batch."""
     loader = mxload.DataLoader(RaisingDataset(at=3, exc_kind="multi"), batch_size=2, num_workers=1)
-    with pytest.raises((mxload.WorkerError, MultiArgError)) as info:
+    with pytest.raises(MultiArgError) as info:
         list(loader)
-    text = str(info.value)
-    assert "MultiArgError" in text or isinstance(info.value, MultiArgError)
-    assert "exploded" in text and "batch 1" in text
-    assert not isinstance(info.value, TypeError)
+    error = info.value
+    assert (error.code, error.detail) == (42, "sample 3 exploded")
+    assert isinstance(error.__cause__, mxload.errors.WorkerTraceback)
+    assert "__getitem__" in str(error.__cause__) and "MultiArgError" in str(error.__cause__)
+    assert any("worker 0" in note and "batch 1" in note and "pid" in note for note in error.__notes__)
+
+
+def test_an_exception_that_does_not_pickle_is_rebuilt_by_type_and_text():
+    loader = mxload.DataLoader(RaisingDataset(at=3, exc_kind="unpicklable"), batch_size=2, num_workers=1)
+    with pytest.raises(UnpicklableError) as info:
+        list(loader)
+    assert "held a lock" in str(info.value) and "batch 1" in str(info.value)
+    assert isinstance(info.value.__cause__, mxload.errors.WorkerTraceback)
 
 
 def test_worker_init_fn_failure_is_reported():

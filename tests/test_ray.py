@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import exception_text
 
 import mxload
 from mxload.errors import LoaderTimeoutError, WorkerError
@@ -131,7 +132,7 @@ def test_dataset_exception_keeps_type_and_traceback_and_the_epoch_goes_on():
         except StopIteration:
             break
         except KeyError as e:
-            errors.append(str(e))
+            errors.append(exception_text(e))
             continue
         taken.extend(int(i) for i in batch[:, 0])
     assert len(errors) == 1 and "missing 5" in errors[0] and "Worker traceback" in errors[0]

@@ -37,6 +37,7 @@ from ..backends import workers_backend
 from ..errors import LoaderTimeoutError, WorkerError
 from . import messages as m
 from . import wire
+from .remote_errors import rebuild_exception
 from .shutdown import shutdown_sequence
 from .transport import Delivery, Transport, TransportSetup, WorkerLoss
 from .worker import WorkerConfig
@@ -94,33 +95,6 @@ END = Marker("END")            # the epoch delivered every batch
 CLOSED_BY_OTHER = Marker("CLOSED")   # shut down meanwhile (close() from another thread)
 _EXHAUSTED = Marker("EXHAUSTED")     # a worker's stream ended (not a batch)
 _NOT_SENT = Marker("NOT_SENT")
-
-
-def rebuild_exception(info: m.ExceptionInfo, worker_id: int, pid: int | None,
-                      batch_index: int) -> BaseException:
-    """The consumer-side exception for one raised in a worker: the same type
-    where it can be rebuilt from a message, else WorkerError naming it."""
-    where = (f"loading batch {batch_index}" if batch_index >= 0 else "running worker_init_fn")
-    text = (f"{info.message}\n\nRaised in worker {worker_id} (pid {pid}) while {where}. "
-            f"Worker traceback:\n{info.traceback}")
-    original = None
-    if info.pickled is not None:
-        try:
-            original = pickle.loads(info.pickled)
-        except Exception:
-            original = None
-    if original is not None:
-        try:
-            rebuilt = type(original)(text)
-            # Not SystemExit & co: re-raised here they would end the training program.
-            if isinstance(rebuilt, Exception):
-                return rebuilt  # the text already carries the worker's traceback
-        except Exception:
-            pass
-    err = WorkerError(f"{info.module}.{info.qualname}: {text}", worker_id, pid, None,
-                      batch_index if batch_index >= 0 else None)
-    err.__cause__ = original
-    return err
 
 
 def _torch_words(loss: WorkerLoss) -> str:
