@@ -64,7 +64,6 @@ import argparse
 import collections
 import contextlib
 import gc
-import inspect
 import os
 import resource
 import sys
@@ -163,12 +162,10 @@ def one_task_per_message() -> Iterator[None]:
     before a worker's task waited for its next (the same run's baseline)."""
     from mxload._runtime.local import transport as processes
     init = processes.ProcessTransport.__init__
-    signature = inspect.signature(init)
 
     def single(self: Any, *args: Any, **kwargs: Any) -> None:
-        bound = signature.bind(self, *args, **kwargs)
-        bound.arguments["coalesce"] = 1
-        init(*bound.args, **bound.kwargs)
+        init(self, *args, **kwargs)
+        self._coalesce = 1   # the transport's own policy, overridden: never hold a task
     processes.ProcessTransport.__init__ = single  # type: ignore[method-assign]
     try:
         yield
