@@ -390,6 +390,8 @@ cdef class FrameReceiver:
                 raise rb._closed_error()
             found = rb._pop_smallest() if any_index else rb._pop(idx)
             if found is not _MISSING:
+                if rb.keep_handover:
+                    rb.handover = found if any_index else (idx, found)   # see ReorderBuffer.handover
                 return _EV_READY, -1, 0, found
             with nogil:
                 ev = self._scan(True, &slot, &tag)

@@ -496,3 +496,83 @@ def test_a_deferral_runs_no_python_code_before_it_is_active(kind):
     """)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["ran"]
+
+
+# ---------------------------------------------------------------- a signal handler's exception inside next()
+
+# The signal handler raises only when the signal lands in mxload's own code
+# (the frame it interrupts is mxload's), so every landing is inside next():
+# the wait, the hand-over, the dispatch of the next tasks.
+RAISING_TIMER = """
+import random
+class Alarm(Exception):
+    pass
+MXLOAD_DIR = os.path.dirname(mxload.__file__)
+raised = [0]
+def raise_in_mxload(signum, frame):
+    if frame is not None and frame.f_code.co_filename.startswith(MXLOAD_DIR):
+        raised[0] += 1
+        raise Alarm(f"signal {signum}")
+signal.signal(signal.SIGALRM, raise_in_mxload)
+signal.signal(signal.SIGUSR1, raise_in_mxload)
+
+
+def take_all(it, n_expected):
+    '''Iterate, catching every Alarm (the loop goes on): the values taken, and how it ended.'''
+    taken = []
+    while True:
+        try:
+            batch = next(it)
+        except Alarm:
+            continue
+        except StopIteration:
+            return taken, "exhausted"
+        except Exception as e:
+            return taken, f"{type(e).__name__}: {e}"
+        taken.extend(int(x) for x in np.asarray(batch).ravel())
+"""
+
+
+def _seed(name: str) -> int:
+    seed = int(os.environ.get(name, "0")) or random.randrange(1, 2 ** 31)
+    print(f"{name}={seed}")   # shown on failure: rerun with the same seed
+    return seed
+
+
+@pytest.mark.parametrize("config", ["fork", "spawn", "forkserver", "threads"])
+def test_an_exception_from_a_signal_handler_inside_next_leaves_the_epoch_going_on(config):
+    """A training loop catches an exception that its SIGALRM handler raises
+    (a step timeout) and goes on.  Landing anywhere inside next() (the wait,
+    the hand-over of the batch, the next tasks' dispatch), it must not end
+    the epoch: every batch comes exactly once, in order, as torch's iterator
+    does.  Before, the epoch ended at the first one, as if exhausted."""
+    seed = _seed("MXLOAD_SIGNAL_SEED")
+    kwargs = {"fork": "start_method='fork'", "spawn": "start_method='spawn'",
+              "forkserver": "start_method='forkserver'", "threads": "thread_pool=True"}[config]
+    out, err, rc = run_child(RAISING_TIMER + textwrap.dedent(f"""
+        random.seed({seed})
+        if {config!r} == "forkserver":   # long-lived by design: started before the baseline
+            import multiprocessing.forkserver
+            multiprocessing.forkserver.ensure_running()
+        helpers = set(children())
+        loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(1000)), batch_size=1,
+                                   num_workers=2, {kwargs})
+        it = iter(loader)
+        first, every = 0.0003 + random.random() * 0.0005, 0.0002 + random.random() * 0.0004
+        signal.setitimer(signal.ITIMER_REAL, first, every)
+        taken, how = take_all(it, 1000)
+        signal.setitimer(signal.ITIMER_REAL, 0, 0)
+        print("raised", raised[0], flush=True)
+        print("ended", how, flush=True)
+        print("in order", taken == list(range(1000)), len(taken), flush=True)
+        del it
+        deadline = time.monotonic() + 2
+        while set(children()) - helpers and time.monotonic() < deadline:
+            time.sleep(0.02)
+        print("children", sorted(set(children()) - helpers), flush=True)
+    """), timeout=90)
+    lines = out.split("\n")
+    assert lines[1:4] == ["ended exhausted", "in order True 1000", "children []"], (seed, out, err, rc)
+    assert int(lines[0].split()[1]) > 0, out   # the handler did raise inside next()
+    assert "Traceback" not in err and "Exception ignored" not in err, (seed, err)
+    assert rc == 0, (seed, err)

@@ -225,11 +225,18 @@ class Fetcher:
                 before_wait()
                 before_wait = None
                 continue
-            try:
-                self._handle(event, slot, tag)
-            except Exception as e:   # as the watcher: the epoch fails with a clear error, never hangs
-                self._sink.fail(WorkerError(
-                    f"mxload could not take a worker's result: {type(e).__name__}: {e}"))
+            self._handle_for_consumer(event, slot, tag)
+
+    @defer_sigint
+    def _handle_for_consumer(self, event: int, slot: int, tag: int) -> None:
+        """_handle, in the consumer.  Whole, signals deferred: a signal
+        handler's exception (a program's SIGALRM, Ctrl-C) is raised once the
+        frame is handled, never taken for the frame's own error."""
+        try:
+            self._handle(event, slot, tag)
+        except Exception as e:   # as the watcher: the epoch fails with a clear error, never hangs
+            self._sink.fail(WorkerError(
+                f"mxload could not take a worker's result: {type(e).__name__}: {e}"))
 
     # ------------------------------------------------------------------ the watcher
 

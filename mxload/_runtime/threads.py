@@ -5,6 +5,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -20,7 +22,8 @@ class ThreadTransport(Transport):
 
     def __init__(self, sink: ResultSink, lock: threading.RLock, configs: list[WorkerConfig]):
         super().__init__(sink, lock)
-        self._queues: list[queue.SimpleQueue[m.Task | m.Stop]] = [queue.SimpleQueue() for _ in configs]
+        self._queues: list[queue.SimpleQueue[tuple[int, int, Any, bool] | m.Stop]] = [
+            queue.SimpleQueue() for _ in configs]
         # Every thread exists before any runs: one may report (a failed
         # worker_init_fn) as soon as it starts.
         self._threads = [
@@ -52,7 +55,10 @@ class ThreadTransport(Transport):
 
     def dispatch(self, worker_id: int, epoch: int, batch_index: int, indices: np.ndarray | None,
                  profiling: bool) -> None:
-        self._queues[worker_id].put(m.Task(epoch, batch_index, indices, profiling=profiling))
+        self._queues[worker_id].put((epoch, batch_index, indices, profiling))
+
+    def task_putter(self, worker_id: int) -> Callable[[tuple[int, int, Any, bool]], None]:
+        return self._queues[worker_id].put   # compiled (SimpleQueue): it wakes the thread too
 
     def restart(self, worker_id: int, epoch: int) -> bool:
         raise AssertionError("thread workers are never restarted")
