@@ -248,6 +248,7 @@ class EpochIterator:
                     self._end()
                     raise StopIteration
                 got = fresh
+                del fresh   # (an error's traceback keeps this frame: see below)
             idx, batch = got
             progress = self._progress
             if not (idx < progress.prefix or idx in progress.extra):   # not counted by a call cut short
