@@ -10,7 +10,7 @@ from collections.abc import Callable
 from multiprocessing.context import BaseContext
 from typing import Any, Generic, TypeVar, cast, overload
 
-from ._checkpoint import EpochProgress, check_state
+from ._checkpoint import EpochProgress, check_position, check_state
 from ._core import defer_sigint, sigint_safe_finalizer
 from ._cpus import warn_if_oversubscribed
 from ._options import LoaderOptions
@@ -445,16 +445,30 @@ class DataLoader:
             [[0, 1], [2, 3]]
         """
         state = check_state(state)
-        self.close()  # a live epoch or persistent workers belong to the old position
-        self.seed = int(state["seed"])
-        self.epoch = int(state["epoch"])
+        load = getattr(self.dataset, "load_state_dict", None)
+        if state.get("dataset") is not None and load is None:
+            raise ValueError(f"the state carries dataset state but {type(self.dataset).__name__} "
+                             f"has no load_state_dict()")
         if not self.iterable:
-            load_sampler_state(self.batch_sampler, state["sampler"])
+            # The sampler checks its own entry; the position must lie in the
+            # epoch that entry makes.  Nothing changes if either is wrong.
+            before = sampler_state(self.batch_sampler)
+            try:
+                load_sampler_state(self.batch_sampler, state["sampler"])
+                try:
+                    batches = len(self.batch_sampler)
+                except TypeError:
+                    pass   # a user batch sampler without len(): its epoch's size is unknown here
+                else:
+                    check_position(state, batches)
+            except BaseException:
+                load_sampler_state(self.batch_sampler, before)
+                raise
+        self.close()  # a live epoch or persistent workers belong to the old position
+        self.seed = state["seed"]
+        self.epoch = state["epoch"]
         if state.get("dataset") is not None:
-            load = getattr(self.dataset, "load_state_dict", None)
-            if load is None:
-                raise ValueError(f"the state carries dataset state but {type(self.dataset).__name__} "
-                                 f"has no load_state_dict()")
+            assert load is not None
             load(state["dataset"])
         self._progress = None
         self._resume = state

@@ -212,7 +212,7 @@ def test_resume_after_a_worker_restart(tmp_path):
     ("nope", "must be a dict"),
     ({"version": 99}, "unsupported loader state version"),
     ({"version": 1, "seed": 1}, "lacks"),
-    ({"version": 1, "seed": 1, "epoch": 0, "sampler": None, "done": {"prefix": "x"}}, "malformed"),
+    ({"version": 1, "seed": 1, "epoch": 0, "sampler": None, "done": {"prefix": "x"}}, "done.prefix"),
 ])
 def test_bad_state_is_a_clear_error(bad, match):
     with pytest.raises((TypeError, ValueError), match=match):
@@ -306,3 +306,40 @@ def test_auto_reload_draws_each_epoch_after_set_epoch(sampler, num_workers):
     plain = orders(False)
     assert len({tuple(o) for o in plain}) == 4   # set_epoch changed the order (5 twice: the same)
     assert orders(True) == plain
+
+
+def _tampered(path: str, value):
+    """A real mid-epoch state with the entry at `path` (keys joined by '.') set to `value`."""
+    loader = _loader(seed=1)
+    it = iter(loader)
+    next(it)
+    next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    *parents, last = path.split(".")
+    entry = state
+    for key in parents:
+        entry = entry[key]
+    entry[last] = value
+    return state
+
+
+@pytest.mark.parametrize("path,value", [
+    ("done.prefix", -1), ("done.prefix", 1.0), ("done.prefix", True), ("done.prefix", 10_000),
+    ("done.extra", [-3]), ("done.extra", [1]), ("done.extra", [5, 5]), ("done.extra", ["7"]),
+    ("done.extra", [10_000]), ("done.extra", 5),
+    ("epoch", -1), ("epoch", "0"), ("epoch", 2.5), ("epoch", None),
+    ("seed", -7), ("seed", "1"), ("seed", [1]),
+    ("sampler", "x"), ("sampler.sampler.epoch", -2), ("sampler.sampler.seed", "s"),
+    ("done", None),
+])
+def test_tampered_state_is_refused_naming_the_field(path, value):
+    """load_state_dict() validates the whole state and names the field.
+    Before, a negative position yielded the last batches twice, a negative
+    epoch killed every worker while seeding ("worker died unexpectedly"),
+    and wrong types failed later, somewhere else."""
+    loader = _loader(seed=1)
+    field = path.split(".")[-1] if path != "done" else "done"
+    with pytest.raises(ValueError, match=rf"\b{field}\b"):
+        loader.load_state_dict(_tampered(path, value))
+    assert loader.load_state_dict(_tampered("done.prefix", 2)) is None   # a valid one still loads
