@@ -729,3 +729,42 @@ def test_two_threads_sharing_one_iterator_each_get_distinct_batches():
         t.join(30)
     assert not errors
     assert sorted(got) == list(range(0, 200, 2))
+
+
+# ---------------------------------------------------------------- SIGPIPE restored to its default (item 4)
+
+
+@pytest.mark.parametrize("restarts", [0, 1])
+@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
+def test_a_worker_death_never_kills_a_trainer_that_restored_sigpipe(start_method, restarts):
+    """A script that restores SIGPIPE's default action (command-line tools
+    do) was killed with status 141 and no traceback as soon as a worker
+    died: a write to the dead worker's socket raised SIGPIPE.  No write of
+    mxload's may: the death is a WorkerError (or a restart), and the script
+    goes on."""
+    proc = _run_script(f"""
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        loader = mxload.DataLoader(SlowDataset(0.02, n=400), batch_size=2, num_workers=2,
+                                   start_method={start_method!r}, max_worker_restarts={restarts})
+        it = iter(loader)
+        next(it)
+        os.kill(it.engine.worker_pids()[0], signal.SIGKILL)
+        try:
+            with __import__("warnings").catch_warnings():
+                __import__("warnings").simplefilter("ignore")
+                n = sum(1 for _ in it)
+            print("restarted", n, flush=True)
+        except mxload.WorkerError as e:
+            print("WorkerError", "died unexpectedly" in str(e), flush=True)
+        it.close()
+        del it
+        loader.close()
+        print("alive", flush=True)
+    """)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        end_child(proc)
+    expected = "restarted 199" if restarts else "WorkerError True"
+    assert out.splitlines() == [expected, "alive"], (proc.returncode, out, err)
+    assert proc.returncode == 0, (proc.returncode, err)

@@ -263,6 +263,12 @@ _TAG = {t: i for i, t in enumerate(_TYPES)}
 _PACKED_TASK = struct.Struct("<qqqqBxxxII")
 _PROFILING, _HAS_INDICES = 1, 2
 _PACKED_TASK_TAG = _TAG[PackedTask]
+# Every send of mxload's: a peer that is gone (a dead worker or zygote, a
+# main process that died) is EPIPE, never SIGPIPE, which kills a program
+# that restored SIGPIPE's default action (as command-line tools do) with
+# status 141 and no traceback.  The compiled sends (mxl_send.h) pass it too.
+NO_SIGPIPE = getattr(socket, "MSG_NOSIGNAL", 0)
+
 # What the compiled send puts before a PackedTask's length (mxl_send.h packs the rest).
 TASK_PREFIX = MAGIC + bytes([VERSION, _PACKED_TASK_TAG])
 HEADER_SIZE = _HEADER.size
@@ -327,10 +333,10 @@ def finish_send(sock: socket.socket, rest: memoryview, slab_fd: int, timeout: fl
         try:
             if slab_fd >= 0:
                 ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [slab_fd]))]
-                sent = sock.sendmsg([rest], ancillary, socket.MSG_DONTWAIT)
+                sent = sock.sendmsg([rest], ancillary, socket.MSG_DONTWAIT | NO_SIGPIPE)
                 slab_fd = -1
             else:
-                sent = sock.send(rest, socket.MSG_DONTWAIT)
+                sent = sock.send(rest, socket.MSG_DONTWAIT | NO_SIGPIPE)
         except BlockingIOError:
             continue
         rest = rest[sent:]
@@ -361,9 +367,9 @@ def send_encoded(sock: socket.socket, frame: bytes, fds: list[int] | tuple[int, 
     """send() of a frame already encoded (a worker encodes inside its
     batch's try: an unpicklable object is that batch's error)."""
     ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-    sent = sock.sendmsg([frame], ancillary)
+    sent = sock.sendmsg([frame], ancillary, NO_SIGPIPE)
     if sent < len(frame):   # a signal interrupted a large send: the descriptors went with the first part
-        sock.sendall(memoryview(frame)[sent:])
+        sock.sendall(memoryview(frame)[sent:], NO_SIGPIPE)
 
 
 def recv(sock: socket.socket) -> tuple[Message, list[int]]:
