@@ -768,3 +768,67 @@ def test_a_worker_death_never_kills_a_trainer_that_restored_sigpipe(start_method
     expected = "restarted 199" if restarts else "WorkerError True"
     assert out.splitlines() == [expected, "alive"], (proc.returncode, out, err)
     assert proc.returncode == 0, (proc.returncode, err)
+
+
+# ---------------------------------------------------------------- SIGCHLD ignored by the trainer (item 5)
+
+
+@pytest.mark.parametrize("restarts", [0, 1])
+def test_a_trainer_that_ignores_sigchld_gets_the_real_signal_and_restarts(restarts, tmp_path):
+    """`signal.signal(SIGCHLD, SIG_IGN)` (a common anti-zombie idiom) was
+    inherited by the zygote: its waitpid raised ChildProcessError, it died,
+    restarts became impossible and a segfaulting worker was reported as
+    killed by SIGKILL (the zygote's death took it).  The zygote resets the
+    disposition: the death is reported as SIGSEGV, and a restart works."""
+    marker = str(tmp_path / "died")
+    proc = _run_script(f"""
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        from datasets_for_tests import DyingDataset
+        loader = mxload.DataLoader(DyingDataset(at=6, how="segv", n=40, only_once_file={marker!r}),
+                                   batch_size=2, num_workers=2, start_method="fork",
+                                   max_worker_restarts={restarts})
+        try:
+            with __import__("warnings").catch_warnings(record=True) as caught:
+                __import__("warnings").simplefilter("always")
+                got = [int(x) for b in loader for x in b.ravel()]
+            print("restarted", got == list(range(40)),
+                  any("SIGSEGV" in str(w.message) for w in caught), flush=True)
+        except mxload.WorkerError as e:
+            print("WorkerError", "killed by SIGSEGV" in str(e), flush=True)
+            print(e, file=sys.stderr)
+        loader.close()
+        print("SIGCHLD still ignored", signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN, flush=True)
+    """)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        end_child(proc)
+    expected = "restarted True True" if restarts else "WorkerError True"
+    assert out.splitlines() == [expected, "SIGCHLD still ignored True"], (proc.returncode, out, err)
+    assert proc.returncode == 0, (proc.returncode, err)
+    assert "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_a_trainer_that_ignores_sigchld_is_told_how_its_workers_died(start_method):
+    """The same for the other start methods: the fork server reports the
+    real signal; a spawn worker's status is the kernel's to discard (this
+    process ignores SIGCHLD), and the error says so instead of 'exit code 0'."""
+    proc = _run_script(f"""
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        from datasets_for_tests import DyingDataset
+        loader = mxload.DataLoader(DyingDataset(at=6, how="segv", n=40), batch_size=2, num_workers=2,
+                                   start_method={start_method!r})
+        try:
+            list(loader)
+        except mxload.WorkerError as e:
+            print("killed by SIGSEGV" in str(e), "ignores SIGCHLD" in str(e), flush=True)
+        loader.close()
+    """)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        end_child(proc)
+    expected = "True False" if start_method == "forkserver" else "False True"
+    assert out.splitlines() == [expected], (proc.returncode, out, err)
+    assert proc.returncode == 0, (proc.returncode, err)

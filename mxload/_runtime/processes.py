@@ -210,6 +210,13 @@ class ProcessTransport(Transport):
         proc.join(timeout=0.5)
         exitcode = proc.exitcode
         how = describe_exit(exitcode)
+        if (self.start_method == "spawn" and exitcode == 0
+                and signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN):
+            # The kernel discarded its status (subprocess then says 0):
+            # only a zygote or the fork server, which reset it, can tell.
+            how = ("exit status unknown: this process ignores SIGCHLD (signal.SIG_IGN), so the kernel "
+                   "discards its children's exit status; restore signal.SIG_DFL, or use start_method 'fork' "
+                   "or 'forkserver', to learn how workers end")
         with self.lock:
             handle.alive = False
             if exitcode is not None:

@@ -100,6 +100,26 @@ def sigint_deferred() -> Iterator[None]:
                 original(signal.SIGINT, sys._getframe())
 
 
+def reset_inherited_signals() -> None:
+    """In a zygote or worker: undo what the training process set up for
+    itself.  Its Python signal handlers (a SIGTERM handler that checkpoints
+    and exits, a SIGALRM step timeout) are the training loop's, not ours:
+    SIGTERM must end a worker (the shutdown sends it).  And SIGCHLD ignored
+    (SIG_IGN, an anti-zombie idiom, inherited through fork and exec) makes
+    the kernel discard our children's exit status: the zygote's waitpid
+    would fail and the zygote die, and a worker's own subprocesses could
+    not be waited for."""
+    for signum in signal.valid_signals():
+        if signum in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            handler = signal.getsignal(signum)
+            if callable(handler) or (signum == signal.SIGCHLD and handler == signal.SIG_IGN):
+                signal.signal(signum, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
+
+
 def ensure_fork_server() -> None:
     """Start multiprocessing's fork server (and its resource tracker) if they
     are not running, with SIGINT blocked as sigint_deferred promises: the
@@ -451,6 +471,7 @@ def _zygote_main(sock: socket.socket, entry: Callable[[int, int, socket.socket],
     try:
         # Ctrl-C belongs to the main process; the mask came blocked from the
         # forking thread, so a pending one is discarded here.
+        reset_inherited_signals()
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         _detach_stdin()

@@ -31,6 +31,7 @@ from .._collate import plan as _plan
 from .._core import Slab, watch_main_process
 from .._torch_compat import enter_worker
 from . import messages as m
+from .procs import reset_inherited_signals
 from .slabs import create_shared_fd, map_slab, slab_size_for
 from .source import SampleSource
 
@@ -237,6 +238,7 @@ def worker_process_main(config: WorkerConfig, sock: socket.socket) -> None:
     # ends us through the shutdown path, so ignore it (no worker tracebacks).
     # It arrives blocked (the starting thread blocked it): a Ctrl-C pending
     # since then is discarded here, never delivered.
+    reset_inherited_signals()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if not config.zygote_child:   # a zygote child was armed by the zygote (procs.die_with_parent)
