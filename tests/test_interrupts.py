@@ -576,3 +576,101 @@ def test_an_exception_from_a_signal_handler_inside_next_leaves_the_epoch_going_o
     assert int(lines[0].split()[1]) > 0, out   # the handler did raise inside next()
     assert "Traceback" not in err and "Exception ignored" not in err, (seed, err)
     assert rc == 0, (seed, err)
+
+
+# ---------------------------------------------------------------- raising SIGTERM and SIGALRM handlers
+
+RAISING_HANDLERS = """
+class Checkpoint(Exception):
+    '''What a program's SIGTERM or SIGALRM handler raises (checkpoint and exit, a step timeout).'''
+def raising(signum, frame):
+    raise Checkpoint(signal.Signals(signum).name)
+signal.signal(signal.SIGTERM, raising)
+signal.signal(signal.SIGALRM, raising)
+"""
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGALRM"])
+@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
+def test_a_raising_handler_inside_the_shutdown_reaches_the_loop_once(start_method, signum):
+    """The signal lands in the shutdown that `break` began (workers stuck
+    and ignoring SIGTERM, so they need SIGKILL): the shutdown completes, the
+    handler's exception reaches the loop unchanged, once, and no zygote or
+    worker is left 1.5 s later.  Before, it was swallowed (or came back as
+    WorkerError) and the zygote and workers stayed alive."""
+    out, err, rc = run_child(RAISING_HANDLERS + textwrap.dedent(f"""
+        if {start_method!r} == "forkserver":   # long-lived by design: started before the baseline
+            import multiprocessing.forkserver
+            multiprocessing.forkserver.ensure_running()
+        helpers = set(children())
+        original = lifecycle.Launcher.end_processes
+        def ending(self, *args):
+            os.kill(os.getpid(), signal.{signum})   # lands inside the shutdown sequence
+            return original(self, *args)
+        lifecycle.Launcher.end_processes = ending
+        loader = mxload.DataLoader(StuckDataset(), batch_size=2, num_workers=2, start_method={start_method!r})
+        caught = []
+        try:
+            for batch in loader:
+                break
+            for _ in range(200):   # bytecode between short sleeps: where a pending signal is handled
+                time.sleep(0.01)
+        except Checkpoint as e:
+            caught.append(str(e))
+        print("caught", caught, flush=True)
+        time.sleep(1.5)
+        print("left", sorted(set(children()) - helpers), flush=True)
+    """))
+    assert out.split("\n")[:2] == [f"caught ['{signum}']", "left []"], (out, err)
+    assert "Exception ignored" not in err and "Traceback" not in err, err
+    assert rc == 0, err
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGALRM"])
+@pytest.mark.parametrize("where", ["after_workers_start", "zygote_fork", "fetcher_start"])
+def test_a_raising_handler_during_start_up_reaches_the_loop_once(where, signum):
+    """The signal lands while iter() starts the workers: one exception,
+    the handler's own, and nothing left 1.5 s later."""
+    patch = {
+        "after_workers_start": """
+            original = lifecycle.Launcher.start_all
+            def patched(self, *args):
+                handles = original(self, *args)
+                os.kill(os.getpid(), signal.{signum})
+                return handles
+            lifecycle.Launcher.start_all = patched
+        """,
+        "zygote_fork": """
+            from mxload._runtime import procs
+            original = procs.Zygote.__init__
+            def patched(self, *args):
+                os.kill(os.getpid(), signal.{signum})
+                return original(self, *args)
+            procs.Zygote.__init__ = patched
+        """,
+        "fetcher_start": """
+            original = threading.Thread.start
+            def patched(self):
+                if self.name == "mxload-fetcher":
+                    os.kill(os.getpid(), signal.{signum})
+                return original(self)
+            threading.Thread.start = patched
+        """,
+    }[where].format(signum=signum)
+    out, err, rc = run_child(RAISING_HANDLERS + textwrap.dedent(patch) + textwrap.dedent("""
+        fds = set(os.listdir("/proc/self/fd"))
+        loader = mxload.DataLoader(SlowDataset(0.01, n=40), batch_size=2, num_workers=2, start_method="fork")
+        caught = []
+        try:
+            for batch in loader:
+                pass
+        except Checkpoint as e:
+            caught.append(str(e))
+        print("caught", caught, flush=True)
+        time.sleep(1.5)
+        print("children", children(), flush=True)
+        print("fds", sorted(set(os.listdir("/proc/self/fd")) - fds, key=int), flush=True)
+    """))
+    assert out.split("\n")[:3] == [f"caught ['{signum}']", "children []", "fds []"], (out, err)
+    assert "Exception ignored" not in err and "Traceback" not in err, err
+    assert rc == 0, err

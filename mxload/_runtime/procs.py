@@ -69,35 +69,51 @@ ZYGOTE_REPLY_S = 10.0
 
 @contextlib.contextmanager
 def sigint_deferred() -> Iterator[None]:
-    """Start children inside this: a Ctrl-C neither lands between a fork and
-    its bookkeeping nor reaches a child before it ignores SIGINT.
+    """Start children inside this: a signal with a Python handler (Ctrl-C,
+    a program's SIGTERM or SIGALRM handler) neither lands between a fork and
+    its bookkeeping nor reaches a child before it resets its handlers.
 
-    SIGINT is blocked in this thread, so forked children inherit it blocked
-    and discard a pending one when they ignore it.  In the main thread, a
-    Python-level handler records a Ctrl-C meanwhile (whichever thread the
-    kernel hands it to), and the original handler runs once the section is
-    over: exactly one KeyboardInterrupt, after the children are accounted for.
-    (SIGINT is never ignored meanwhile: the kernel may hand a Ctrl-C to any
-    thread that does not block it, numpy's BLAS threads included, and an
-    ignored one is dropped.)"""
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    Those signals are blocked in this thread, so forked children inherit
+    them blocked (and unblock them once reset: reset_inherited_signals).  In
+    the main thread, a recording handler notes each that arrives meanwhile
+    (whichever thread the kernel hands it to), and its own handler runs
+    once the section is over: exactly one exception, the handler's, after
+    the children are accounted for.  (They are never ignored meanwhile: the
+    kernel may hand a signal to any thread that does not block it, numpy's
+    BLAS threads included, and an ignored one is dropped.)"""
+    handled: set[int] = {signal.SIGINT}
+    for valid in signal.valid_signals():
+        if valid not in (signal.SIGKILL, signal.SIGSTOP) and callable(signal.getsignal(valid)):
+            handled.add(valid)
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, handled)
     deferred: list[int] = []
-    original: Any = None
+    originals: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
-        current = signal.getsignal(signal.SIGINT)
-        if callable(current):   # not SIG_IGN/SIG_DFL, nor None (a handler set from C)
-            original = current
-            signal.signal(signal.SIGINT, lambda signum, frame: deferred.append(signum))
+        for num in sorted(handled):
+            current = signal.getsignal(num)
+            if callable(current):   # not SIG_IGN/SIG_DFL, nor None (a handler set from C)
+                originals[num] = current
+                signal.signal(num, lambda signum, frame: deferred.append(signum))
     try:
         yield
     finally:
-        # A Ctrl-C pending on this thread arrives on unblocking, and reaches
+        # A signal pending on this thread arrives on unblocking, and reaches
         # the recording handler or, once it is back, the original.
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        if original is not None:
-            signal.signal(signal.SIGINT, original)
-            if deferred:
-                original(signal.SIGINT, sys._getframe())
+        for num, original in originals.items():
+            signal.signal(num, original)
+        raised: BaseException | None = None
+        for num in dict.fromkeys(deferred):   # each once, in order
+            try:
+                originals[num](num, sys._getframe())
+            except BaseException as e:
+                if raised is None:
+                    raised = e
+        if raised is not None:
+            try:
+                raise raised
+            finally:
+                raised = None
 
 
 def reset_inherited_signals() -> None:
@@ -109,6 +125,7 @@ def reset_inherited_signals() -> None:
     the kernel discard our children's exit status: the zygote's waitpid
     would fail and the zygote die, and a worker's own subprocesses could
     not be waited for."""
+    reset = set()
     for signum in signal.valid_signals():
         if signum in (signal.SIGKILL, signal.SIGSTOP):
             continue
@@ -116,8 +133,14 @@ def reset_inherited_signals() -> None:
             handler = signal.getsignal(signum)
             if callable(handler) or (signum == signal.SIGCHLD and handler == signal.SIG_IGN):
                 signal.signal(signum, signal.SIG_DFL)
+                reset.add(signum)
         except (OSError, ValueError):
             pass
+    # Blocked by the starting thread (sigint_deferred), now at their
+    # defaults: a SIGTERM pending since then ends this process, as meant.
+    # SIGINT stays blocked until the caller ignores it.
+    reset.discard(signal.SIGINT)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, reset)
 
 
 def ensure_fork_server() -> None:
