@@ -240,7 +240,9 @@ cdef class FrameReceiver:
             if ev == _STORED:
                 result = _STORED
                 continue
-            if ev < 0 and ch.fd_overflow:
+            if ch.fd_overflow:
+                # A descriptor did not fit here (RLIMIT_NOFILE): the frame it
+                # came with lacks it, and is no sign of a dead worker.
                 ev = _EV_FD_LIMIT
             if ev < 0 and ch.eof:
                 ev = _EV_CLOSED

@@ -51,6 +51,7 @@ import numpy as np
 
 from .. import _core
 from .._collate.layout import Layout
+from ..errors import SharedMemoryError, WorkerError
 from .slabs import fd_limit_error
 
 if TYPE_CHECKING:
@@ -372,17 +373,27 @@ def send_encoded(sock: socket.socket, frame: bytes, fds: list[int] | tuple[int, 
         sock.sendall(memoryview(frame)[sent:], NO_SIGPIPE)
 
 
-def recv(sock: socket.socket) -> tuple[Message, list[int]]:
+def recv(sock: socket.socket, carrying: str = "a shared-memory slab's descriptor",
+         error_type: type[WorkerError] = SharedMemoryError) -> tuple[Message, list[int]]:
     """One message and the descriptors that came with it.  EOFError if the
     channel is closed or the frame is cut short; ProtocolError for a frame
-    that is not this protocol's; SharedMemoryError if this process had no
-    room for the descriptors (RLIMIT_NOFILE).  Anything unpickling the
-    payload raises (a class the receiver cannot import) propagates."""
+    that is not this protocol's; `error_type` (naming what the descriptors
+    are: `carrying`) if this process had no room for them (RLIMIT_NOFILE).
+    Anything unpickling the payload raises (a class the receiver cannot
+    import) propagates."""
     fds: list[int] = []
+    truncated: list[bool] = []
     try:
-        header = _recv_exact(sock, _HEADER.size, fds, frame_started=False)
-        _, _, _, length, _ = _check_header(header)
-        data = _recv_exact(sock, length, fds, frame_started=True)
+        header = _recv_exact(sock, _HEADER.size, fds, False, truncated)
+        _, _, _, length, nfds = _check_header(header)
+        data = _recv_exact(sock, length, fds, True, truncated)
+        if truncated:
+            # The whole frame was read (the channel stays in step); the
+            # descriptors did not fit.  The message goes with the error, for
+            # a receiver that answers it (the zygote: which worker failed).
+            error = fd_limit_error(f"receiving {carrying}", error_type)
+            error.frame_message = decode(header, data, nfds)   # type: ignore[attr-defined]
+            raise error
         return decode(header, data, len(fds)), fds
     except BaseException:
         for fd in fds:
@@ -423,7 +434,10 @@ def decode(header: bytes, data: bytes, fds_carried: int) -> Message:
     return message
 
 
-def _recv_exact(sock: socket.socket, n: int, fds: list[int], frame_started: bool) -> bytes:
+def _recv_exact(sock: socket.socket, n: int, fds: list[int], frame_started: bool,
+                truncated: list[bool]) -> bytes:
+    """`n` bytes of a frame, the descriptors that come with them added to
+    `fds`; True appended to `truncated` if some did not fit here."""
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
@@ -434,7 +448,7 @@ def _recv_exact(sock: socket.socket, n: int, fds: list[int], frame_started: bool
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.extend(array.array("i", cdata[:len(cdata) - len(cdata) % 4]))
         if flags & socket.MSG_CTRUNC:
-            raise fd_limit_error("receiving a shared-memory descriptor")
+            truncated.append(True)
         if nbytes == 0:
             if got or frame_started:
                 raise EOFError("the channel closed in the middle of a message")

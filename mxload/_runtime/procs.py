@@ -357,7 +357,8 @@ class Zygote:
         self._sock: socket.socket | None = main_end
         self._lock = threading.Lock()
         self._exits: dict[int, int] = {}
-        self._replies: dict[int, tuple[m.Started, int] | m.StartFailed] = {}   # with the pidfd
+        # With the pidfd; or why it failed (the zygote's StartFailed, a pidfd that did not fit here).
+        self._replies: dict[int, tuple[m.Started, int] | m.StartFailed | WorkerError] = {}
         self._broken: str | None = None
         self._status: int | None = None   # the zygote's own exit code, once reaped
         try:
@@ -385,6 +386,9 @@ class Zygote:
                     raise WorkerError(f"the worker zygote (pid {self.pid}) did not start worker "
                                       f"{worker_id} within {ZYGOTE_REPLY_S} s")
             reply = self._replies.pop(worker_id)
+        if isinstance(reply, WorkerError):
+            reply.worker_id = worker_id
+            raise reply
         if isinstance(reply, m.StartFailed):
             raise WorkerError(f"the worker zygote could not fork worker {worker_id}: {reply.reason}",
                               worker_id)
@@ -440,7 +444,17 @@ class Zygote:
         if not select.select([sock], [], [], max(0.0, deadline - time.monotonic()))[0]:
             return False
         try:
-            msg, fds = m.recv(sock)
+            msg, fds = m.recv(sock, "the pidfd (process descriptor) of a worker the zygote started",
+                              WorkerError)
+        except WorkerError as e:   # out of descriptors here: a Started reply's pidfd did not fit
+            started = getattr(e, "frame_message", None)
+            if not isinstance(started, m.Started):
+                self._broken = f"its report could not be received ({e})"
+                return False
+            # That worker runs untracked: it ends on the hang-up of its
+            # socket, which the failed start closes, and the zygote reaps it.
+            self._replies[started.worker_id] = e
+            return True
         except (EOFError, OSError, m.ProtocolError) as e:
             self._broken = f"it died ({e})" if not isinstance(e, EOFError) else "it died"
             return False
@@ -548,7 +562,13 @@ def _serve_zygote(sock: socket.socket, entry: Callable[[int, int, socket.socket]
                     m.send(sock, m.Exited(pid, os.waitstatus_to_exitcode(status)))
                     continue
                 try:
-                    msg, fds = m.recv(sock)
+                    msg, fds = m.recv(sock, "the socket of a worker to start", WorkerError)
+                except WorkerError as e:   # out of descriptors in the zygote: say which start failed
+                    request = getattr(e, "frame_message", None)
+                    if not isinstance(request, m.StartWorker):
+                        return
+                    m.send(sock, m.StartFailed(request.worker_id, str(e)))
+                    continue
                 except (EOFError, OSError):
                     return   # the main process closed or died
                 if not isinstance(msg, m.StartWorker):
@@ -564,10 +584,19 @@ def _serve_zygote(sock: socket.socket, entry: Callable[[int, int, socket.socket]
                 if pid == 0:
                     _worker_child(entry, worker_id, epoch, worker_sock, sock, list(children), zygote_pid)
                 worker_sock.close()
-                pidfd = os.pidfd_open(pid)
+                try:
+                    pidfd = os.pidfd_open(pid)
+                except OSError as e:   # out of descriptors in the zygote: this worker cannot be watched
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+                        os.waitpid(pid, 0)
+                    m.send(sock, m.StartFailed(worker_id, f"its pidfd: {e}"))
+                    continue
                 children[pidfd] = pid
                 poller.register(pidfd, select.POLLIN)
                 m.send(sock, m.Started(worker_id, pid), [pidfd])
+    except (BrokenPipeError, ConnectionResetError):
+        return   # the main process closed its end (its shutdown) or died: no one to report to
     finally:
         for pid in children.values():
             with contextlib.suppress(OSError):
