@@ -61,7 +61,13 @@ def claim_batch(RawBatch raw not None, list handles not None, release):
 
     None if the task is no longer that handle's (its worker was replaced:
     the restart released the slab and sends the task again); a
-    ClaimMismatch if the frame contradicts the task."""
+    ClaimMismatch if the frame contradicts the task.  Claiming the same
+    RawBatch again gives the same batch (a claim an exception cut short
+    is finished, never lost)."""
+    if raw._owner is not None:
+        # A claim before took the slab and was cut short (an exception from a
+        # signal handler while the layout's Python code ran): finish it.
+        return (<ViewTemplate>raw._template).views(<BatchOwner>raw._owner)
     if raw.slot >= len(handles):
         return None
     entry = handles[raw.slot]
@@ -79,4 +85,52 @@ def claim_batch(RawBatch raw not None, list handles not None, release):
         if slab is not None:
             release(slab)
         return ClaimMismatch(None if slab is None else (<Slab>slab).slab_id)
-    return (<ViewTemplate?>(<tuple?>cached)[1]).views(BatchOwner(slab, 0, raw.nbytes, release))
+    # Kept on the RawBatch before any Python code runs (VIEWS_ASSEMBLE): the
+    # slab is off the handle now, and only this claim may hand it out.
+    raw._template = <ViewTemplate?>(<tuple?>cached)[1]
+    raw._owner = BatchOwner(slab, 0, raw.nbytes, release)
+    return (<ViewTemplate>raw._template).views(<BatchOwner>raw._owner)
+
+
+@cython.final
+@cython.auto_pickle(False)
+cdef class _HandingNext:
+    """EpochIterator.__next__, compiled: takes the iterator's `_next_lock`,
+    calls the wrapped `_next(it)` and, once it returned a batch, clears
+    ``it._ready_in.ready`` (where `_next` left the batch) before the lock
+    is released.
+
+    Compiled on purpose: a signal handler runs (and may raise) after any
+    call made from Python bytecode, so in Python the batch `_next` returned
+    could be lost between its return and the training loop.  No bytecode
+    runs here: either the loop gets the batch, or the slot keeps it for the
+    next call."""
+    cdef readonly object __wrapped__
+
+    def __init__(self, fn):
+        if not callable(fn):
+            raise TypeError(f"expected a callable, got {type(fn).__name__}")
+        self.__wrapped__ = fn
+
+    def __get__(self, obj, objtype):
+        return self if obj is None else _MethodType(self, obj)
+
+    def __call__(self, it):
+        lock = it._next_lock
+        lock.acquire()
+        try:
+            batch = self.__wrapped__(it)
+            it._ready_in.ready = None
+        finally:
+            lock.release()
+        return batch
+
+    def __repr__(self):
+        return f"<handing_next of {self.__wrapped__!r}>"
+
+
+def handing_next(fn):
+    """The __next__ of an iterator whose `_next(it)` leaves the batch it
+    returns in ``it._ready_in.ready``: `fn` under ``it._next_lock``, the slot
+    cleared once it returned, compiled (see _HandingNext)."""
+    return _HandingNext(fn)

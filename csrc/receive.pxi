@@ -240,7 +240,9 @@ cdef class FrameReceiver:
             if ev == _STORED:
                 result = _STORED
                 continue
-            if ev < 0 and ch.fd_overflow:
+            if ch.fd_overflow:
+                # A descriptor did not fit here (RLIMIT_NOFILE): the frame it
+                # came with lacks it, and is no sign of a dead worker.
                 ev = _EV_FD_LIMIT
             if ev < 0 and ch.eof:
                 ev = _EV_CLOSED
@@ -390,6 +392,8 @@ cdef class FrameReceiver:
                 raise rb._closed_error()
             found = rb._pop_smallest() if any_index else rb._pop(idx)
             if found is not _MISSING:
+                if rb.keep_handover:
+                    rb.handover = found if any_index else (idx, found)   # see ReorderBuffer.handover
                 return _EV_READY, -1, 0, found
             with nogil:
                 ev = self._scan(True, &slot, &tag)

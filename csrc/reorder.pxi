@@ -44,6 +44,11 @@ cdef class RawBatch:
     cdef readonly int64_t slab_id
     cdef readonly int64_t nbytes
     cdef readonly int64_t layout_id
+    # Set by claim_batch once it took the task's slab: the batch's owner and
+    # layout, so that a claim cut short (a signal handler raising in the
+    # layout's Python code) is finished by the next claim of this RawBatch.
+    cdef object _owner
+    cdef object _template
 
     def __repr__(self):
         return (f"RawBatch(slot={self.slot}, tag={self.tag}, epoch={self.epoch}, idx={self.idx}, slab_id={self.slab_id}, "
@@ -105,9 +110,19 @@ cdef class ReorderBuffer:
     # (changed and read with the GIL held): what a test or a debugger can poll
     # instead of sleeping and hoping the other thread got there.
     cdef Py_ssize_t _waiting
+    # With keep_handover set (the engine's buffer): the (idx, item) a
+    # consumer's wait (get, pop_next, FrameReceiver.get) took last, until the
+    # consumer sets it back to None.  An exception that cuts the hand-over
+    # short (a signal handler's, raised in the Python code between this wait
+    # and the training loop) leaves the batch here for the next call instead
+    # of losing it.
+    cdef public object handover
+    cdef public bint keep_handover
 
     def __cinit__(self):
         self._waiting = 0
+        self.handover = None
+        self.keep_handover = False
         self._raw = NULL
         self._nraw = self._rawcap = 0
         self._c_closed = False
@@ -305,6 +320,8 @@ cdef class ReorderBuffer:
                 else:
                     found = self._pop(idx)
                 if found is not _MISSING:
+                    if self.keep_handover:
+                        self.handover = found if any_index else (idx, found)
                     return found
                 if not armed:
                     # Read the generation, then look once more: an item put
@@ -390,6 +407,9 @@ cdef class ReorderBuffer:
         items = self._items
         self._items = {}
         self._order = []
+        handover, self.handover = self.handover, None
+        if handover is not None and handover[0] not in items:
+            items[handover[0]] = handover[1]
         self._lock()
         raw, n = self._raw, self._nraw
         self._raw = NULL

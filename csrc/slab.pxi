@@ -93,7 +93,7 @@ cdef class BatchOwner:
             try:
                 cb(self.slab)
             except KeyboardInterrupt:
-                _rearm_sigint()   # Ctrl-C landed in the callback: not ours to swallow
+                _rearm(SIGINT)   # Ctrl-C landed in the callback: not ours to swallow
             except BaseException:
                 # A finalizer must not raise; a pool that is gone simply
                 # lets the slab be unmapped.

@@ -129,22 +129,30 @@ def send_task(int sock, bytes prefix, int64_t epoch, int64_t batch_index, object
 TASK_FRAME_FIXED_SIZE = MXL_TASK_FIXED
 
 
-def send_tasks(WorkerChannel handle not None, pool, bytes prefix, list tasks not None):
+def send_tasks(WorkerChannel handle not None, pool, bytes prefix, list tasks not None, bint consume=False):
     """Send `tasks` ((epoch, batch index, indices, profiling) each, in order)
     to `handle`'s worker (its WorkerChannel: a ProcessHandle) without blocking, as few messages
     as it can: every frame in a slab from `pool` when one is free (recorded
-    on the handle under (epoch, batch index) before anything is sent; None:
-    the worker makes one), the slabs the worker must forget named in the
-    first.  A slab the worker has not seen yet goes as a descriptor with the
-    first byte of a message, so its frame starts a new one.
+    on the handle under (epoch, batch index) as its message goes, before
+    the worker can answer; None: the worker makes one), the slabs the worker
+    must forget named in the first.  A slab the worker has not seen yet goes
+    as a descriptor with the first byte of a message, so its frame starts a
+    new one.
 
     Returns (n, messages, unsent): the first `n` tasks were sent, or
     started, in `messages` messages; unsent is None, or (rest of the last
     message, descriptor still to pass or -1) when the worker is not reading,
-    for the caller to finish before it sends tasks[n:].  OSError: the
-    worker's end is gone."""
+    for the caller to finish before it sends the tasks after them.  OSError:
+    the worker's end is gone.
+
+    With `consume`, the tasks of each message sent whole are removed from
+    `tasks` as it goes (those of a message left unsent stay first, for the
+    caller to remove once it finished it): the list says what is left to
+    send even if a signal handler's exception cuts this call short in the
+    pool's Python code, which runs before anything of a message is recorded
+    or sent."""
     cdef _Frame frames[_MAX_FRAMES]
-    cdef Py_ssize_t ntasks = len(tasks), done = 0, i, ndrops, messages = 0
+    cdef Py_ssize_t ntasks = len(tasks), done = 0, i, ndrops, messages = 0, removed = 0
     cdef int nframes, fd, frame_fd, sock
     cdef int64_t slab_id, slab_size
     cdef char *heads
@@ -152,6 +160,8 @@ def send_tasks(WorkerChannel handle not None, pool, bytes prefix, list tasks not
     cdef dict slabs = handle.slabs
     cdef set known = handle.known_slabs
     cdef list keep = []
+    cdef list taken = []      # (task key, slab or None) of the message being packed
+    cdef int64_t new_id
     carried = None
     if len(prefix) != 4:
         raise ValueError(f"a task frame's prefix is 4 bytes, got {len(prefix)}")
@@ -166,6 +176,7 @@ def send_tasks(WorkerChannel handle not None, pool, bytes prefix, list tasks not
         while done < ntasks:
             nframes = 0
             fd = -1
+            new_id = -1
             at = heads
             i = done
             while i < ntasks and nframes < _MAX_FRAMES:
@@ -179,29 +190,55 @@ def send_tasks(WorkerChannel handle not None, pool, bytes prefix, list tasks not
                     slab_id = (<Slab?>slab).slab_id
                     slab_size = (<Slab>slab).size
                     if slab_id not in known:
-                        frame_fd = pool.fd(slab_id)
                         if nframes:
                             carried = slab   # its descriptor must lead a message: the next one
                             break
-                slabs[(epoch, batch_index)] = slab
+                        taken.append(((epoch, batch_index), slab))
+                        frame_fd = pool.fd(slab_id)
+                        new_id = slab_id
+                    else:
+                        taken.append(((epoch, batch_index), slab))
+                else:
+                    taken.append(((epoch, batch_index), None))
                 keep.append(_pack_frame(&frames[nframes], at, prefix, epoch, batch_index, indices, profiling,
-                                        slab_id, slab_size, drops, 1 if frame_fd >= 0 else 0))
+                                        slab_id, slab_size, drops if nframes == 0 else (),
+                                        1 if frame_fd >= 0 else 0))
                 at += frames[nframes].hlen
-                if ndrops:
-                    handle.pending_drops = drops = []
-                    ndrops = 0
                 if frame_fd >= 0:
                     fd = frame_fd
-                    known.add(slab_id)
                 nframes += 1
                 i += 1
             unsent = _send_frames(sock, frames, nframes, fd)
-            done = i
+            # Sent, or started: recorded now, no Python code run since the
+            # send (the worker's answers are taken under the engine lock,
+            # which the caller holds).
+            for key, slab in taken:
+                slabs[key] = slab
+            del taken[:]
+            if new_id >= 0:
+                known.add(new_id)
+            if ndrops:
+                handle.pending_drops = drops = []
+                ndrops = 0
             messages += 1
             del keep[:]
             if unsent is not None:
-                return done, messages, unsent
-        return done, messages, None
+                return removed + i, messages, unsent
+            if consume:
+                del tasks[:i]
+                removed += i
+                ntasks -= i
+                done = 0
+            else:
+                done = i
+        return removed + done, messages, None
+    except BaseException:
+        # Cut short before its message went (the pool's Python code, a bad
+        # task): the slabs taken for it go back to the pool.
+        for key, slab in taken:
+            if slab is not None:
+                pool.release(slab)
+        raise
     finally:
         PyMem_Free(heads)
         if carried is not None:

@@ -16,11 +16,12 @@ from ._version import __version__
 from .backends import RayBackend
 from .dataloader import DataLoader
 from .dataset import ArrayDataset, Dataset, IterableDataset, SimpleDataset
-from .errors import LoaderTimeoutError, SharedMemoryError, WorkerError
+from .errors import EpochAbortedError, LoaderTimeoutError, SharedMemoryError, WorkerError
 from .profiler import Profiler, Report, profile
 
 __all__ = [
     "__version__", "DataLoader", "Dataset", "ArrayDataset", "SimpleDataset", "IterableDataset",
-    "WorkerError", "LoaderTimeoutError", "SharedMemoryError", "WorkerInfo", "get_worker_info",
+    "WorkerError", "LoaderTimeoutError", "SharedMemoryError", "EpochAbortedError", "WorkerInfo",
+    "get_worker_info",
     "batchify", "sampler", "show_config", "Profiler", "Report", "profile", "sample_rng", "RayBackend",
 ]

@@ -83,18 +83,57 @@ class EpochProgress:
 
 
 def check_state(state: Any) -> dict[str, Any]:
-    """Validate a state from state_dict(); clear errors for anything else."""
+    """Validate a state from state_dict() as a whole (the sampler's own entry
+    is checked by the sampler): a clear error naming the field for anything
+    else, before any of it is used.  A tampered state must never load: a
+    negative position would yield batches twice, a negative epoch would kill
+    every worker while seeding."""
     if not isinstance(state, dict):
         raise TypeError(f"loader state must be a dict from DataLoader.state_dict(), "
                         f"got {type(state).__name__}")
     version = state.get("version")
-    if version != STATE_VERSION:
+    if version != STATE_VERSION or type(version) is not int:
         raise ValueError(f"unsupported loader state version {version!r} (this mxload writes {STATE_VERSION})")
     missing = [k for k in ("seed", "epoch", "sampler", "done") if k not in state]
     if missing:
         raise ValueError(f"loader state lacks {missing}")
+    _check_count(state["seed"], "seed")
+    _check_count(state["epoch"], "epoch")
+    if state["sampler"] is not None and not isinstance(state["sampler"], dict):
+        raise bad_field("sampler", state["sampler"], "a dict or None")
     done = state["done"]
-    if not isinstance(done, dict) or not isinstance(done.get("prefix"), int) \
-            or not isinstance(done.get("extra", []), list):
-        raise ValueError(f"loader state has a malformed 'done' entry: {done!r}")
+    if not isinstance(done, dict):
+        raise bad_field("done", done, "a dict with 'prefix' and 'extra'")
+    prefix = _check_count(done.get("prefix"), "done.prefix")
+    extra = done.get("extra", [])
+    if not isinstance(extra, list):
+        raise bad_field("done.extra", extra, "a list of batch indices")
+    for i in extra:
+        if _check_count(i, "done.extra") <= prefix:
+            raise bad_field("done.extra", extra, f"batch indices above done.prefix ({prefix}), "
+                            f"as state_dict() writes them")
+    if len(set(extra)) != len(extra):
+        raise bad_field("done.extra", extra, "distinct batch indices")
     return state
+
+
+def check_position(state: dict[str, Any], batches: int) -> None:
+    """The taken batches of a checked `state` lie in an epoch of `batches` batches."""
+    done = state["done"]
+    if done["prefix"] > batches:
+        raise bad_field("done.prefix", done["prefix"], f"at most the epoch's {batches} batches")
+    late = [i for i in done.get("extra", []) if i >= batches]
+    if late:
+        raise bad_field("done.extra", late, f"batch indices below the epoch's {batches} batches")
+
+
+def _check_count(value: Any, field: str) -> int:
+    if type(value) is not int or value < 0:   # (bool is an int: refused too)
+        raise bad_field(field, value, "an int >= 0")
+    return value
+
+
+def bad_field(field: str, value: Any, wanted: str) -> ValueError:
+    """The error for a state entry that is not what state_dict() writes."""
+    return ValueError(f"loader state field {field!r} must be {wanted}, got {value!r}: the state was changed "
+                      f"or damaged since state_dict() wrote it; load one that state_dict() returned")

@@ -60,6 +60,9 @@ class ReorderBuffer:
     def clear(self) -> dict[int, Any]: ...
     def start_epoch(self, epoch: int) -> dict[int, Any]: ...
     def take_raw(self, tag: int) -> dict[int, RawBatch]: ...
+    # With keep_handover: the (idx, item) the consumer's wait took last, until the consumer clears it.
+    handover: tuple[int, Any] | None
+    keep_handover: bool
     def __len__(self) -> int: ...
     def __contains__(self, idx: int, /) -> bool: ...
 
@@ -182,7 +185,7 @@ class WorkerChannel:
 
 def send_tasks(handle: WorkerChannel, pool: Any, prefix: bytes,
                tasks: list[tuple[int, int, bytes | NDArray[Any] | None, bool]],
-               ) -> tuple[int, int, tuple[bytes, int] | None]: ...
+               consume: bool = False) -> tuple[int, int, tuple[bytes, int] | None]: ...
 
 class FrameReceiver:
     """Receives every worker's frames for one ReorderBuffer: the consumer in
@@ -232,6 +235,9 @@ class ClaimMismatch:
 
 def claim_batch(raw: RawBatch, handles: Sequence[WorkerChannel | None],
                 release: Callable[[Slab], object]) -> Any: ...
+
+def handing_next(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """EpochIterator.__next__, compiled: `fn(it)` under it._next_lock, then it._ready_in.ready = None."""
 
 # ---------------------------------------------------------------- interrupt.pxi
 

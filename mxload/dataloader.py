@@ -10,7 +10,7 @@ from collections.abc import Callable
 from multiprocessing.context import BaseContext
 from typing import Any, Generic, TypeVar, cast, overload
 
-from ._checkpoint import EpochProgress, check_state
+from ._checkpoint import EpochProgress, check_position, check_state
 from ._core import defer_sigint, sigint_safe_finalizer
 from ._cpus import warn_if_oversubscribed
 from ._options import LoaderOptions
@@ -270,6 +270,8 @@ class DataLoader(Generic[_T_co]):
         self._pin_device: str | None = None
         self._len_reported: int | None = None   # len(loader) of an IterableDataset, for the overrun warning
         self._prefetched: Any = None            # auto_reload: the next epoch, already loading
+        # auto_reload: the sampler as it was before and after that epoch was drawn (_sampler_marks).
+        self._prefetched_marks: tuple[Any, Any] | None = None
         self.profiler: Any = None
         if self.profile:
             from .profiler import Profiler
@@ -277,7 +279,7 @@ class DataLoader(Generic[_T_co]):
         self._initialized = True
         self._check_worker_count(stacklevel=4)
         if self.auto_reload:
-            self._prefetched = self._start_iter()
+            self._prefetch()
 
     @property
     def seed(self) -> int:
@@ -358,7 +360,13 @@ class DataLoader(Generic[_T_co]):
         rather than share (and silently lose) its batches."""
         prefetched, self._prefetched = self._prefetched, None
         if prefetched is not None:
-            return prefetched   # auto_reload: this epoch started loading when the last one ended
+            if self._prefetch_still_valid():
+                return prefetched   # auto_reload: this epoch started loading when the last one ended
+            # The sampler was changed since (sampler.set_epoch(e) before the
+            # loop, as documented): that epoch was drawn too early.  Drawn
+            # again now, as without auto_reload, under the same epoch number.
+            prefetched.close()
+            self.epoch -= 1
         return self._start_iter()
 
     def _check_worker_count(self, stacklevel: int) -> None:
@@ -366,6 +374,48 @@ class DataLoader(Generic[_T_co]):
         construction and when an iteration starts workers, as torch's)."""
         if self.num_workers and not self.thread_pool and self._options.backend is None:
             warn_if_oversubscribed(self.num_workers, stacklevel)
+
+    def _prefetch(self) -> None:
+        """auto_reload: start the next epoch now, noting the sampler's state
+        before and after its batches were drawn."""
+        before = self._sampler_marks()
+        self._prefetched = self._start_iter()
+        self._prefetched_marks = (before, self._sampler_marks())
+
+    def _sampler_marks(self) -> Any:
+        """What set_epoch() changes: the batch sampler's state_dict() and the
+        `epoch` of it and its sampler (torch's DistributedSampler has no
+        state_dict)."""
+        if self.iterable:
+            return None
+        bs = self.batch_sampler
+        inner = getattr(bs, "sampler", None)
+        return (sampler_state(bs), getattr(bs, "epoch", None), getattr(inner, "epoch", None))
+
+    def _prefetch_still_valid(self) -> bool:
+        """Whether the prefetched epoch is the one iter() would draw now:
+        the sampler is as the draw left it, or as it was before the draw
+        (set_epoch(e) with the epoch the draw used: put back as the draw
+        left it).  Otherwise set_epoch() changed it meanwhile."""
+        marks, self._prefetched_marks = self._prefetched_marks, None
+        if marks is None or self.iterable:
+            return True
+        before, after = marks
+        now = self._sampler_marks()
+        try:
+            if now == after:
+                return True
+            if now != before:
+                return False
+        except (TypeError, ValueError):   # states that do not compare (arrays): as before, keep it
+            return True
+        if after[0] is not None:
+            load_sampler_state(self.batch_sampler, after[0])
+        inner: Any = getattr(self.batch_sampler, "sampler", None)
+        for obj, epoch in ((self.batch_sampler, after[1]), (inner, after[2])):
+            if epoch is not None and getattr(obj, "epoch", None) is not None:
+                obj.epoch = epoch
+        return True
 
     def _start_iter(self) -> Any:
         self._torch_draws()
@@ -460,16 +510,30 @@ class DataLoader(Generic[_T_co]):
             [[0, 1], [2, 3]]
         """
         state = check_state(state)
-        self.close()  # a live epoch or persistent workers belong to the old position
-        self.seed = int(state["seed"])
-        self.epoch = int(state["epoch"])
+        load = getattr(self.dataset, "load_state_dict", None)
+        if state.get("dataset") is not None and load is None:
+            raise ValueError(f"the state carries dataset state but {type(self.dataset).__name__} "
+                             f"has no load_state_dict()")
         if not self.iterable:
-            load_sampler_state(self.batch_sampler, state["sampler"])
+            # The sampler checks its own entry; the position must lie in the
+            # epoch that entry makes.  Nothing changes if either is wrong.
+            before = sampler_state(self.batch_sampler)
+            try:
+                load_sampler_state(self.batch_sampler, state["sampler"])
+                try:
+                    batches = len(self.batch_sampler)
+                except TypeError:
+                    pass   # a user batch sampler without len(): its epoch's size is unknown here
+                else:
+                    check_position(state, batches)
+            except BaseException:
+                load_sampler_state(self.batch_sampler, before)
+                raise
+        self.close()  # a live epoch or persistent workers belong to the old position
+        self.seed = state["seed"]
+        self.epoch = state["epoch"]
         if state.get("dataset") is not None:
-            load = getattr(self.dataset, "load_state_dict", None)
-            if load is None:
-                raise ValueError(f"the state carries dataset state but {type(self.dataset).__name__} "
-                                 f"has no load_state_dict()")
+            assert load is not None
             load(state["dataset"])
         self._progress = None
         self._resume = state
@@ -581,7 +645,7 @@ class _LoaderIterator:
             batch = next(self.inner)
         except StopIteration:
             if loader.auto_reload and loader._prefetched is None and self.inner is loader._live_iter_now():
-                loader._prefetched = loader._start_iter()
+                loader._prefetch()
             raise
         except BaseException:
             del self, loader   # the traceback must not keep the epoch alive (see EpochIterator.__next__)

@@ -6,7 +6,8 @@ from typing import Any
 
 from ._core import BufferClosedError
 
-__all__ = ["WorkerError", "WorkerTraceback", "LoaderTimeoutError", "SharedMemoryError", "BufferClosedError"]
+__all__ = ["WorkerError", "WorkerTraceback", "LoaderTimeoutError", "SharedMemoryError", "BufferClosedError",
+           "EpochAbortedError"]
 
 
 class WorkerTraceback(Exception):
@@ -104,4 +105,22 @@ class LoaderTimeoutError(TimeoutError, RuntimeError, multiprocessing.TimeoutErro
         ... except mxload.LoaderTimeoutError as e:
         ...     print("timed out:", isinstance(e, TimeoutError))
         timed out: True
+    """
+
+
+class EpochAbortedError(RuntimeError):
+    """An epoch can no longer deliver its remaining batches exactly once.
+
+    Raised by ``next()`` after an exception from a signal handler (a program's
+    SIGALRM step timeout, Ctrl-C caught and ignored) cut short a step of the
+    loader that cannot be retried (handing a task to a worker).  The loader
+    goes on after such an exception everywhere else; when it cannot, it says
+    so with this error instead of ending the epoch early as if it were
+    exhausted.  The batches delivered before are correct; start a new epoch
+    with ``iter(loader)`` (a checkpoint from ``state_dict()`` resumes it).
+
+    Example:
+        >>> import mxload
+        >>> issubclass(mxload.EpochAbortedError, RuntimeError)
+        True
     """

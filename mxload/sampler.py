@@ -217,12 +217,23 @@ class Sampler:
         return {k: getattr(self, k) for k in ("epoch", "seed") if hasattr(self, k)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from `state` (from state_dict(), possibly of another process)."""
+        """Continue from `state` (from state_dict(), possibly of another
+        process).  ValueError naming the field for anything state_dict()
+        does not write; nothing is changed then."""
+        if not isinstance(state, dict):
+            raise ValueError(f"{type(self).__name__} state must be a dict from state_dict(), got {state!r}")
+        values = {}
         for key in ("epoch", "seed"):
             if key in state:
                 if not hasattr(self, key):
                     raise ValueError(f"{type(self).__name__} has no {key!r} to restore")
-                setattr(self, key, int(state[key]))
+                value = state[key]
+                if type(value) is not int or value < 0:
+                    raise ValueError(f"{type(self).__name__} state field {key!r} must be an int >= 0, "
+                                     f"got {value!r}: load a state that state_dict() returned")
+                values[key] = value
+        for key, value in values.items():
+            setattr(self, key, value)
 
 
 def sampler_state(sampler: Any) -> Any:
@@ -465,8 +476,14 @@ class BatchSampler(Sampler):
         return {"carry": self._carry.tolist(), "sampler": sampler_state(self.sampler)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._carry = np.asarray(state.get("carry", []), dtype=np.int64)
+        if not isinstance(state, dict):
+            raise ValueError(f"BatchSampler state must be a dict from state_dict(), got {state!r}")
+        carry = state.get("carry", [])
+        if not isinstance(carry, list) or any(type(i) is not int or i < 0 for i in carry):
+            raise ValueError(f"BatchSampler state field 'carry' must be a list of sample indices "
+                             f"(ints >= 0), got {carry!r}: load a state that state_dict() returned")
         load_sampler_state(self.sampler, state.get("sampler"))
+        self._carry = np.asarray(carry, dtype=np.int64)
 
     def end_epoch(self) -> None:
         """The epoch's batches were all consumed: its rollover leftovers open

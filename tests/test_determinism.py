@@ -213,7 +213,7 @@ def test_resume_after_a_worker_restart(tmp_path):
     ("nope", "must be a dict"),
     ({"version": 99}, "unsupported loader state version"),
     ({"version": 1, "seed": 1}, "lacks"),
-    ({"version": 1, "seed": 1, "epoch": 0, "sampler": None, "done": {"prefix": "x"}}, "malformed"),
+    ({"version": 1, "seed": 1, "epoch": 0, "sampler": None, "done": {"prefix": "x"}}, "done.prefix"),
 ])
 def test_bad_state_is_a_clear_error(bad, match):
     with pytest.raises((TypeError, ValueError), match=match):
@@ -258,3 +258,89 @@ def test_property_resume_equals_uninterrupted_run(n, batch_size, last_batch, num
         assert rest == expected
     else:
         assert sorted(flat(seen) + rest) == sorted(ref[epoch])
+
+
+class _EpochFixedSampler:
+    """torch's DistributedSampler's way: the order is a function of the
+    epoch set with set_epoch(), which never advances by itself (no
+    state_dict: the loader only sees its `epoch`)."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        return iter(np.random.default_rng([7, self.epoch]).permutation(self.n).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("sampler", ["mxload", "torch-like"])
+def test_auto_reload_draws_each_epoch_after_set_epoch(sampler, num_workers):
+    """auto_reload starts loading the next epoch when one ends; with the
+    documented per-epoch ``sampler.set_epoch(e)`` before the loop, each
+    epoch's order must be the one set_epoch(e) gives, as without
+    auto_reload.  Before, the next epoch was drawn before set_epoch ran, so
+    set_epoch took effect one epoch late (and a resumed run saw other
+    orders than the original)."""
+    from mxload.sampler import DistributedSampler
+
+    def orders(auto_reload: bool) -> list[list[int]]:
+        s = (DistributedSampler(24, num_replicas=1, rank=0, seed=3) if sampler == "mxload"
+             else _EpochFixedSampler(24))
+        loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(24)), batch_size=4, sampler=s,
+                                   num_workers=num_workers, auto_reload=auto_reload)
+        try:
+            got = []
+            for epoch in (0, 1, 2, 5, 5):
+                s.set_epoch(epoch)
+                got.append(np.concatenate(list(loader)).tolist())
+            return got
+        finally:
+            loader.close()
+
+    plain = orders(False)
+    assert len({tuple(o) for o in plain}) == 4   # set_epoch changed the order (5 twice: the same)
+    assert orders(True) == plain
+
+
+def _tampered(path: str, value):
+    """A real mid-epoch state with the entry at `path` (keys joined by '.') set to `value`."""
+    loader = _loader(seed=1)
+    it = iter(loader)
+    next(it)
+    next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    *parents, last = path.split(".")
+    entry = state
+    for key in parents:
+        entry = entry[key]
+    entry[last] = value
+    return state
+
+
+@pytest.mark.parametrize("path,value", [
+    ("done.prefix", -1), ("done.prefix", 1.0), ("done.prefix", True), ("done.prefix", 10_000),
+    ("done.extra", [-3]), ("done.extra", [1]), ("done.extra", [5, 5]), ("done.extra", ["7"]),
+    ("done.extra", [10_000]), ("done.extra", 5),
+    ("epoch", -1), ("epoch", "0"), ("epoch", 2.5), ("epoch", None),
+    ("seed", -7), ("seed", "1"), ("seed", [1]),
+    ("sampler", "x"), ("sampler.sampler.epoch", -2), ("sampler.sampler.seed", "s"),
+    ("done", None),
+])
+def test_tampered_state_is_refused_naming_the_field(path, value):
+    """load_state_dict() validates the whole state and names the field.
+    Before, a negative position yielded the last batches twice, a negative
+    epoch killed every worker while seeding ("worker died unexpectedly"),
+    and wrong types failed later, somewhere else."""
+    loader = _loader(seed=1)
+    field = path.split(".")[-1] if path != "done" else "done"
+    with pytest.raises(ValueError, match=rf"\b{field}\b"):
+        loader.load_state_dict(_tampered(path, value))
+    assert loader.load_state_dict(_tampered("done.prefix", 2)) is None   # a valid one still loads

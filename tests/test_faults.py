@@ -446,7 +446,11 @@ def test_ctrl_c_reaches_the_training_loop_once_and_workers_stay_quiet(start_meth
             next(it)   # blocked in the C wait for 10 s
         except KeyboardInterrupt:
             print("caught", flush=True)
+        # As torch: the epoch goes on (a loop may take Ctrl-C as "skip to
+        # validation" and carry on); dropping the iterator ends the workers.
         print("state", it.engine.state, flush=True)
+        del it
+        time.sleep(2)
     """, start_new_session=True)
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
@@ -457,7 +461,7 @@ def test_ctrl_c_reaches_the_training_loop_once_and_workers_stay_quiet(start_meth
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert out.splitlines() == ["caught", "state closed"], (out, err)
+    assert out.splitlines() == ["caught", "state running"], (out, err)
     assert "Traceback" not in err, err
     assert proc.returncode == 0
     assert_gone(pids, 1.0)
@@ -740,3 +744,159 @@ def test_two_threads_sharing_one_iterator_each_get_distinct_batches():
         t.join(30)
     assert not errors
     assert sorted(got) == list(range(0, 200, 2))
+
+
+# ---------------------------------------------------------------- SIGPIPE restored to its default
+
+
+@pytest.mark.parametrize("restarts", [0, 1])
+@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
+def test_a_worker_death_never_kills_a_trainer_that_restored_sigpipe(start_method, restarts):
+    """A script that restores SIGPIPE's default action (command-line tools
+    do) was killed with status 141 and no traceback as soon as a worker
+    died: a write to the dead worker's socket raised SIGPIPE.  No write of
+    mxload's may: the death is a WorkerError (or a restart), and the script
+    goes on."""
+    proc = _run_script(f"""
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        loader = mxload.DataLoader(SlowDataset(0.02, n=400), batch_size=2, num_workers=2,
+                                   start_method={start_method!r}, max_worker_restarts={restarts})
+        it = iter(loader)
+        next(it)
+        os.kill(it.engine.worker_pids()[0], signal.SIGKILL)
+        try:
+            with __import__("warnings").catch_warnings():
+                __import__("warnings").simplefilter("ignore")
+                n = sum(1 for _ in it)
+            print("restarted", n, flush=True)
+        except mxload.WorkerError as e:
+            print("WorkerError", "died unexpectedly" in str(e), flush=True)
+        it.close()
+        del it
+        loader.close()
+        print("alive", flush=True)
+    """)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        end_child(proc)
+    expected = "restarted 199" if restarts else "WorkerError True"
+    assert out.splitlines() == [expected, "alive"], (proc.returncode, out, err)
+    assert proc.returncode == 0, (proc.returncode, err)
+
+
+# ---------------------------------------------------------------- SIGCHLD ignored by the trainer
+
+
+@pytest.mark.parametrize("restarts", [0, 1])
+def test_a_trainer_that_ignores_sigchld_gets_the_real_signal_and_restarts(restarts, tmp_path):
+    """`signal.signal(SIGCHLD, SIG_IGN)` (a common anti-zombie idiom) was
+    inherited by the zygote: its waitpid raised ChildProcessError, it died,
+    restarts became impossible and a segfaulting worker was reported as
+    killed by SIGKILL (the zygote's death took it).  The zygote resets the
+    disposition: the death is reported as SIGSEGV, and a restart works."""
+    marker = str(tmp_path / "died")
+    proc = _run_script(f"""
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        from datasets_for_tests import DyingDataset
+        loader = mxload.DataLoader(DyingDataset(at=6, how="segv", n=40, only_once_file={marker!r}),
+                                   batch_size=2, num_workers=2, start_method="fork",
+                                   max_worker_restarts={restarts})
+        try:
+            with __import__("warnings").catch_warnings(record=True) as caught:
+                __import__("warnings").simplefilter("always")
+                got = [int(x) for b in loader for x in b.ravel()]
+            print("restarted", got == list(range(40)),
+                  any("SIGSEGV" in str(w.message) for w in caught), flush=True)
+        except mxload.WorkerError as e:
+            print("WorkerError", "killed by SIGSEGV" in str(e), flush=True)
+            print(e, file=sys.stderr)
+        loader.close()
+        print("SIGCHLD still ignored", signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN, flush=True)
+    """)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        end_child(proc)
+    expected = "restarted True True" if restarts else "WorkerError True"
+    assert out.splitlines() == [expected, "SIGCHLD still ignored True"], (proc.returncode, out, err)
+    assert proc.returncode == 0, (proc.returncode, err)
+    assert "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_a_trainer_that_ignores_sigchld_is_told_how_its_workers_died(start_method):
+    """The same for the other start methods: the fork server reports the
+    real signal; a spawn worker's status is the kernel's to discard (this
+    process ignores SIGCHLD), and the error says so instead of 'exit code 0'."""
+    proc = _run_script(f"""
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        from datasets_for_tests import DyingDataset
+        loader = mxload.DataLoader(DyingDataset(at=6, how="segv", n=40), batch_size=2, num_workers=2,
+                                   start_method={start_method!r})
+        try:
+            list(loader)
+        except mxload.WorkerError as e:
+            print("killed by SIGSEGV" in str(e), "ignores SIGCHLD" in str(e), flush=True)
+        loader.close()
+    """)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        end_child(proc)
+    expected = "True False" if start_method == "forkserver" else "False True"
+    assert out.splitlines() == [expected], (proc.returncode, out, err)
+    assert proc.returncode == 0, (proc.returncode, err)
+
+
+# ---------------------------------------------------------------- the descriptor table full in start-up
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
+def test_a_start_that_runs_out_of_descriptors_leaves_nothing_and_says_which(start_method):
+    """RLIMIT_NOFILE just above what the program holds, so that starting 8
+    workers fails part-way (at each margin, somewhere else: a worker's
+    socket, its pidfd, the zygote's reply carrying it, the fetcher's
+    wake-ups).  Each failed iter() is an error naming the descriptor limit
+    and what was being done, and leaves no descriptor and no process behind.
+    Before, the sockets of the workers started before the failure leaked for
+    good (more with every iter()), a bare OSError(EMFILE) came out, and the
+    zygote's pidfd was called "a shared-memory descriptor"."""
+    proc = _run_script(f"""
+        import resource
+        if {start_method!r} == "forkserver":   # long-lived by design: started before the baseline
+            import multiprocessing.forkserver
+            multiprocessing.forkserver.ensure_running()
+        loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(64)), batch_size=2, num_workers=8,
+                                   start_method={start_method!r})
+        def fds():
+            return set(os.listdir("/proc/self/fd"))
+        before = fds()
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        for margin in range(2, 30):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (len(before) + margin, hard))
+            for attempt in range(2):
+                try:
+                    for batch in loader:
+                        pass
+                except Exception as e:
+                    if "RLIMIT_NOFILE" not in str(e) or "shared-memory descriptor" in str(e):
+                        print("error", margin, type(e).__name__, e, flush=True)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+            deadline = time.monotonic() + 2
+            while fds() - before and time.monotonic() < deadline:
+                time.sleep(0.02)
+            left = sorted(fds() - before, key=int)
+            if left:
+                targets = [os.readlink(f"/proc/self/fd/{{fd}}") for fd in left]
+                print("margin", margin, "left", targets, flush=True)
+                break
+        print("done", flush=True)
+    """)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        end_child(proc)
+    assert out.splitlines() == ["done"], (out, err)   # no leftover, every error names the limit
+    assert "Traceback" not in err, err
+    assert proc.returncode == 0, err

@@ -240,6 +240,9 @@ def test_a_pool_closed_while_tasks_are_packed_is_an_oserror(channel):
         def fd(self, slab_id):
             return pool.pool.fd(slab_id)
 
+        def release(self, slab):   # the slab of the message that did not go
+            pool.pool.release(slab)
+
     handle = _handle(sock=main)   # the worker knows no slab: its descriptor is needed
     with pytest.raises(OSError, match="closed"):
         _core.send_tasks(handle, ClosingPool(), wire.TASK_PREFIX, _tasks(0, 1))

@@ -482,3 +482,181 @@ def test_a_deferral_runs_no_python_code_before_it_is_active(kind):
     """, prelude=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["ran"]
+
+
+# ---------------------------------------------------------------- a signal handler's exception inside next()
+
+# The signal handler raises only when the signal lands in mxload's own code
+# (the frame it interrupts is mxload's), so every landing is inside next():
+# the wait, the hand-over, the dispatch of the next tasks.
+RAISING_TIMER = """
+import random
+class Alarm(Exception):
+    pass
+MXLOAD_DIR = os.path.dirname(mxload.__file__)
+raised = [0]
+def raise_in_mxload(signum, frame):
+    if frame is not None and frame.f_code.co_filename.startswith(MXLOAD_DIR):
+        raised[0] += 1
+        raise Alarm(f"signal {signum}")
+signal.signal(signal.SIGALRM, raise_in_mxload)
+signal.signal(signal.SIGUSR1, raise_in_mxload)
+
+
+def take_all(it, n_expected):
+    '''Iterate, catching every Alarm (the loop goes on): the values taken, and how it ended.'''
+    taken = []
+    while True:
+        try:
+            batch = next(it)
+        except Alarm:
+            continue
+        except StopIteration:
+            return taken, "exhausted"
+        except Exception as e:
+            return taken, f"{type(e).__name__}: {e}"
+        taken.extend(int(x) for x in np.asarray(batch).ravel())
+"""
+
+
+def _seed(name: str) -> int:
+    seed = int(os.environ.get(name, "0")) or random.randrange(1, 2 ** 31)
+    print(f"{name}={seed}")   # shown on failure: rerun with the same seed
+    return seed
+
+
+@pytest.mark.parametrize("config", ["fork", "spawn", "forkserver", "threads"])
+def test_an_exception_from_a_signal_handler_inside_next_leaves_the_epoch_going_on(config):
+    """A training loop catches an exception that its SIGALRM handler raises
+    (a step timeout) and goes on.  Landing anywhere inside next() (the wait,
+    the hand-over of the batch, the next tasks' dispatch), it must not end
+    the epoch: every batch comes exactly once, in order, as torch's iterator
+    does.  Before, the epoch ended at the first one, as if exhausted."""
+    seed = _seed("MXLOAD_SIGNAL_SEED")
+    kwargs = {"fork": "start_method='fork'", "spawn": "start_method='spawn'",
+              "forkserver": "start_method='forkserver'", "threads": "thread_pool=True"}[config]
+    out, err, rc = run_child(RAISING_TIMER + textwrap.dedent(f"""
+        random.seed({seed})
+        if {config!r} == "forkserver":   # long-lived by design: started before the baseline
+            import multiprocessing.forkserver
+            multiprocessing.forkserver.ensure_running()
+        helpers = set(children())
+        loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(1000)), batch_size=1,
+                                   num_workers=2, {kwargs})
+        it = iter(loader)
+        first, every = 0.0003 + random.random() * 0.0005, 0.0002 + random.random() * 0.0004
+        signal.setitimer(signal.ITIMER_REAL, first, every)
+        taken, how = take_all(it, 1000)
+        signal.setitimer(signal.ITIMER_REAL, 0, 0)
+        print("raised", raised[0], flush=True)
+        print("ended", how, flush=True)
+        print("in order", taken == list(range(1000)), len(taken), flush=True)
+        del it
+        deadline = time.monotonic() + 2
+        while set(children()) - helpers and time.monotonic() < deadline:
+            time.sleep(0.02)
+        print("children", sorted(set(children()) - helpers), flush=True)
+    """), timeout=90)
+    lines = out.split("\n")
+    assert lines[1:4] == ["ended exhausted", "in order True 1000", "children []"], (seed, out, err, rc)
+    assert int(lines[0].split()[1]) > 0, out   # the handler did raise inside next()
+    assert "Traceback" not in err and "Exception ignored" not in err, (seed, err)
+    assert rc == 0, (seed, err)
+
+
+# ---------------------------------------------------------------- raising SIGTERM and SIGALRM handlers
+
+RAISING_HANDLERS = """
+class Checkpoint(Exception):
+    '''What a program's SIGTERM or SIGALRM handler raises (checkpoint and exit, a step timeout).'''
+def raising(signum, frame):
+    raise Checkpoint(signal.Signals(signum).name)
+signal.signal(signal.SIGTERM, raising)
+signal.signal(signal.SIGALRM, raising)
+"""
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGALRM"])
+@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
+def test_a_raising_handler_inside_the_shutdown_reaches_the_loop_once(start_method, signum):
+    """The signal lands in the shutdown that `break` began (workers stuck
+    and ignoring SIGTERM, so they need SIGKILL): the shutdown completes, the
+    handler's exception reaches the loop unchanged, once, and no zygote or
+    worker is left 1.5 s later.  Before, it was swallowed (or came back as
+    WorkerError) and the zygote and workers stayed alive."""
+    out, err, rc = run_child(RAISING_HANDLERS + textwrap.dedent(f"""
+        if {start_method!r} == "forkserver":   # long-lived by design: started before the baseline
+            import multiprocessing.forkserver
+            multiprocessing.forkserver.ensure_running()
+        helpers = set(children())
+        original = lifecycle.Launcher.end_processes
+        def ending(self, *args):
+            os.kill(os.getpid(), signal.{signum})   # lands inside the shutdown sequence
+            return original(self, *args)
+        lifecycle.Launcher.end_processes = ending
+        loader = mxload.DataLoader(StuckDataset(), batch_size=2, num_workers=2, start_method={start_method!r})
+        caught = []
+        try:
+            for batch in loader:
+                break
+            for _ in range(200):   # bytecode between short sleeps: where a pending signal is handled
+                time.sleep(0.01)
+        except Checkpoint as e:
+            caught.append(str(e))
+        print("caught", caught, flush=True)
+        time.sleep(1.5)
+        print("left", sorted(set(children()) - helpers), flush=True)
+    """))
+    assert out.split("\n")[:2] == [f"caught ['{signum}']", "left []"], (out, err)
+    assert "Exception ignored" not in err and "Traceback" not in err, err
+    assert rc == 0, err
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGALRM"])
+@pytest.mark.parametrize("where", ["after_workers_start", "zygote_fork", "fetcher_start"])
+def test_a_raising_handler_during_start_up_reaches_the_loop_once(where, signum):
+    """The signal lands while iter() starts the workers: one exception,
+    the handler's own, and nothing left 1.5 s later."""
+    patch = {
+        "after_workers_start": """
+            original = lifecycle.Launcher.start_all
+            def patched(self, *args):
+                handles = original(self, *args)
+                os.kill(os.getpid(), signal.{signum})
+                return handles
+            lifecycle.Launcher.start_all = patched
+        """,
+        "zygote_fork": """
+            from mxload._runtime import procs
+            original = procs.Zygote.__init__
+            def patched(self, *args):
+                os.kill(os.getpid(), signal.{signum})
+                return original(self, *args)
+            procs.Zygote.__init__ = patched
+        """,
+        "fetcher_start": """
+            original = threading.Thread.start
+            def patched(self):
+                if self.name == "mxload-fetcher":
+                    os.kill(os.getpid(), signal.{signum})
+                return original(self)
+            threading.Thread.start = patched
+        """,
+    }[where].format(signum=signum)
+    out, err, rc = run_child(RAISING_HANDLERS + textwrap.dedent(patch) + textwrap.dedent("""
+        fds = set(os.listdir("/proc/self/fd"))
+        loader = mxload.DataLoader(SlowDataset(0.01, n=40), batch_size=2, num_workers=2, start_method="fork")
+        caught = []
+        try:
+            for batch in loader:
+                pass
+        except Checkpoint as e:
+            caught.append(str(e))
+        print("caught", caught, flush=True)
+        time.sleep(1.5)
+        print("children", children(), flush=True)
+        print("fds", sorted(set(os.listdir("/proc/self/fd")) - fds, key=int), flush=True)
+    """))
+    assert out.split("\n")[:3] == [f"caught ['{signum}']", "children []", "fds []"], (out, err)
+    assert "Exception ignored" not in err and "Traceback" not in err, err
+    assert rc == 0, err

@@ -51,7 +51,8 @@ class CountingTransport(Transport):
 
     def dispatch(self, worker_id, epoch, batch_index, indices, profiling) -> None:
         self.counts["counted_tasks"] += 1
-        self._queues[worker_id].put(m.Task(epoch, batch_index, indices, profiling=profiling))
+        # The worker loop of thread workers takes (epoch, batch index, indices, profiling).
+        self._queues[worker_id].put((epoch, batch_index, indices, profiling))
 
     def restart(self, worker_id: int, epoch: int) -> bool:
         raise AssertionError("never restarted")

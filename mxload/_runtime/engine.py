@@ -34,7 +34,7 @@ import numpy as np
 
 from .._core import BufferClosedError, RawBatch, ReorderBuffer, defer_sigint
 from ..backends import workers_backend
-from ..errors import LoaderTimeoutError, WorkerError
+from ..errors import EpochAbortedError, LoaderTimeoutError, WorkerError
 from . import messages as m
 from . import wire
 from .remote_errors import rebuild_exception
@@ -155,11 +155,18 @@ class Engine:
         self._lock = threading.RLock()          # dispatch, results, the worker table
         self._shutdown_lock = threading.Lock()
         self._rb = ReorderBuffer()
+        self._rb.keep_handover = True   # see next_batch
         # Every worker's entry exists before any runs: one may report at once.
         self._workers = [_Worker() for _ in range(options.num_workers)]
         self._failure: BaseException | None = None
         self._restarts = 0
         self._plan: EpochPlan | None = None
+        # The consumer's hand-over (next_batch): the batch handed out last,
+        # until the iterator has returned it; what the engine raised last;
+        # what a signal handler's exception cut short (the epoch is aborted).
+        self.ready: tuple[int, Any] | None = None
+        self.own_error: BaseException | None = None
+        self.torn: str | None = None
         self._discard = 0
         self._next_dispatch = self._yielded = self._in_flight = 0
         # The workers that take tasks (alive, stream not exhausted), by id;
@@ -232,10 +239,12 @@ class Engine:
             for item in stale.values():
                 if isinstance(item, RawBatch):
                     self._claim(item)   # of the epoch before: its slab returns to the pool
+                    self._workers[item.slot].outstanding.pop((item.epoch, item.idx), None)
             for w in self._workers:
                 w.exhausted = False
             self._takers = None
             self._plan = plan
+            self.ready = self.own_error = self.torn = None
             self._discard = plan.discard
             self._next_dispatch = self._yielded = self._in_flight = 0
             self._dispatch_more()
@@ -278,12 +287,14 @@ class Engine:
         plan = self._plan
         assert plan is not None
         order, batches = plan.order, plan.batches
+        transport = self.transport
+        profiling = self.profiler is not None
         with self._lock:
             while self._in_flight < self.prefetch and self.state == RUNNING:
                 n = self._next_dispatch
                 if order is not None:
                     if n >= len(order):
-                        self.transport.flush()   # the epoch's last tasks: none waits for another
+                        transport.flush()   # the epoch's last tasks: none waits for another
                         return
                     idx = order[n]
                     assert batches is not None
@@ -293,9 +304,26 @@ class Engine:
                 wid = self._pick_worker(idx)
                 if wid is None:
                     return
-                self._send(wid, idx, indices)
+                # This runs in the training loop's thread, where a signal
+                # handler may raise after any call made from Python.  So the
+                # task enters the books by plain stores, and the worker's
+                # queue by one compiled call, last: an exception finds it in
+                # both or in neither, never sent twice nor lost.  What was
+                # put is sent now or by a later send_queued/flush.
+                put = transport.task_putter(wid)
+                if put is None:   # (Ray) no such queue: a cut here aborts the epoch
+                    self.torn = f"the dispatch of batch {idx}'s task"
+                    self._send(wid, idx, indices)
+                    self._next_dispatch = n + 1
+                    self._in_flight += 1
+                    self.torn = None
+                    continue
+                epoch = self.epoch
+                self._workers[wid].outstanding[(epoch, idx)] = indices
                 self._next_dispatch = n + 1
                 self._in_flight += 1
+                put((epoch, idx, indices, profiling))
+                transport.send_queued(wid)
 
     def _send(self, wid: int, idx: int, indices: np.ndarray | None) -> None:
         self._workers[wid].outstanding[(self.epoch, idx)] = indices
@@ -305,66 +333,110 @@ class Engine:
 
     def next_batch(self) -> tuple[int, Any] | Marker:
         """(batch index, batch or BatchFailure), END, or CLOSED_BY_OTHER.
-        Raises what ended the epoch."""
+        Raises what ended the epoch (recorded in `own_error`).
+
+        The batch is also left in `ready` until the caller sets it back to
+        None: a signal handler may raise between any two bytecodes here or in
+        the caller (a program's SIGALRM step timeout, Ctrl-C caught as "skip
+        to validation"), and the loop that catches it and goes on must get
+        every batch once, in order.  So the hand-over is a sequence of slots,
+        each moved to the next by plain stores (no handler runs between them):
+        the buffer's `handover` (filled by the wait itself), then `ready`.
+        What is not retry-safe (a dispatch) marks the epoch `torn` while it
+        runs."""
         if _forks != self._forks:
-            raise RuntimeError(
+            raise self._own(RuntimeError(
                 f"this iterator's workers belong to process {self._pid}, not to this forked child "
-                f"(pid {os.getpid()}); call iter(loader) again in the child to start its own")
+                f"(pid {os.getpid()}); call iter(loader) again in the child to start its own"))
+        if self.torn is not None:
+            raise self._own(self._aborted_error(self.torn))
         timeout = self.options.timeout
         in_order = self.options.in_order
+        rb = self._rb
         while True:
-            plan = self._plan
-            order = plan.order if plan is not None else None
-            if order is not None:
-                if self._yielded >= len(order):   # only the consumer moves _yielded
+            taken = rb.handover   # a batch an exception kept from the last call
+            if taken is None:
+                plan = self._plan
+                order = plan.order if plan is not None else None
+                if order is not None:
+                    if self._yielded >= len(order):   # only the consumer moves _yielded
+                        return END
+                elif self._finished():
                     return END
-            elif self._finished():
-                return END
-            idx = -1
-            try:
-                if in_order:
-                    idx = order[self._yielded] if order is not None else self._yielded
-                    item = self.transport.next_result(self._rb, idx, False, timeout)
-                else:
-                    idx, item = self.transport.next_result(self._rb, 0, True, timeout)
-            except TimeoutError:
-                raise self._timeout_error(idx) from None
-            except BufferClosedError:
-                if self._failure is not None:
-                    raise self._failure from None
-                return CLOSED_BY_OTHER
+                idx = -1
+                try:
+                    if in_order:
+                        idx = order[self._yielded] if order is not None else self._yielded
+                        self.transport.next_result(rb, idx, False, timeout)
+                    else:
+                        self.transport.next_result(rb, 0, True, timeout)
+                except TimeoutError:
+                    raise self._own(self._timeout_error(idx)) from None
+                except BufferClosedError:
+                    if self._failure is not None:
+                        raise self._own(self._failure) from None
+                    return CLOSED_BY_OTHER
+                taken = rb.handover
+                assert taken is not None, "a wait that returned left its batch in the hand-over slot"
+            idx, item = taken
             with self._lock:
                 if type(item) is RawBatch:
+                    key = (item.epoch, item.idx)
+                    outstanding = self._workers[item.slot].outstanding
                     try:
-                        item = self._claim(item)
+                        item = self._claim(item)   # claimed again if a call before was cut short
                     except wire.ProtocolError as e:
                         err = WorkerError(f"mxload could not take batch {idx} in the main process: {e}",
                                           None, None, None, idx)
                         self.fail(err)
-                        raise (self._failure or err) from None
+                        raise self._own(self._failure or err) from None
                     if item is None:
+                        if key[0] != self.epoch:
+                            outstanding.pop(key, None)   # of an abandoned epoch
+                        rb.handover = None
                         continue   # its worker died meanwhile: the task was dispatched again
+                    del outstanding[key]   # (the commit below is plain stores)
+                skip = item is _EXHAUSTED or self._discard > 0
+                counted = not skip and type(item) is not BatchFailure
+                # The commit: plain stores, no call, so no signal handler runs
+                # until the batch has moved from the buffer's slot to `ready`.
                 self._yielded += 1
                 self._in_flight -= 1
+                if skip:
+                    if item is not _EXHAUSTED:
+                        self._discard -= 1   # replayed stream batch, already seen before the checkpoint
+                else:
+                    self.ready = (idx, item)
+                    if counted:
+                        self.counts["batches"] += 1
+                rb.handover = None
                 self._dispatch_more()
-            if item is _EXHAUSTED:
+            if skip:
                 continue
-            if self._discard:
-                self._discard -= 1   # replayed stream batch, already seen before the checkpoint
-                continue
-            if not isinstance(item, BatchFailure):
-                self.counts["batches"] += 1
             return idx, item
 
+    def _own(self, error: BaseException) -> BaseException:
+        """`error`, recorded as one that ends the epoch (next_batch raises it)."""
+        self.own_error = error
+        return error
+
+    def _aborted_error(self, where: str) -> EpochAbortedError:
+        return EpochAbortedError(
+            f"this epoch was aborted: an exception raised inside next() by a signal handler cut short "
+            f"{where}, so the epoch's remaining batches can no longer be delivered exactly once. "
+            f"Batches delivered before are correct. Start a new epoch with iter(loader) (a checkpoint from "
+            f"state_dict() resumes where it stopped); to avoid this, raise from a signal handler only "
+            f"outside the loader's code, or set a flag there and act on it in the training loop")
+
     def _claim(self, raw: RawBatch) -> Any:
-        """The batch the receive path stored raw, with its task taken as
-        deliver() would; None if the task is gone or of an abandoned epoch
-        (engine lock held)."""
+        """The batch the receive path stored raw, with its task's slab taken
+        (the same batch for a RawBatch claimed before); None if the task is
+        gone or of an abandoned epoch (engine lock held).  The caller removes
+        the task from `outstanding`."""
         batch = self.transport.claim(raw)
         if batch is None:
             return None
-        if (self._workers[raw.slot].outstanding.pop((raw.epoch, raw.idx), _NOT_SENT) is _NOT_SENT
-                or raw.epoch != self.epoch):
+        if (raw.epoch, raw.idx) not in self._workers[raw.slot].outstanding or raw.epoch != self.epoch:
             return None   # dropping the batch returns its slab to the pool
         return batch
 

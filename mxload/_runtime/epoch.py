@@ -15,7 +15,8 @@ import numpy as np
 
 from .._checkpoint import EpochProgress
 from .._collate import plan as _plan
-from .._core import defer_sigint, sigint_safe_finalizer
+from .._core import defer_sigint, handing_next, sigint_safe_finalizer
+from ..errors import EpochAbortedError
 from .engine import END, BatchFailure, Engine, Marker
 from .source import SampleSource
 
@@ -53,23 +54,28 @@ class EpochPlan:
 class _Producer(Protocol):
     """Where an EpochIterator's batches come from."""
     profiler: Profiler | None
-    # A BaseException out of next_batch (a worker's death, a timeout, a
-    # Ctrl-C) ends the epoch; False: the epoch stays where it was.
-    ends_on_error: bool
 
     @property
     def total_batches(self) -> int | None: ...
     def next_batch(self) -> tuple[int, Any] | Marker: ...
     def end(self, release: bool) -> None: ...
+    def ended_by(self, error: BaseException) -> str | None:
+        """Why `error`, raised by next_batch, ends the epoch ("" if it
+        ends it for its own sake: a worker's death, a timeout), or None if
+        the epoch goes on (a signal handler's exception)."""
+
+
+class _Ready(Protocol):
+    # The (idx, batch) next_batch handed out last, until the iterator returned it.
+    ready: tuple[int, Any] | None
 
 
 class InProcessBatches:
     """num_workers=0: fetch and collate in the calling thread."""
-    # As a plain loop: a Ctrl-C inside the dataset leaves the epoch where it was.
-    ends_on_error = False
 
     def __init__(self, options: LoaderOptions, epoch: int, plan: EpochPlan, profiler: Profiler | None):
         self.profiler = profiler
+        self.ready: tuple[int, Any] | None = None
         self._batchify = options.batchify_fn
         self._epoch = epoch
         self._plan = plan
@@ -80,7 +86,10 @@ class InProcessBatches:
 
     def next_batch(self) -> tuple[int, Any] | Marker:
         """As torch: an error raised for one batch (dataset or collation)
-        uses that batch up, so a loop that catches it goes on with the next one."""
+        uses that batch up, so a loop that catches it goes on with the next
+        one.  A BaseException that is no Exception (a Ctrl-C) leaves the
+        epoch where it was.  The result is also left in `ready` (see
+        Engine.next_batch)."""
         order = self._plan.order
         if order is not None and self._position >= len(order):
             return END
@@ -97,10 +106,16 @@ class InProcessBatches:
             else:
                 batch = self._collate_profiled(idx, samples, t0)
         except Exception as e:
+            failure = BatchFailure(e)
+            self.ready = (idx, failure)   # plain stores: no signal handler runs between them
             self._position += 1
-            return idx, BatchFailure(e)
+            return idx, failure
+        self.ready = (idx, batch)
         self._position += 1
         return idx, batch
+
+    def ended_by(self, error: BaseException) -> str | None:
+        return None   # as a plain loop: the epoch stays where it was
 
     def _stream_samples(self) -> Any:
         while self._discard:   # resumed: replay the stream, drop what was seen
@@ -129,13 +144,21 @@ class InProcessBatches:
 
 class _EngineBatches:
     """N workers: the engine's batches (the engine may outlive the epoch)."""
-    ends_on_error = True
 
     def __init__(self, engine: Engine, persistent: bool):
         self.engine = engine
         self.profiler = engine.profiler
         self.persistent = persistent
         self.next_batch = engine.next_batch   # one call less per batch
+
+    def ended_by(self, error: BaseException) -> str | None:
+        engine = self.engine
+        own, engine.own_error = engine.own_error, None   # (it holds the error's traceback: a cycle)
+        if own is error:
+            return ""   # a worker's death, a timeout: the engine's own error
+        # Another exception (a signal handler's): the epoch goes on, unless
+        # it cut short a step that cannot be retried.
+        return engine.torn
 
     @property
     def total_batches(self) -> int | None:
@@ -160,10 +183,13 @@ class EpochIterator:
         self._producer: _Producer = producer
         # The engine, with workers (persistent_workers: the loader keeps it too).
         self.engine: Engine | None = producer.engine if isinstance(producer, _EngineBatches) else None
+        # Where next_batch leaves the batch it hands out (handing_next clears it).
+        self._ready_in: _Ready = producer.engine if isinstance(producer, _EngineBatches) else producer
         self._progress = progress
         self._length = length
         self._closed = False
         self._superseded = False
+        self._aborted: str | None = None
         # Threads sharing this iterator take turns: each batch goes to one of them.
         self._next_lock = threading.Lock()
 
@@ -175,41 +201,61 @@ class EpochIterator:
         total = self._producer.total_batches
         return total if total is not None else self._length()
 
-    def __next__(self) -> Any:
-        with self._next_lock:
-            try:
-                return self._next()
-            except BaseException:
-                del self   # the traceback keeps this frame: it must not keep the iterator (see _next)
-                raise
-
     def _next(self) -> Any:
-        if self._closed:
-            if self._superseded:
-                raise RuntimeError(
-                    "this iterator was superseded: a newer iter() of the same DataLoader took over its "
-                    "persistent workers, which serve one epoch at a time. Finish (or close) an epoch "
-                    "before starting the next, or use persistent_workers=False for independent "
-                    "iterators (zip(loader, loader))")
-            raise StopIteration
-        producer = self._producer
-        profiler = producer.profiler
-        call_ns = time.monotonic_ns() if profiler is not None else 0
+        """The next batch; __next__ (handing_next) calls it.
+
+        An exception a signal handler raises in here (a program's step
+        timeout, a Ctrl-C the loop catches and ignores) leaves the epoch
+        going on, as torch's iterator does: the batch being handed out stays
+        in the producer's `ready` slot and the next call returns it, so a
+        loop that catches the exception and goes on gets every batch once,
+        in order.  Where it cut short a step that cannot be retried, the
+        epoch is aborted and the next call says so (EpochAbortedError),
+        never a normal-looking end."""
         try:
-            got = producer.next_batch()
+            if self._closed:
+                if self._superseded:
+                    raise RuntimeError(
+                        "this iterator was superseded: a newer iter() of the same DataLoader took over its "
+                        "persistent workers, which serve one epoch at a time. Finish (or close) an epoch "
+                        "before starting the next, or use persistent_workers=False for independent "
+                        "iterators (zip(loader, loader))")
+                if self._aborted is not None:
+                    raise EpochAbortedError(self._aborted)
+                raise StopIteration
+            producer = self._producer
+            profiler = producer.profiler
+            call_ns = time.monotonic_ns() if profiler is not None else 0
+            got = self._ready_in.ready   # a batch an exception kept from the loop last time
+            if got is None:
+                try:
+                    fresh = producer.next_batch()
+                except BaseException as e:
+                    ended = producer.ended_by(e)
+                    del e
+                    if ended is not None:   # a worker failure or timeout, or a step that cannot be retried
+                        if ended:
+                            engine = self.engine
+                            self._aborted = (engine._aborted_error(ended).args[0] if engine is not None
+                                             else ended)
+                        self._end(force=True)
+                    raise
+                if fresh is END:
+                    self._progress.finished = True
+                    self._end()
+                    raise StopIteration
+                if not isinstance(fresh, tuple):   # CLOSED_BY_OTHER: close() from another thread meanwhile
+                    self._end()
+                    raise StopIteration
+                got = fresh
+                del fresh   # (an error's traceback keeps this frame: see below)
+            idx, batch = got
+            progress = self._progress
+            if not (idx < progress.prefix or idx in progress.extra):   # not counted by a call cut short
+                progress.taken(idx)
         except BaseException:
-            if producer.ends_on_error:   # worker failure, timeout or Ctrl-C: the epoch is over
-                self._end(force=True)
+            del self   # the traceback keeps this frame: it must not keep the iterator (see below)
             raise
-        if got is END:
-            self._progress.finished = True
-            self._end()
-            raise StopIteration
-        if not isinstance(got, tuple):   # CLOSED_BY_OTHER: close() from another thread meanwhile
-            self._end()
-            raise StopIteration
-        idx, batch = got
-        self._progress.taken(idx)
         if isinstance(batch, BatchFailure):
             # As torch: an error raised for one batch leaves the epoch running;
             # the loop may catch it and take the next batches.  The error's
@@ -217,7 +263,8 @@ class EpochIterator:
             # (a cycle, freed only by a gc run) nor this iterator, so that a
             # loop abandoned by the error still ends the workers at once.
             error, batch = batch.error, None
-            del self, profiler, producer, got
+            self._ready_in.ready = None
+            del self, profiler, producer, got, progress
             try:
                 raise error
             finally:
@@ -225,6 +272,8 @@ class EpochIterator:
         if profiler is not None:
             profiler.batch_taken(idx, call_ns)
         return batch
+
+    __next__ = handing_next(_next)
 
     @defer_sigint
     def _end(self, force: bool = False) -> None:

@@ -128,6 +128,23 @@ class Transport(ABC):
         `epoch` (`indices`; None: a stream's next batch), timed for the
         profiler if `profiling` (engine lock held)."""
 
+    def task_putter(self, worker_id: int) -> Callable[[tuple[int, int, Any, bool]], None] | None:
+        """A compiled callable that takes one task, (epoch, batch index,
+        indices, profiling), for `worker_id` in one step, to be sent by
+        send_queued(worker_id) or flush(), whichever comes first (engine lock
+        held).  The engine's dispatch in the training loop's thread puts a
+        task with it as its last step, so that a signal handler's exception
+        (raised after any call made from Python) finds the task either put
+        and in the engine's books, or neither.  None: this transport has none
+        (the engine uses dispatch(), and such an exception aborts the epoch)."""
+        return None
+
+    def send_queued(self, worker_id: int) -> None:
+        """Send what task_putter(worker_id) took, unless held for the next
+        task (engine lock held).  Retry-safe: cut short by an exception, a
+        second call sends what is left, never a task twice."""
+        return None
+
     def flush(self) -> None:
         """Send every task dispatch() held back to go with a later one in
         one message (engine lock held).  By default none is held."""

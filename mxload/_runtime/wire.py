@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from .. import _core
+from ..errors import SharedMemoryError, WorkerError
 from .local.slabs import fd_limit_error
 from .messages import (
     Batch,
@@ -81,6 +82,12 @@ _TAG = {t: i for i, t in enumerate(_TYPES)}
 _PACKED_TASK = struct.Struct("<qqqqBxxxII")
 _PROFILING, _HAS_INDICES = 1, 2
 _PACKED_TASK_TAG = _TAG[PackedTask]
+# Every send of mxload's: a peer that is gone (a dead worker or zygote, a
+# main process that died) is EPIPE, never SIGPIPE, which kills a program
+# that restored SIGPIPE's default action (as command-line tools do) with
+# status 141 and no traceback.  The compiled sends (mxl_send.h) pass it too.
+NO_SIGPIPE = getattr(socket, "MSG_NOSIGNAL", 0)
+
 # What the compiled send puts before a PackedTask's length (mxl_send.h packs the rest).
 TASK_PREFIX = MAGIC + bytes([VERSION, _PACKED_TASK_TAG])
 HEADER_SIZE = _core.FRAME_HEADER_SIZE
@@ -154,10 +161,10 @@ def finish_send(sock: socket.socket, rest: memoryview, slab_fd: int, timeout: fl
         try:
             if slab_fd >= 0:
                 ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [slab_fd]))]
-                sent = sock.sendmsg([rest], ancillary, socket.MSG_DONTWAIT)
+                sent = sock.sendmsg([rest], ancillary, socket.MSG_DONTWAIT | NO_SIGPIPE)
                 slab_fd = -1
             else:
-                sent = sock.send(rest, socket.MSG_DONTWAIT)
+                sent = sock.send(rest, socket.MSG_DONTWAIT | NO_SIGPIPE)
         except BlockingIOError:
             continue
         rest = rest[sent:]
@@ -188,22 +195,32 @@ def send_encoded(sock: socket.socket, frame: bytes, fds: list[int] | tuple[int, 
     """send() of a frame already encoded (a worker encodes inside its
     batch's try: an unpicklable object is that batch's error)."""
     ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-    sent = sock.sendmsg([frame], ancillary)
+    sent = sock.sendmsg([frame], ancillary, NO_SIGPIPE)
     if sent < len(frame):   # a signal interrupted a large send: the descriptors went with the first part
-        sock.sendall(memoryview(frame)[sent:])
+        sock.sendall(memoryview(frame)[sent:], NO_SIGPIPE)
 
 
-def recv(sock: socket.socket) -> tuple[Message, list[int]]:
+def recv(sock: socket.socket, carrying: str = "a shared-memory slab's descriptor",
+         error_type: type[WorkerError] = SharedMemoryError) -> tuple[Message, list[int]]:
     """One message and the descriptors that came with it.  EOFError if the
     channel is closed or the frame is cut short; ProtocolError for a frame
-    that is not this protocol's; SharedMemoryError if this process had no
-    room for the descriptors (RLIMIT_NOFILE).  Anything unpickling the
-    payload raises (a class the receiver cannot import) propagates."""
+    that is not this protocol's; `error_type` (naming what the descriptors
+    are: `carrying`) if this process had no room for them (RLIMIT_NOFILE).
+    Anything unpickling the payload raises (a class the receiver cannot
+    import) propagates."""
     fds: list[int] = []
+    truncated: list[bool] = []
     try:
-        header = _recv_exact(sock, _HEADER.size, fds, frame_started=False)
-        _, _, _, length, _ = _check_header(header)
-        data = _recv_exact(sock, length, fds, frame_started=True)
+        header = _recv_exact(sock, _HEADER.size, fds, False, truncated)
+        _, _, _, length, nfds = _check_header(header)
+        data = _recv_exact(sock, length, fds, True, truncated)
+        if truncated:
+            # The whole frame was read (the channel stays in step); the
+            # descriptors did not fit.  The message goes with the error, for
+            # a receiver that answers it (the zygote: which worker failed).
+            error = fd_limit_error(f"receiving {carrying}", error_type)
+            error.frame_message = decode(header, data, nfds)   # type: ignore[attr-defined]
+            raise error
         return decode(header, data, len(fds)), fds
     except BaseException:
         for fd in fds:
@@ -244,7 +261,10 @@ def decode(header: bytes, data: bytes, fds_carried: int) -> Message:
     return message
 
 
-def _recv_exact(sock: socket.socket, n: int, fds: list[int], frame_started: bool) -> bytes:
+def _recv_exact(sock: socket.socket, n: int, fds: list[int], frame_started: bool,
+                truncated: list[bool]) -> bytes:
+    """`n` bytes of a frame, the descriptors that come with them added to
+    `fds`; True appended to `truncated` if some did not fit here."""
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
@@ -255,7 +275,7 @@ def _recv_exact(sock: socket.socket, n: int, fds: list[int], frame_started: bool
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds.extend(array.array("i", cdata[:len(cdata) - len(cdata) % 4]))
         if flags & socket.MSG_CTRUNC:
-            raise fd_limit_error("receiving a shared-memory descriptor")
+            truncated.append(True)
         if nbytes == 0:
             if got or frame_started:
                 raise EOFError("the channel closed in the middle of a message")

@@ -33,6 +33,7 @@ from .._torch_compat import enter_worker
 from . import messages as m
 from . import wire
 from .local.slabs import create_shared_fd, map_slab, slab_size_for
+from .local.zygote import reset_inherited_signals
 from .source import SampleSource
 
 __all__ = ["WorkerInfo", "WorkerConfig", "get_worker_info", "worker_seed", "in_worker_process",
@@ -240,6 +241,7 @@ def worker_process_main(config: WorkerConfig, sock: socket.socket) -> None:
     # ends us through the shutdown path, so ignore it (no worker tracebacks).
     # It arrives blocked (the starting thread blocked it): a Ctrl-C pending
     # since then is discarded here, never delivered.
+    reset_inherited_signals()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if not config.zygote_child:   # a zygote child was armed by the zygote (local/zygote.die_with_parent)
@@ -419,15 +421,21 @@ class _ThreadLink(_Link[m.Loaded]):
     """A worker thread's queue of tasks; batches are collated into private
     memory and handed to the engine from this thread."""
 
-    def __init__(self, worker_id: int, tasks: queue.SimpleQueue[m.Task | m.Stop], deliver: Deliver):
+    def __init__(self, worker_id: int, tasks: queue.SimpleQueue[tuple[int, int, Any, bool] | m.Stop],
+                 deliver: Deliver):
         super().__init__()
         self._worker_id = worker_id
         self._tasks = tasks
         self._deliver = deliver
 
     def next_task(self) -> m.Task | None:
+        # A task is put as (epoch, batch index, indices, profiling): one
+        # compiled put() in the training loop's thread (see Engine._dispatch_more).
         task = self._tasks.get()
-        return task if isinstance(task, m.Task) else None
+        if isinstance(task, m.Stop):
+            return None
+        epoch, idx, indices, profiling = task
+        return m.Task(epoch, idx, indices, profiling=profiling)
 
     def collate(self, task: m.Task, samples: Any, batchify_fn: Callable[..., Any],
                 t0: int, t1: int) -> m.Loaded:
@@ -445,7 +453,7 @@ class _ThreadLink(_Link[m.Loaded]):
         self._deliver(self._worker_id, message)
 
 
-def thread_worker_main(config: WorkerConfig, tasks: queue.SimpleQueue[m.Task | m.Stop],
+def thread_worker_main(config: WorkerConfig, tasks: queue.SimpleQueue[tuple[int, int, Any, bool] | m.Stop],
                        deliver: Deliver, ended: Ended) -> None:
     """Entry point of a worker thread (thread_pool=True).  A thread that ends
     other than by a stop request (SystemExit, any BaseException out of user

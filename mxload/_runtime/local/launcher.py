@@ -8,6 +8,7 @@ deferred (_core.defer_sigint), so none is left half ended.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import itertools
 import multiprocessing as mp
@@ -24,12 +25,15 @@ from multiprocessing import connection as mp_connection
 from typing import Any, Protocol
 
 from ..._core import WorkerChannel
+from ...errors import WorkerError
 from ..shutdown import SHUTDOWN_DEADLINE_S, SHUTDOWN_GRACE_S, SHUTDOWN_TERMINATE_S
 from ..worker import Payload, WorkerConfig, in_worker_process, worker_process_main
 from . import fds as _fds
+from .slabs import fd_limit_error
 from .zygote import SpawnedWorker, Zygote, ZygoteWorker, ensure_fork_server, sigint_deferred
 
 __all__ = ["Closing", "Launcher", "ProcessHandle", "choose_start_method", "describe_exit", "process_state"]
+
 
 def choose_start_method(requested: str | None) -> str:
     """The start method asked for; else, as torch's DataLoader with
@@ -42,6 +46,26 @@ def choose_start_method(requested: str | None) -> str:
     if chosen is not None:
         return chosen
     return "fork" if sys.platform.startswith("linux") else mp.get_start_method()
+
+
+# Descriptors multiprocessing's fork server client holds at once to start a
+# process (its socket, two pipes, the sentinel kept), with room to spare.
+_FORKSERVER_START_FDS = 8
+
+
+def _check_fd_room(needed: int, doing: str) -> None:
+    """Refuse to go on with fewer than `needed` free descriptors.  For calls
+    into code that does not clean up after EMFILE: CPython's fork server
+    client leaks a pipe (both ends) when its second pipe does not fit, and
+    the fork server prints a traceback."""
+    try:
+        import resource
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        n_open = len(os.listdir("/proc/self/fd"))
+    except (ImportError, OSError, ValueError):  # pragma: no cover - no /proc
+        return
+    if soft != resource.RLIM_INFINITY and n_open + needed > soft:
+        raise fd_limit_error(doing, WorkerError)
 
 
 def describe_exit(exitcode: int | None) -> str:
@@ -208,20 +232,31 @@ class Launcher:
             self._spawn_payload = self._pickled_payload()
         handles: list[ProcessHandle] = []
         with sigint_deferred():
-            if self.start_method == "fork":
-                template = dataclasses.replace(self._template, epoch=epoch, zygote_child=True)
-                with _fork_lock:
-                    paused = [t for t in list(_running) if t is not self._owner and t.pause()]
-                    try:
-                        self._zygote = Zygote(functools.partial(_zygote_worker_entry, template))
-                    finally:
-                        for t in paused:
-                            t.resume()
-            for wid in range(num_workers):
-                handles.append(self.start(wid, epoch, hand_over=False))
-            for h in handles:
-                if isinstance(h.process, SpawnedWorker) and h.sock is not None:
-                    h.process.hand_over(h.sock)   # all their interpreters start meanwhile
+            try:
+                if self.start_method == "fork":
+                    template = dataclasses.replace(self._template, epoch=epoch, zygote_child=True)
+                    with _fork_lock:
+                        paused = [t for t in list(_running) if t is not self._owner and t.pause()]
+                        try:
+                            self._zygote = Zygote(functools.partial(_zygote_worker_entry, template))
+                        finally:
+                            for t in paused:
+                                t.resume()
+                for wid in range(num_workers):
+                    handles.append(self.start(wid, epoch, hand_over=False))
+                for h in handles:
+                    if isinstance(h.process, SpawnedWorker) and h.sock is not None:
+                        h.process.hand_over(h.sock)   # all their interpreters start meanwhile
+            except BaseException as e:
+                # A start that fails part-way (the descriptor table full):
+                # the workers started so far are in self.processes, which
+                # the shutdown ends; their sockets are known only here.
+                for h in handles:
+                    h.close_channel()
+                if isinstance(e, OSError) and e.errno in (errno.EMFILE, errno.ENFILE):
+                    raise fd_limit_error(f"starting worker {len(handles)} of {num_workers} "
+                                         f"({self.start_method})", WorkerError) from e
+                raise
         return handles
 
     def start(self, wid: int, epoch: int, hand_over: bool = True) -> ProcessHandle:
@@ -263,6 +298,7 @@ class Launcher:
                 spawned.hand_over(parent_end)
             return spawned
         ensure_fork_server()
+        _check_fd_room(_FORKSERVER_START_FDS, f"starting worker {wid} through the fork server")
         ctx: Any = mp.get_context(self.start_method)  # typeshed's BaseContext lacks Process
         proc: Process = ctx.Process(target=worker_process_main, args=(config, child_end),
                                     name=f"mxload-worker-{wid}", daemon=True)

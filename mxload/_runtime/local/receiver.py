@@ -19,6 +19,7 @@ Python by whichever of the two found it, under the engine lock, in the
 order its worker sent it."""
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import threading
@@ -49,6 +50,13 @@ from .slabs import SlabPool, fd_limit_error
 from .zygote import block_sigint_in_this_thread
 
 __all__ = ["Fetcher", "take_result", "adopt_raw"]
+
+
+def _out_of_fds(error: OSError, doing: str) -> BaseException:
+    """`error` as the error for running out of descriptors, if it is that."""
+    if error.errno in (errno.EMFILE, errno.ENFILE):
+        return fd_limit_error(doing, WorkerError)
+    return error
 
 
 def adopt_raw(raw: RawBatch, handles: list[ProcessHandle], pool: SlabPool) -> Any:
@@ -131,11 +139,19 @@ class Fetcher:
         self._thread_lock = threading.Lock()   # swapping the thread (pause/resume)
         self._stop = False
         self._pause = False
-        self._wake_r, self._wake_w = os.pipe()
+        try:
+            self._wake_r, self._wake_w = os.pipe()
+        except OSError as e:
+            raise _out_of_fds(e, "making the fetcher's wake-up pipe") from e
         _fds.own(self._wake_r)
         _fds.own(self._wake_w)
-        self.receiver = FrameReceiver(slots, self._wake_r, buffer, wire.MAGIC, wire.VERSION,
-                                      wire.BATCH_REF_TAG)
+        try:
+            self.receiver = FrameReceiver(slots, self._wake_r, buffer, wire.MAGIC, wire.VERSION,
+                                          wire.BATCH_REF_TAG)
+        except OSError as e:
+            for fd in (self._wake_r, self._wake_w):
+                _fds.close_fd(fd)
+            raise _out_of_fds(e, "making the training loop's wake-up (eventfd)") from e
         # Worker id -> the handle attached to the receiver.  Kept across
         # threads (a pause ends one, a resume starts another): attaching again
         # would drop what the receiver holds of a channel (frames after one
@@ -229,11 +245,18 @@ class Fetcher:
                 before_wait()
                 before_wait = None
                 continue
-            try:
-                self._handle(event, slot, tag)
-            except Exception as e:   # as the watcher: the epoch fails with a clear error, never hangs
-                self._sink.fail(WorkerError(
-                    f"mxload could not take a worker's result: {type(e).__name__}: {e}"))
+            self._handle_for_consumer(event, slot, tag)
+
+    @defer_sigint
+    def _handle_for_consumer(self, event: int, slot: int, tag: int) -> None:
+        """_handle, in the consumer.  Whole, signals deferred: a signal
+        handler's exception (a program's SIGALRM, Ctrl-C) is raised once the
+        frame is handled, never taken for the frame's own error."""
+        try:
+            self._handle(event, slot, tag)
+        except Exception as e:   # as the watcher: the epoch fails with a clear error, never hangs
+            self._sink.fail(WorkerError(
+                f"mxload could not take a worker's result: {type(e).__name__}: {e}"))
 
     # ------------------------------------------------------------------ the watcher
 
@@ -275,7 +298,7 @@ class Fetcher:
             if self._receive(handle, slot):
                 return
         elif event == _core.EV_FD_LIMIT:   # out of descriptors here, in the main process
-            self._sink.fail(fd_limit_error("receiving a shared-memory descriptor"))
+            self._sink.fail(fd_limit_error("receiving a shared-memory slab's descriptor"))
             return
         # EV_CLOSED, EV_ENDED or a broken frame: the worker is gone.
         self._worker_gone(handle, slot)

@@ -13,7 +13,7 @@ import os
 import secrets
 
 from ..._core import Slab
-from ...errors import SHARED_MEMORY_ADVICE, SharedMemoryError
+from ...errors import SHARED_MEMORY_ADVICE, SharedMemoryError, WorkerError
 from . import fds as _fds
 
 _PAGE = 4096
@@ -64,8 +64,9 @@ def map_slab(fd: int, size: int, slab_id: object = None, populate: bool = False)
         raise SharedMemoryError(f"{e}; {SHARED_MEMORY_ADVICE}") from e
 
 
-def fd_limit_error(doing: str) -> SharedMemoryError:
-    """The error for running out of descriptors: which limit, and what to do."""
+def fd_limit_error(doing: str, error_type: type[WorkerError] = SharedMemoryError) -> WorkerError:
+    """The error for running out of descriptors: which limit, and what to do
+    (a SharedMemoryError for a slab's descriptor, else `error_type`)."""
     try:
         import resource
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -76,7 +77,7 @@ def fd_limit_error(doing: str) -> SharedMemoryError:
         n_open = f"{len(os.listdir('/proc/self/fd'))} are open"
     except OSError:  # pragma: no cover - no /proc
         n_open = "the table is full"
-    return SharedMemoryError(
+    return error_type(
         f"out of file descriptors while {doing} (pid {os.getpid()}): {n_open} and {limit}. "
         f"Raise the limit (`ulimit -n`, resource.setrlimit) or close descriptors the program keeps")
 

@@ -4,11 +4,12 @@ path and the watcher thread (receiver.py), lives managed by the launcher (launch
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..._core import RawBatch, ReorderBuffer, send_tasks
+from ..._core import RawBatch, ReorderBuffer, defer_sigint, send_tasks
 from ...errors import SHARED_MEMORY_ADVICE, LoaderTimeoutError, SharedMemoryError
 from .. import messages as m
 from .. import wire
@@ -87,8 +88,11 @@ class ProcessTransport(Transport):
         return self._fetcher.next_result(idx, any_index, timeout,
                                          self._flush_before_wait if self._holding else None)
 
+    @defer_sigint
     def _flush_before_wait(self) -> None:
-        """The consumer is about to sleep: what it waits for may be held."""
+        """The consumer is about to sleep: what it waits for may be held.
+        Whole, signals deferred: a send cut short by a signal handler's
+        exception would lose tasks (the consumer is about to sleep anyway)."""
         with self.lock:
             self.flush()
 
@@ -115,19 +119,25 @@ class ProcessTransport(Transport):
 
     def dispatch(self, worker_id: int, epoch: int, batch_index: int, indices: np.ndarray | None,
                  profiling: bool) -> None:
+        self.task_putter(worker_id)((epoch, batch_index, indices, profiling))
+        self.send_queued(worker_id)
+
+    def task_putter(self, worker_id: int) -> Callable[[tuple[int, int, Any, bool]], None]:
         handle = self._handles[worker_id]
-        held = handle.held
-        held.append((epoch, batch_index, indices, profiling))
-        if len(held) < self._coalesce:
-            self._holding.add(worker_id)
-            return
-        self._send_held(handle)
+        self._holding.add(worker_id)   # flush() sends what is put (nothing: harmless)
+        return handle.held.append
+
+    def send_queued(self, worker_id: int) -> None:
+        handle = self._handles[worker_id]
+        if len(handle.held) >= self._coalesce:
+            self._send_held(handle)
 
     def flush(self) -> None:
         while self._holding:
-            wid = self._holding.pop()
+            wid = next(iter(self._holding))
             if wid < len(self._handles):
                 self._send_held(self._handles[wid])
+            self._holding.discard(wid)
 
     def drop_held(self) -> list[tuple[int, tuple[int, int]]]:
         dropped = [(h.worker_id, (epoch, idx)) for h in self._handles for epoch, idx, _, _ in h.held]
@@ -137,40 +147,61 @@ class ProcessTransport(Transport):
         return dropped
 
     def _send_held(self, handle: ProcessHandle) -> None:
-        """Send `handle`'s held tasks, in as few messages as the core can."""
-        tasks, handle.held = handle.held, []
-        self._holding.discard(handle.worker_id)
+        """Send `handle`'s held tasks, in as few messages as the core can.
+
+        Retry-safe (this runs in the training loop's thread, where a signal
+        handler may raise between any two bytecodes): `handle.held` always
+        says what is left to send, the core removing each message's tasks
+        as it goes and the rest of a message cut short by a full socket
+        being finished whole (_finish_message)."""
+        tasks = handle.held
         while tasks:
             if handle.send_cut or handle.sock is None:
-                return   # a task's frame was cut short (below), or shut down: the epoch is over
+                del tasks[:]   # a task's frame was cut short (below), or shut down: the epoch is over
+                break
+            left = len(tasks)
             try:
-                # Packed and sent by the core, which records each task's slab on the handle first.
-                done, messages, unsent = send_tasks(handle, self.pool, wire.TASK_PREFIX, tasks)
-                self.counts["tasks_sent"] += done
-                self.counts["task_messages"] += messages
-                if unsent is not None:
-                    rest, slab_fd = unsent
-                    if not wire.finish_send(handle.sock, memoryview(rest), slab_fd, self._timeout,
-                                         self._is_stopping):
-                        # Closed while the worker was not reading: half a frame is in its socket.
-                        handle.send_cut = self.stream_cut = True
-                        return
-            except TimeoutError:
-                # Not read for the loader's whole timeout (a stopped or stuck
-                # worker): the epoch fails as a batch's wait for it would.
-                handle.send_cut = True
-                pid = handle.pid
-                batches = [idx for _, idx, _, _ in tasks[:done]]
-                self.sink.fail(LoaderTimeoutError(
-                    f"could not hand the task of batch{'es' if len(batches) > 1 else ''} "
-                    f"{', '.join(map(str, batches))} to worker {handle.worker_id} (pid {pid}, "
-                    f"{process_state(pid)}): it read none of it within timeout={self._timeout} s. A stopped "
-                    f"worker runs again after SIGCONT (kill -CONT {pid}); a worker may be stuck in "
-                    f"__getitem__. Raise `timeout` if batches are legitimately slow"))
-                return
+                # Packed and sent by the core, which records each task's slab on the handle as it goes.
+                done, messages, unsent = send_tasks(handle, self.pool, wire.TASK_PREFIX, tasks, True)
             except OSError:
-                return  # the worker is dead; the fetcher reports it
-            tasks = tasks[done:]
+                del tasks[:]
+                break  # the worker is dead; the fetcher reports it
+            self.counts["tasks_sent"] += done
+            self.counts["task_messages"] += messages
+            if unsent is not None:
+                started = done - (left - len(tasks))   # the message's tasks, still first in `tasks`
+                self._finish_message(handle, tasks, started, unsent)
+        self._holding.discard(handle.worker_id)
+
+    @defer_sigint
+    def _finish_message(self, handle: ProcessHandle, tasks: list[tuple[int, int, Any, bool]], started: int,
+                        unsent: tuple[bytes, int]) -> None:
+        """The rest of a message the socket had no room for, sent as the
+        worker reads it; then its `started` tasks leave `tasks`.  Whole,
+        signals deferred: half a frame would cut the worker's stream."""
+        rest, slab_fd = unsent
+        try:
+            assert handle.sock is not None
+            if wire.finish_send(handle.sock, memoryview(rest), slab_fd, self._timeout, self._is_stopping):
+                del tasks[:started]
+                return
+            # Closed while the worker was not reading: half a frame is in its socket.
+            handle.send_cut = self.stream_cut = True
+        except TimeoutError:
+            # Not read for the loader's whole timeout (a stopped or stuck
+            # worker): the epoch fails as a batch's wait for it would.
+            handle.send_cut = True
+            pid = handle.pid
+            batches = [idx for _, idx, _, _ in tasks[:started]]
+            self.sink.fail(LoaderTimeoutError(
+                f"could not hand the task of batch{'es' if len(batches) > 1 else ''} "
+                f"{', '.join(map(str, batches))} to worker {handle.worker_id} (pid {pid}, "
+                f"{process_state(pid)}): it read none of it within timeout={self._timeout} s. A stopped "
+                f"worker runs again after SIGCONT (kill -CONT {pid}); a worker may be stuck in "
+                f"__getitem__. Raise `timeout` if batches are legitimately slow"))
+        except OSError:
+            pass   # the worker is dead; the fetcher reports it
+        del tasks[:]
 
     def _is_stopping(self) -> bool:
         return self._stopping or self.epoch_closed
@@ -181,6 +212,13 @@ class ProcessTransport(Transport):
         proc.join(timeout=0.5)
         exitcode = proc.exitcode
         how = describe_exit(exitcode)
+        if (self.start_method == "spawn" and exitcode == 0
+                and signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN):
+            # The kernel discarded its status (subprocess then says 0):
+            # only a zygote or the fork server, which reset it, can tell.
+            how = ("exit status unknown: this process ignores SIGCHLD (signal.SIG_IGN), so the kernel "
+                   "discards its children's exit status; restore signal.SIG_DFL, or use start_method 'fork' "
+                   "or 'forkserver', to learn how workers end")
         with self.lock:
             handle.alive = False
             if exitcode is not None:

@@ -70,35 +70,78 @@ ZYGOTE_REPLY_S = 10.0
 
 @contextlib.contextmanager
 def sigint_deferred() -> Iterator[None]:
-    """Start children inside this: a Ctrl-C neither lands between a fork and
-    its bookkeeping nor reaches a child before it ignores SIGINT.
+    """Start children inside this: a signal with a Python handler (Ctrl-C,
+    a program's SIGTERM or SIGALRM handler) neither lands between a fork and
+    its bookkeeping nor reaches a child before it resets its handlers.
 
-    SIGINT is blocked in this thread, so forked children inherit it blocked
-    and discard a pending one when they ignore it.  In the main thread, a
-    Python-level handler records a Ctrl-C meanwhile (whichever thread the
-    kernel hands it to), and the original handler runs once the section is
-    over: exactly one KeyboardInterrupt, after the children are accounted for.
-    (SIGINT is never ignored meanwhile: the kernel may hand a Ctrl-C to any
-    thread that does not block it, numpy's BLAS threads included, and an
-    ignored one is dropped.)"""
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    Those signals are blocked in this thread, so forked children inherit
+    them blocked (and unblock them once reset: reset_inherited_signals).  In
+    the main thread, a recording handler notes each that arrives meanwhile
+    (whichever thread the kernel hands it to), and its own handler runs
+    once the section is over: exactly one exception, the handler's, after
+    the children are accounted for.  (They are never ignored meanwhile: the
+    kernel may hand a signal to any thread that does not block it, numpy's
+    BLAS threads included, and an ignored one is dropped.)"""
+    handled: set[int] = {signal.SIGINT}
+    for valid in signal.valid_signals():
+        if valid not in (signal.SIGKILL, signal.SIGSTOP) and callable(signal.getsignal(valid)):
+            handled.add(valid)
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, handled)
     deferred: list[int] = []
-    original: Any = None
+    originals: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
-        current = signal.getsignal(signal.SIGINT)
-        if callable(current):   # not SIG_IGN/SIG_DFL, nor None (a handler set from C)
-            original = current
-            signal.signal(signal.SIGINT, lambda signum, frame: deferred.append(signum))
+        for num in sorted(handled):
+            current = signal.getsignal(num)
+            if callable(current):   # not SIG_IGN/SIG_DFL, nor None (a handler set from C)
+                originals[num] = current
+                signal.signal(num, lambda signum, frame: deferred.append(signum))
     try:
         yield
     finally:
-        # A Ctrl-C pending on this thread arrives on unblocking, and reaches
+        # A signal pending on this thread arrives on unblocking, and reaches
         # the recording handler or, once it is back, the original.
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        if original is not None:
-            signal.signal(signal.SIGINT, original)
-            if deferred:
-                original(signal.SIGINT, sys._getframe())
+        for num, original in originals.items():
+            signal.signal(num, original)
+        raised: BaseException | None = None
+        for num in dict.fromkeys(deferred):   # each once, in order
+            try:
+                originals[num](num, sys._getframe())
+            except BaseException as e:
+                if raised is None:
+                    raised = e
+        if raised is not None:
+            try:
+                raise raised
+            finally:
+                raised = None
+
+
+def reset_inherited_signals() -> None:
+    """In a zygote or worker: undo what the training process set up for
+    itself.  Its Python signal handlers (a SIGTERM handler that checkpoints
+    and exits, a SIGALRM step timeout) are the training loop's, not ours:
+    SIGTERM must end a worker (the shutdown sends it).  And SIGCHLD ignored
+    (SIG_IGN, an anti-zombie idiom, inherited through fork and exec) makes
+    the kernel discard our children's exit status: the zygote's waitpid
+    would fail and the zygote die, and a worker's own subprocesses could
+    not be waited for."""
+    reset = set()
+    for signum in signal.valid_signals():
+        if signum in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            handler = signal.getsignal(signum)
+            if callable(handler) or (signum == signal.SIGCHLD and handler == signal.SIG_IGN):
+                signal.signal(signum, signal.SIG_DFL)
+                reset.add(signum)
+        except (OSError, ValueError):
+            pass
+    # Blocked by the starting thread (sigint_deferred), now at their
+    # defaults: a SIGTERM pending since then ends this process, as meant.
+    # SIGINT stays blocked until the caller ignores it.
+    reset.discard(signal.SIGINT)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, reset)
 
 
 def ensure_fork_server() -> None:
@@ -328,7 +371,8 @@ class Zygote:
         self._sock: socket.socket | None = main_end
         self._lock = threading.Lock()
         self._exits: dict[int, int] = {}
-        self._replies: dict[int, tuple[m.Started, int] | m.StartFailed] = {}   # with the pidfd
+        # With the pidfd; or why it failed (the zygote's StartFailed, a pidfd that did not fit here).
+        self._replies: dict[int, tuple[m.Started, int] | m.StartFailed | WorkerError] = {}
         self._broken: str | None = None
         self._status: int | None = None   # the zygote's own exit code, once reaped
         try:
@@ -356,6 +400,9 @@ class Zygote:
                     raise WorkerError(f"the worker zygote (pid {self.pid}) did not start worker "
                                       f"{worker_id} within {ZYGOTE_REPLY_S} s")
             reply = self._replies.pop(worker_id)
+        if isinstance(reply, WorkerError):
+            reply.worker_id = worker_id
+            raise reply
         if isinstance(reply, m.StartFailed):
             raise WorkerError(f"the worker zygote could not fork worker {worker_id}: {reply.reason}",
                               worker_id)
@@ -411,7 +458,17 @@ class Zygote:
         if not select.select([sock], [], [], max(0.0, deadline - time.monotonic()))[0]:
             return False
         try:
-            msg, fds = wire.recv(sock)
+            msg, fds = wire.recv(sock, "the pidfd (process descriptor) of a worker the zygote started",
+                                 WorkerError)
+        except WorkerError as e:   # out of descriptors here: a Started reply's pidfd did not fit
+            started = getattr(e, "frame_message", None)
+            if not isinstance(started, m.Started):
+                self._broken = f"its report could not be received ({e})"
+                return False
+            # That worker runs untracked: it ends on the hang-up of its
+            # socket, which the failed start closes, and the zygote reaps it.
+            self._replies[started.worker_id] = e
+            return True
         except (EOFError, OSError, wire.ProtocolError) as e:
             self._broken = f"it died ({e})" if not isinstance(e, EOFError) else "it died"
             return False
@@ -465,6 +522,7 @@ def _zygote_main(sock: socket.socket, entry: Callable[[int, int, socket.socket],
     try:
         # Ctrl-C belongs to the main process; the mask came blocked from the
         # forking thread, so a pending one is discarded here.
+        reset_inherited_signals()
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         _detach_stdin()
@@ -518,7 +576,13 @@ def _serve_zygote(sock: socket.socket, entry: Callable[[int, int, socket.socket]
                     wire.send(sock, m.Exited(pid, os.waitstatus_to_exitcode(status)))
                     continue
                 try:
-                    msg, fds = wire.recv(sock)
+                    msg, fds = wire.recv(sock, "the socket of a worker to start", WorkerError)
+                except WorkerError as e:   # out of descriptors in the zygote: say which start failed
+                    request = getattr(e, "frame_message", None)
+                    if not isinstance(request, m.StartWorker):
+                        return
+                    wire.send(sock, m.StartFailed(request.worker_id, str(e)))
+                    continue
                 except (EOFError, OSError):
                     return   # the main process closed or died
                 if not isinstance(msg, m.StartWorker):
@@ -534,10 +598,19 @@ def _serve_zygote(sock: socket.socket, entry: Callable[[int, int, socket.socket]
                 if pid == 0:
                     _worker_child(entry, worker_id, epoch, worker_sock, sock, list(children), zygote_pid)
                 worker_sock.close()
-                pidfd = os.pidfd_open(pid)
+                try:
+                    pidfd = os.pidfd_open(pid)
+                except OSError as e:   # out of descriptors in the zygote: this worker cannot be watched
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+                        os.waitpid(pid, 0)
+                    wire.send(sock, m.StartFailed(worker_id, f"its pidfd: {e}"))
+                    continue
                 children[pidfd] = pid
                 poller.register(pidfd, select.POLLIN)
                 wire.send(sock, m.Started(worker_id, pid), [pidfd])
+    except (BrokenPipeError, ConnectionResetError):
+        return   # the main process closed its end (its shutdown) or died: no one to report to
     finally:
         for pid in children.values():
             with contextlib.suppress(OSError):
