@@ -627,7 +627,7 @@ def test_a_raising_handler_during_start_up_reaches_the_loop_once(where, signum):
             lifecycle.Launcher.start_all = patched
         """,
         "zygote_fork": """
-            from mxload._runtime import procs
+            from mxload._runtime.local import zygote as procs
             original = procs.Zygote.__init__
             def patched(self, *args):
                 os.kill(os.getpid(), signal.{signum})
