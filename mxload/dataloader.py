@@ -11,7 +11,7 @@ from multiprocessing.context import BaseContext
 from typing import Any, Generic, TypeVar, cast, overload
 
 from ._checkpoint import EpochProgress, check_position, check_state
-from ._core import defer_sigint, sigint_safe_finalizer
+from ._core import defer_sigint, handing_next, sigint_safe_finalizer
 from ._cpus import warn_if_oversubscribed
 from ._options import LoaderOptions
 from ._runtime.engine import Engine, merge_counters
@@ -635,22 +635,31 @@ class _LoaderIterator:
         # As torch: the length the loader reported before this iteration
         # began (len(loader) asked meanwhile is the next iteration's).
         self._reported = loader._len_reported
+        # The epoch's: one batch to one caller, and the slot where a batch
+        # stays until it reached the loop (see EpochIterator._next).
+        self._next_lock = inner._next_lock
+        self._ready_in = inner._ready_in
 
     def __iter__(self) -> _LoaderIterator:
         return self
 
-    def __next__(self) -> Any:
+    def _next(self) -> Any:
+        """The epoch's next batch, pinned or made tensors; __next__
+        (handing_next) calls it.  A signal handler's exception in here
+        leaves the batch in the epoch's slot for the next call."""
         loader = self.loader
+        again = self._ready_in.ready is not None   # a batch an exception kept from the loop last time
         try:
-            batch = next(self.inner)
+            batch = self.inner._next()
         except StopIteration:
             if loader.auto_reload and loader._prefetched is None and self.inner is loader._live_iter_now():
                 loader._prefetch()
             raise
         except BaseException:
-            del self, loader   # the traceback must not keep the epoch alive (see EpochIterator.__next__)
+            del self, loader   # the traceback must not keep the epoch alive (see EpochIterator._next)
             raise
-        self._yielded += 1
+        if not again:
+            self._yielded += 1
         reported = self._reported
         if reported is not None and self._yielded > reported:
             self._warn_overrun(reported)
@@ -670,6 +679,8 @@ class _LoaderIterator:
         warnings.warn(f"Length of IterableDataset {loader.dataset} was reported to be {reported} {what} "
                       f"(when accessing len(dataloader)), but {self._yielded} {what} have been fetched."
                       + more, stacklevel=3)
+
+    __next__ = handing_next(_next)
 
     def __len__(self) -> int:
         return len(self.inner)

@@ -293,3 +293,92 @@ def test_break_kills_every_actor_and_releases_every_reference():
             assert len(ray_harness.live_loader_actors()) == 2
             break
         ray_harness.assert_nothing_of_ours(within=1.5)
+
+
+@pytest.mark.faults
+def test_a_stopped_actor_is_named_stopped_with_the_hint_to_continue_it():
+    """A SIGSTOPped actor on the trainer's node was called "alive" in the
+    timeout error; local workers are named "stopped" with the hint to
+    SIGCONT them.  The same for Ray."""
+    loader = mxload.DataLoader(SlowDataset(0.05, n=64), batch_size=2, num_workers=1, backend=SMALL, timeout=2)
+    it = iter(loader)
+    next(it)
+    victim = ray_harness.live_loader_actors()[0]
+    os.kill(int(victim["Pid"]), signal.SIGSTOP)
+    try:
+        with pytest.raises(LoaderTimeoutError) as info:
+            for _ in it:
+                pass
+    finally:
+        os.kill(int(victim["Pid"]), signal.SIGCONT)
+    message = str(info.value)
+    assert "stopped" in message and "kill -CONT" in message, message
+    assert "alive" not in message, message
+    del it
+
+
+@pytest.mark.faults
+def test_ray_shut_down_while_an_epoch_runs_is_a_worker_error_within_seconds():
+    """ray.shutdown() while an epoch runs: the loop waited for `timeout`
+    (forever with None) and then called the dead actors "alive", or Ray's
+    bare "Failed to submit task to actor" escaped.  It must fail within
+    seconds with a WorkerError saying what happened.  (In a child process:
+    this module's Ray instance must stay up.)"""
+    script = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+        import ray, mxload, ray_harness
+        from datasets_for_tests import SlowDataset
+        ray_harness.local()
+        loader = mxload.DataLoader(SlowDataset(0.1, n=400), batch_size=2, num_workers=2,
+                                   backend=mxload.RayBackend(num_cpus_per_worker=0.25), timeout=None)
+        it = iter(loader)
+        next(it)
+        ray.shutdown()
+        t0 = time.monotonic()
+        try:
+            for _ in it:
+                pass
+            print("no error", flush=True)
+        except mxload.WorkerError as e:
+            print("WorkerError", time.monotonic() - t0 < 10, "shut down" in str(e), "alive" not in str(e),
+                  flush=True)
+            print(e, file=sys.stderr)
+        except BaseException as e:
+            print("other", type(e).__name__, e, flush=True)
+        del it
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=100)
+    assert proc.stdout.splitlines()[-1:] == ["WorkerError True True True"], (proc.stdout, proc.stderr[-3000:])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.faults
+def test_persistent_actors_after_ray_was_restarted_are_started_anew():
+    """A persistent Ray loader, Ray shut down and started again between
+    epochs: Ray's bare "Exception: Failed to submit task to actor" escaped
+    (after ~8 s).  The next epoch starts new actors in the new Ray and
+    delivers every batch.  (In a child process: this module's Ray instance
+    must stay up.)"""
+    script = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+        import numpy as np, ray, mxload, ray_harness
+        ray_harness.local()
+        loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(40)), batch_size=4, num_workers=2,
+                                   persistent_workers=True, timeout=30,
+                                   backend=mxload.RayBackend(num_cpus_per_worker=0.25))
+        first = np.concatenate(list(loader)).tolist()
+        ray_harness.stop()
+        ray_harness.local()
+        t0 = time.monotonic()
+        try:
+            second = np.concatenate(list(loader)).tolist()
+            print("second epoch", first == second == list(range(40)), time.monotonic() - t0 < 20, flush=True)
+        except BaseException as e:
+            print("error", type(e).__name__, e, flush=True)
+        loader.close()
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=100)
+    assert proc.stdout.splitlines()[-1:] == ["second epoch True True"], (proc.stdout, proc.stderr[-3000:])
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -195,7 +195,7 @@ class Engine:
         """Able to serve another epoch: running, not failed, every worker's
         stream whole, and in the process that created it (a forked child's
         copy is inert)."""
-        return (self.state == RUNNING and self._failure is None and not self.transport.stream_cut
+        return (self.state == RUNNING and self._failure is None and self.transport.reusable()
                 and os.getpid() == self._pid)
 
     def began(self, epoch: int) -> bool:

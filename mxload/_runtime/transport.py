@@ -128,6 +128,10 @@ class Transport(ABC):
         `epoch` (`indices`; None: a stream's next batch), timed for the
         profiler if `profiling` (engine lock held)."""
 
+    def reusable(self) -> bool:
+        """Whether these workers can serve another epoch (no stream cut)."""
+        return not self.stream_cut
+
     def task_putter(self, worker_id: int) -> Callable[[tuple[int, int, Any, bool]], None] | None:
         """A compiled callable that takes one task, (epoch, batch index,
         indices, profiling), for `worker_id` in one step, to be sent by

@@ -91,6 +91,8 @@ def process_state(pid: int | None) -> str:
         with open(f"/proc/{pid}/stat") as f:
             state = f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
+        if os.path.isdir("/proc/self"):
+            return "gone (its process has ended)"
         return "alive"   # no /proc (macOS): nothing more to say
     return _PROC_STATES.get(state, "alive")
 

@@ -39,6 +39,7 @@ import numpy as np
 from ..._collate.layout import views_from_layout
 from ...errors import WorkerError
 from .. import messages as m
+from ..local.launcher import process_state
 from ..transport import Transport, TransportSetup, WorkerLoss
 from .actor import LoaderActor
 
@@ -168,7 +169,9 @@ class RayTransport(Transport):
         self._fetcher: threading.Thread | None = None
         self._stopping = False
         self._closing = False
+        self._ray_gone = False   # Ray was shut down under this loader (reported once)
         self._node_id: str | None = None
+        self._job: str | None = None
         self._exit_hook: Any = None
 
     # ---------------------------------------------------------------- start
@@ -176,6 +179,7 @@ class RayTransport(Transport):
     def start(self) -> None:
         ray = self._ray = connect(self._backend)
         self._node_id = ray.get_runtime_context().get_node_id()
+        self._job = ray.get_runtime_context().get_job_id()
         try:
             self._payload = [ray.put(self._config.payload)]
         except Exception as e:
@@ -233,7 +237,41 @@ class RayTransport(Transport):
         if actor is None or actor.lost is not None or self._closing:
             return   # its loss is (being) reported; the engine sends the task again or fails
         task = m.Task(epoch, batch_index, indices, profiling=profiling)
-        self._watch(actor, actor.handle.load.remote(task), task)
+        try:
+            ref = actor.handle.load.remote(task)
+        except Exception as e:   # Ray's bare "Failed to submit task to actor": never out of next()
+            if not self._ray_running():
+                return
+            self._lose(actor, e)
+            return
+        self._watch(actor, ref, task)
+
+    def reusable(self) -> bool:
+        """Not once Ray was shut down, or shut down and started again (its
+        job changed): these actors and the dataset's object are gone, and a
+        new engine starts new ones in the Ray that runs now."""
+        try:
+            ray = self._ray
+            return bool(ray.is_initialized()) and ray.get_runtime_context().get_job_id() == self._job
+        except Exception:
+            return False
+
+    def _ray_running(self) -> bool:
+        """False (and the epoch failed, once, saying so) if Ray was shut down
+        under this loader: its actors and their results are gone, and no
+        result will ever come (engine lock held, or the fetcher thread)."""
+        try:
+            running = bool(self._ray.is_initialized())
+        except Exception:
+            running = False
+        if not running and not self._ray_gone:
+            self._ray_gone = True
+            actors = "; ".join(f"worker {a.worker_id}: {a.name()}" for a in self._actors if a is not None)
+            self.sink.fail(WorkerError(
+                f"Ray was shut down (ray.shutdown(), or its cluster went away) while this loader's actors "
+                f"were serving an epoch: they are gone ({actors}). Iterate the loader again once Ray is "
+                f"running (ray.init()) to start new actors; shut Ray down only after the loader is done"))
+        return running
 
     def restart(self, worker_id: int, epoch: int) -> bool:
         if self._closing:
@@ -254,6 +292,12 @@ class RayTransport(Transport):
         if not actor.ready:
             return (f"{actor.name()}: not started yet (Ray has not placed it: the cluster may lack "
                     f"{self._requirements()} for it)")
+        if actor.local and actor.pid is not None:
+            # On this node: its process says whether it can be making
+            # progress ("stopped": the timeout error adds the SIGCONT hint).
+            state = process_state(actor.pid)
+            if state != "alive":
+                return f"{state} ({actor.name()}, pid {actor.pid})"
         return f"alive ({actor.name()}, pid {actor.pid})"
 
     def _requirements(self) -> str:
@@ -280,6 +324,8 @@ class RayTransport(Transport):
                 if item is not None:
                     self._completed(*item)
                     del item
+                elif not self._ray_running():
+                    return
                 self._report_drained_losses()
         except BaseException as e:   # never die silently: the consumer must not hang
             if not self._stopping:
