@@ -387,6 +387,8 @@ class RayTransport(Transport):
 
     def _lose(self, actor: _Actor, error: BaseException) -> None:
         """A call failed because the actor (or its node) is gone (engine lock held)."""
+        if not self._ray_running():
+            return   # Ray itself was shut down: the epoch failed saying so, not as this actor's death
         if actor.lost is None:
             actor.lost = f"{type(error).__name__}: {_first_line(error)}"
             actor.lost_at = time.monotonic()
