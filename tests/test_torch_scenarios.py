@@ -10,6 +10,7 @@ import warnings
 import pytest
 
 torch = pytest.importorskip("torch")
+from test_torch_dropin import SizedStream  # noqa: E402  (its stream: every worker yields all of it)
 from torch.utils.data import Dataset, IterableDataset, Sampler  # noqa: E402
 
 import mxload  # noqa: E402
@@ -258,19 +259,6 @@ def test_excessive_worker_warning_fires_where_torchs_does(monkeypatch):
 # ---------------------------------------------------- 5. a stream longer than its len(); a growing dataset
 
 
-class UnshardedStream(IterableDataset):
-    """Says it has `n` samples; with workers, each yields all n (not split per worker)."""
-
-    def __init__(self, n=20):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __iter__(self):
-        return iter(range(self.n))
-
-
 def _next_warnings(it):
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
@@ -280,7 +268,7 @@ def _next_warnings(it):
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_stream_longer_than_its_len_warns_past_the_length_and_goes_on(num_workers):
-    loader = DataLoader(UnshardedStream(20), num_workers=num_workers)
+    loader = DataLoader(SizedStream(20), num_workers=num_workers)
     with iter(loader) as it:   # len() not asked yet: no warning however many come
         assert all(not _next_warnings(it) for _ in range(20 * max(num_workers, 1)))
     assert len(loader) == 20
@@ -327,7 +315,7 @@ def test_len_and_epochs_follow_a_growing_dataset(num_workers, shuffle):
 
 
 def test_stream_len_is_read_again():
-    ds = UnshardedStream(5)
+    ds = SizedStream(5)
     loader = DataLoader(ds, batch_size=2)
     assert len(loader) == 3
     ds.n = 9
