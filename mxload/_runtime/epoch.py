@@ -17,7 +17,9 @@ from .._checkpoint import EpochProgress
 from .._collate import plan as _plan
 from .._core import defer_sigint, handing_next, sigint_safe_finalizer
 from ..errors import EpochAbortedError
-from .engine import END, BatchFailure, Engine, Marker
+from .engine import Engine
+from .engine_errors import aborted_error
+from .results import END, BatchFailure, Marker
 from .source import SampleSource
 
 if TYPE_CHECKING:
@@ -236,7 +238,7 @@ class EpochIterator:
                     if ended is not None:   # a worker failure or timeout, or a step that cannot be retried
                         if ended:
                             engine = self.engine
-                            self._aborted = (engine._aborted_error(ended).args[0] if engine is not None
+                            self._aborted = (aborted_error(ended).args[0] if engine is not None
                                              else ended)
                         self._end(force=True)
                     raise

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
@@ -35,6 +35,9 @@ from . import wire
 from .local.slabs import create_shared_fd, map_slab, slab_size_for
 from .local.zygote import reset_inherited_signals
 from .source import SampleSource
+
+if TYPE_CHECKING:
+    from .._options import LoaderOptions
 
 __all__ = ["WorkerInfo", "WorkerConfig", "get_worker_info", "worker_seed", "in_worker_process",
            "worker_process_main", "thread_worker_main", "answer", "report_start_failure",
@@ -127,6 +130,14 @@ class WorkerConfig:
     zygote_child: bool
     # batch_size=None: each task is one sampler key for dataset[key] (source.encode_key).
     keyed: bool = False
+
+    @classmethod
+    def first(cls, options: LoaderOptions, epoch: int) -> WorkerConfig:
+        """Worker 0's, for a loader's engine starting at `epoch` (a transport makes the others')."""
+        return cls(0, options.num_workers, options.seed, epoch,
+                   (options.dataset, options.batchify_fn, options.worker_init_fn),
+                   options.iterable, options.fetch_batch_size, options.drop_last,
+                   zygote_child=False, keyed=not options.auto_batching)
 
     def source(self, dataset: Any) -> SampleSource:
         return SampleSource(dataset, self.iterable, self.batch_size, self.drop_last, self.seed, self.keyed)

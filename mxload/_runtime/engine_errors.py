@@ -1,0 +1,102 @@
+"""The engine's error messages: what ended an epoch, in words that name the
+worker, its pid and the batch, say what to do, and keep torch's phrases that
+programs and people grep logs for."""
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+from typing import TYPE_CHECKING
+
+from ..errors import EpochAbortedError, LoaderTimeoutError, WorkerError
+from . import messages as m
+from .transport import WorkerLoss
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+
+def torch_words(loss: WorkerLoss) -> str:
+    """How torch's DataLoader says a worker died: killed by a signal, or exited."""
+    if loss.exitcode is not None and loss.exitcode < 0:
+        try:
+            name = signal.strsignal(-loss.exitcode) or f"signal {-loss.exitcode}"
+        except ValueError:
+            name = f"signal {-loss.exitcode}"
+        return f"DataLoader worker (pid {loss.pid}) is killed by signal: {name}."
+    return f"DataLoader worker (pid(s) {loss.pid}) exited unexpectedly:"
+
+
+def worker_died(loss: WorkerLoss, held: list[int], restarts_limit: int) -> WorkerError:
+    """A worker that died and is not restarted, holding the tasks of batches `held`."""
+    return loss.error_type(
+        f"{torch_words(loss)} mxload worker {loss.worker_id} (pid {loss.pid}) died ({loss.how}){loss.hint} "
+        f"while holding batches {held}" +
+        (f"; max_worker_restarts={restarts_limit} exhausted" if restarts_limit else ""),
+        loss.worker_id, loss.pid, loss.exitcode, held[0] if held else None)
+
+
+def start_failure(failed: m.InitFailed, worker_id: int, pid: int | None) -> WorkerError:
+    """A worker process that could not start: a WorkerError (a RuntimeError,
+    as torch's for a worker that could not start) with the worker's own error
+    text, and what to do about the usual causes."""
+    info = failed.error
+    hint = ""
+    if "__main__" in info.message or "__mp_main__" in info.message or "bootstrapping" in info.message:
+        hint = ("\n\nA spawn or forkserver worker imports the main module again, then unpickles the dataset: "
+                "classes and functions it uses must be importable (defined in a module, or in a script run "
+                "from a file, not with -c or interactively), and the script must start its loaders under "
+                "`if __name__ == \"__main__\":`. Or use multiprocessing_context=\"fork\".")
+    err = WorkerError(f"mxload worker {worker_id} (pid {pid}) could not start: {failed.starting} raised "
+                      f"{info.module}.{info.qualname}: {info.message}{hint}\n\nWorker traceback:\n"
+                      f"{info.traceback}", worker_id, pid, None, None)
+    if info.pickled is not None:
+        try:
+            err.__cause__ = pickle.loads(info.pickled)
+        except Exception:
+            pass
+    return err
+
+
+def forked_child_error(owner_pid: int) -> RuntimeError:
+    """An iterator used in a child that the user's os.fork() made."""
+    return RuntimeError(f"this iterator's workers belong to process {owner_pid}, not to this forked child "
+                        f"(pid {os.getpid()}); call iter(loader) again in the child to start its own")
+
+
+def aborted_error(where: str) -> EpochAbortedError:
+    """A signal handler's exception cut short a step that cannot be retried."""
+    return EpochAbortedError(
+        f"this epoch was aborted: an exception raised inside next() by a signal handler cut short "
+        f"{where}, so the epoch's remaining batches can no longer be delivered exactly once. "
+        f"Batches delivered before are correct. Start a new epoch with iter(loader) (a checkpoint from "
+        f"state_dict() resumes where it stopped); to avoid this, raise from a signal handler only "
+        f"outside the loader's code, or set a flag there and act on it in the training loop")
+
+
+def timeout_error(engine: Engine, idx: int) -> LoaderTimeoutError:
+    """No batch within the loader's `timeout`: which one was awaited (batch
+    `idx`, or any with in_order=False), where its task is, and each live
+    worker's (id, pid, state)."""
+    transport, options = engine.transport, engine.options
+    states = [(wid, transport.pid(wid), transport.describe(wid)) for wid in engine.roster.alive_ids()]
+    waited, where = "any batch", ""
+    if options.in_order:
+        waited = f"batch {idx}"
+        with engine.lock:
+            holders = engine.roster.holders(engine.epoch, idx)
+        if not transport.receiving:
+            where = " (the fetcher thread is not running)"
+        elif not holders:
+            where = " (no worker holds its task: mxload lost track of it; please report this as a bug)"
+        else:
+            where = "".join(f" (its task is with worker {wid}, pid {transport.pid(wid)})" for wid in holders)
+    stopped = any(s.startswith("stopped") for _, _, s in states)
+    return LoaderTimeoutError(
+        # torch's words first ("DataLoader timed out after N seconds"): programs match them.
+        f"DataLoader timed out after {options.timeout} seconds: "
+        f"no {waited} within timeout={options.timeout} s{where}; "
+        f"workers (id, pid, state): {states}. "
+        + ("A stopped worker runs again after SIGCONT (kill -CONT PID). " if stopped else "")
+        + "A worker may be stuck in __getitem__; raise `timeout` if batches are "
+        "legitimately slow")

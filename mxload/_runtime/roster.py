@@ -1,0 +1,101 @@
+"""The engine's record of its workers: which are alive, whose stream is
+exhausted, which tasks each holds, and which worker takes the next task.
+
+The transport keeps each worker's channel; this keeps only what the engine
+decides with.  Every method runs under the engine's lock."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class WorkerRecord:
+    """The engine's view of one worker."""
+    alive: bool = True
+    exhausted: bool = False
+    # (epoch, batch index) -> indices, in dispatch order: what a restart sends again.
+    outstanding: dict[tuple[int, int], np.ndarray | None] = dataclasses.field(default_factory=dict)
+
+
+class Roster:
+    """One record per worker id; every worker's exists before any runs (one may report at once)."""
+
+    def __init__(self, num_workers: int):
+        self.workers = [WorkerRecord() for _ in range(num_workers)]
+        # The ids of the workers that take tasks (alive, stream not exhausted);
+        # None once any worker's state changed (see changed()).
+        self._takers: list[int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    def changed(self) -> None:
+        """A worker's `alive` or `exhausted` changed: the takers are counted again."""
+        self._takers = None
+
+    def new_epoch(self) -> None:
+        for w in self.workers:
+            w.exhausted = False
+        self._takers = None
+
+    def pick(self, idx: int, in_order: bool) -> int | None:
+        """The worker that takes batch `idx`'s task; None if none can."""
+        live = self._takers
+        if live is None:
+            live = self._takers = [wid for wid, w in enumerate(self.workers) if w.alive and not w.exhausted]
+        if not live:
+            return None
+        n = len(live)
+        if in_order or n == 1:
+            # Round-robin by batch index, not least-loaded: which worker loads
+            # which batch (and so which per-worker random stream it sees) must
+            # not depend on timing, nor on where a resumed epoch starts.
+            return live[idx % n]
+        # in_order=False gives up that determinism for throughput, as torch's:
+        # the worker with the fewest tasks out, so a straggler's queue stays at
+        # its share of the window while the others take the rest (ties go
+        # round-robin).  Its tasks are popped when their batch is taken.
+        workers = self.workers
+        start = idx % n
+        best, best_load = live[start], len(workers[live[start]].outstanding)
+        for k in range(1, n):
+            wid = live[(start + k) % n]
+            load = len(workers[wid].outstanding)
+            if load < best_load:
+                best, best_load = wid, load
+        return best
+
+    def held(self, wid: int, epoch: int) -> list[int]:
+        """The batches of `epoch` whose tasks worker `wid` holds, in dispatch order."""
+        return [i for e, i in self.workers[wid].outstanding if e == epoch]
+
+    def holders(self, epoch: int, idx: int) -> list[int]:
+        """The workers holding batch `idx`'s task (one, unless mxload lost track of it)."""
+        return [wid for wid, w in enumerate(self.workers) if (epoch, idx) in w.outstanding]
+
+    def alive_ids(self) -> list[int]:
+        return [wid for wid, w in enumerate(self.workers) if w.alive]
+
+    def all_done(self) -> bool:
+        """Every worker's stream ended, or the worker did."""
+        return all(w.exhausted or not w.alive for w in self.workers)
+
+    def lost(self, wid: int) -> None:
+        self.workers[wid].alive = False
+        self._takers = None
+
+    def replace(self, wid: int) -> WorkerRecord:
+        """A fresh record for a restarted worker; returns the dead one's."""
+        dead, self.workers[wid] = self.workers[wid], WorkerRecord()
+        self._takers = None
+        return dead
+
+    def forget_all(self) -> None:
+        """Shutdown: no worker is alive, no task held."""
+        for w in self.workers:
+            w.outstanding.clear()
+            w.alive = False
+        self._takers = None
