@@ -10,7 +10,12 @@ replayed from the epoch start and its first batches are dropped.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from .sampler import load_sampler_state, sampler_state
+
+if TYPE_CHECKING:
+    from .dataloader import DataLoader
 
 STATE_VERSION = 1
 
@@ -137,3 +142,72 @@ def bad_field(field: str, value: Any, wanted: str) -> ValueError:
     """The error for a state entry that is not what state_dict() writes."""
     return ValueError(f"loader state field {field!r} must be {wanted}, got {value!r}: the state was changed "
                       f"or damaged since state_dict() wrote it; load one that state_dict() returned")
+
+
+class LoaderPosition:
+    """A loader's side of checkpoints: the latest epoch's progress, and a
+    state given to load_state_dict() that waits for the next iter()."""
+
+    def __init__(self) -> None:
+        self.progress: EpochProgress | None = None
+        self.resume: dict[str, Any] | None = None
+
+    def epoch_starting(self, loader: DataLoader[Any]) -> EpochProgress:
+        """The progress of the epoch about to start; call before the sampler advances."""
+        resume, self.resume = self.resume, None
+        state = None if loader.iterable else sampler_state(loader.batch_sampler)
+        progress = EpochProgress(loader.epoch, state, _dataset_state(loader.dataset),
+                                 resume["done"] if resume is not None else None)
+        # A rollover batch sampler passes its leftovers on only when the epoch
+        # is consumed to its end (Gluon's counts after an abandoned epoch).
+        progress.on_complete = getattr(loader.batch_sampler, "end_epoch", None)
+        self.progress = progress
+        return progress
+
+    def state(self, loader: DataLoader[Any]) -> dict[str, Any]:
+        seed = loader.seed   # drawn now if torch's is still to come: the state must fix it
+        if self.resume is not None:
+            return dict(self.resume)
+        progress = self.progress
+        if progress is None or progress.complete:
+            progress = EpochProgress(loader.epoch,
+                                     None if loader.iterable else sampler_state(loader.batch_sampler),
+                                     _dataset_state(loader.dataset))
+        return progress.state(seed)
+
+    def load(self, loader: DataLoader[Any], state: Any) -> None:
+        """Check `state` as a whole, then make the loader's next iter() resume
+        it; nothing changes if any part is wrong."""
+        state = check_state(state)
+        load = getattr(loader.dataset, "load_state_dict", None)
+        if state.get("dataset") is not None and load is None:
+            raise ValueError(f"the state carries dataset state but {type(loader.dataset).__name__} "
+                             f"has no load_state_dict()")
+        if not loader.iterable:
+            # The sampler checks its own entry; the position must lie in the
+            # epoch that entry makes.
+            before = sampler_state(loader.batch_sampler)
+            try:
+                load_sampler_state(loader.batch_sampler, state["sampler"])
+                try:
+                    batches = len(loader.batch_sampler)
+                except TypeError:
+                    pass   # a user batch sampler without len(): its epoch's size is unknown here
+                else:
+                    check_position(state, batches)
+            except BaseException:
+                load_sampler_state(loader.batch_sampler, before)
+                raise
+        loader.close()  # a live epoch or persistent workers belong to the old position
+        loader.seed = state["seed"]
+        loader.epoch = state["epoch"]
+        if state.get("dataset") is not None:
+            assert load is not None
+            load(state["dataset"])
+        self.progress = None
+        self.resume = state
+
+
+def _dataset_state(dataset: Any) -> Any:
+    get = getattr(dataset, "state_dict", None)
+    return get() if callable(get) else None

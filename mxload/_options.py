@@ -90,6 +90,14 @@ class LoaderOptions:
         """Whether an incomplete last batch is dropped (torch's name)."""
         return self.last_batch == "discard"
 
+    @property
+    def own_sampler(self) -> bool:
+        """The loader makes the sampler, over range(len(dataset)): it follows len(dataset) (as
+        torch's default samplers read it at every len() and iter()), so a dataset may grow
+        between epochs."""
+        return (self.sampler is None and self.batch_sampler is None and not self.iterable
+                and not self.distributed)
+
     @classmethod
     def from_arguments(
             cls, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = False, sampler: Any = None,

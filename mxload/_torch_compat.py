@@ -129,6 +129,18 @@ def pinning_device() -> str | None:
         return None
 
 
+def pinning_for_loader(pin_memory_device: str, stacklevel: int) -> str | None:
+    """pin_memory=True at a loader's first iter(): the device to pin for, with
+    torch's warnings (a deprecated pin_memory_device; no accelerator: nothing is pinned)."""
+    device = pinning_device()
+    if pin_memory_device:
+        warnings.warn("pin_memory_device is deprecated, the current accelerator will be used as the "
+                      f"device,ignore pin_memory_device='{pin_memory_device}'.", stacklevel=stacklevel + 1)
+    if device is None:
+        warnings.warn(PIN_MEMORY_NO_ACCELERATOR, stacklevel=stacklevel + 1)
+    return device
+
+
 def pin_batch(batch: Any) -> Any:
     """`batch` with every numpy array moved into page-locked (pinned) host
     memory, still as numpy arrays: each is copied into a tensor from torch's

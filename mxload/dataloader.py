@@ -4,29 +4,22 @@ runtime (``_runtime/epoch.py``: in-process, or on the multi-worker engine)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
-import weakref
 from collections.abc import Callable
 from multiprocessing.context import BaseContext
 from typing import Any, Generic, TypeVar, cast, overload
 
-from ._checkpoint import EpochProgress, check_position, check_state
+from ._checkpoint import LoaderPosition
 from ._core import defer_sigint, handing_next, sigint_safe_finalizer
 from ._cpus import warn_if_oversubscribed
+from ._iterations import Iterations
 from ._options import LoaderOptions
-from ._runtime.engine import Engine, merge_counters
-from ._runtime.epoch import EpochIterator, start_epoch
-from ._torch_compat import PIN_MEMORY_NO_ACCELERATOR, pin_batch, pinning_device, seed_from_torch, to_tensors
-from .sampler import (
-    BatchSampler,
-    DistributedSampler,
-    RandomSampler,
-    SequentialSampler,
-    batch_sampler_indices,
-    bulk_batches,
-    load_sampler_state,
-    sampler_state,
-)
+from ._runtime.engine import merge_counters
+from ._runtime.epoch import start_epoch
+from ._seeding import RunSeed
+from ._torch_compat import pin_batch, pinning_for_loader, to_tensors
+from .sampler import BatchSampler, DistributedSampler, RandomSampler, SequentialSampler, epoch_batches
 
 __all__ = ["DataLoader"]
 
@@ -57,14 +50,14 @@ class _Option(Generic[_T]):
     @overload
     def __get__(self, loader: None, owner: type[Any]) -> _Option[_T]: ...
     @overload
-    def __get__(self, loader: DataLoader[Any], owner: type[Any]) -> _T: ...
+    def __get__(self, loader: _Settings, owner: type[Any]) -> _T: ...
 
-    def __get__(self, loader: DataLoader[Any] | None, owner: type[Any]) -> _T | _Option[_T]:
+    def __get__(self, loader: _Settings | None, owner: type[Any]) -> _T | _Option[_T]:
         if loader is None:
             return self
         return cast(_T, getattr(loader._options, self._field))
 
-    def __set__(self, loader: DataLoader[Any], value: _T) -> None:
+    def __set__(self, loader: _Settings, value: _T) -> None:
         changes: dict[str, Any] = {self._field: value}
         loader._options = dataclasses.replace(loader._options, **changes)
 
@@ -86,120 +79,11 @@ def _make_batch_sampler(options: LoaderOptions) -> Any:
     return BatchSampler(sampler, options.batch_size or 1, options.last_batch)
 
 
-class DataLoader(Generic[_T_co]):
-    """Loads batches from a dataset, in-process or with worker processes/threads.
+class _Settings:
+    """A DataLoader's settings as attributes, each read from (and set into)
+    its LoaderOptions, ``self._options`` (see _Option)."""
 
-    Positional arguments follow Gluon 1.9's DataLoader (its first four --
-    dataset, batch_size, shuffle, sampler -- are also torch's); every other
-    argument of ``torch.utils.data.DataLoader`` (2.x) is accepted by keyword
-    with its torch meaning (docs/migration.md lists each one).
-    Iterating the loader runs one epoch; each batch is a structure of numpy
-    arrays (views of one shared-memory slab when workers made it;
-    ``torch.from_numpy`` makes zero-copy tensors of them).
-
-    Args:
-        dataset: a map-style dataset (``__getitem__`` and ``__len__``, and
-            optionally ``__getitems__(indices)``, called once per batch) or an
-            iterable one (:class:`IterableDataset`, torch's, or any object
-            with ``__iter__`` and no ``__getitem__``).
-        batch_size (int | None): samples per batch. Default ``1`` (torch's);
-            ``None`` disables batching: each sample is one "batch", passed
-            alone to `collate_fn` (default :data:`mxload.batchify.default_convert`).
-        shuffle (bool): draw a new random order every epoch. Default ``False``.
-        sampler: an iterable of indices with ``__len__`` (a
-            :mod:`mxload.sampler` sampler or a torch one); exclusive with
-            `shuffle`.
-        last_batch (str | None): ``"keep"`` (default), ``"discard"`` or
-            ``"rollover"`` (carry the incomplete batch into the next epoch
-            when this one is consumed to its end).
-        batch_sampler: an iterable of index lists; exclusive with
-            `batch_size`, `shuffle`, `sampler` and `last_batch`/`drop_last`.
-            Each batch must be a 1-D sequence of integers: ``iter()``
-            raises ValueError naming the first that is not.
-        batchify_fn (callable | None): turns a list of samples into a batch;
-            default :data:`mxload.batchify.default_batchify`.
-        num_workers (int): worker processes (threads with `thread_pool`);
-            ``0`` (default) loads in the calling thread.
-        pin_memory (bool): hand out batches in page-locked memory (still
-            numpy arrays) when torch has an accelerator; without one, warn
-            once as torch does. Default ``False``.
-        pin_device_id (int): Gluon's pinned-memory device; accepted (torch
-            pins for its current accelerator). Default ``0``.
-        prefetch (int | None): batches in flight across all workers; default
-            ``2 * num_workers``.
-        thread_pool (bool): workers are threads, not processes. Default ``False``.
-        timeout (float | None): seconds to wait for a batch before raising
-            :class:`LoaderTimeoutError`; default ``120``; ``0`` or ``None``
-            waits forever.
-        auto_reload (bool): Gluon's: start loading the next epoch as soon as
-            one ends (and the first at construction). Default ``False``.
-        collate_fn (callable | None): torch's name of `batchify_fn`.
-        drop_last (bool | None): torch's; ``True`` is ``last_batch="discard"``.
-        worker_init_fn (callable | None): called with the worker id in each
-            worker, after seeding.
-        multiprocessing_context (str | context | None): torch's; a start
-            method name or a ``multiprocessing`` context object (same as
-            `start_method`).
-        generator (torch.Generator | None): seeds the shuffle and the worker
-            seeds, as in torch (exclusive with `seed`).
-        prefetch_factor (int | None): torch's batches in flight per worker
-            (``prefetch = prefetch_factor * num_workers``).
-        persistent_workers (bool): keep the workers between epochs (end them
-            with :meth:`close` or ``with``). Default ``False``.
-        pin_memory_device (str): torch's deprecated pinning device; ignored
-            with torch's deprecation warning.
-        in_order (bool): yield batches in sampler order (default ``True``);
-            ``False`` yields them as they complete.
-        seed (int | None): fixes the shuffle order, the workers' RNG seeds and
-            :func:`mxload.sample_rng`; default drawn from `generator`, else
-            from torch's global RNG when the program imported torch (at
-            ``iter()``, drawing from torch's RNGs what torch's loader draws
-            there), else fresh.
-        start_method (str | None): ``"fork"``, ``"spawn"`` or ``"forkserver"``;
-            default: the one set with ``multiprocessing.set_start_method()``
-            (as torch), else ``fork`` on Linux.
-        max_worker_restarts (int): restart a dead worker and retry its batches
-            up to this many times per loader. Default ``0``.
-        profile (bool): record per-stage timings in ``loader.profiler``
-            (a :class:`Profiler`). Default ``False``.
-        distributed (bool): shard the data by rank with a
-            :class:`mxload.sampler.DistributedSampler`. Default ``False``.
-        try_nopython (bool | None): Gluon 2's; accepted (collation always runs
-            in compiled code).
-        backend (str | RayBackend | None): where the workers run: ``None``
-            (default) local processes, or threads with `thread_pool`;
-            ``"ray"`` or a :class:`mxload.RayBackend` for Ray actors anywhere
-            in a Ray cluster (the ``mxload[ray]`` extra).
-
-    Raises:
-        ValueError: conflicting or out-of-range arguments (the message names them).
-        TypeError: a callable argument is not callable, a batch sampler sits in
-            the fifth (`last_batch`) position, or `generator` is not a torch.Generator.
-
-    While iterating, a worker that dies raises :class:`WorkerError`, a missing
-    batch :class:`LoaderTimeoutError`, exhausted shared memory
-    :class:`SharedMemoryError`; an exception in the dataset is re-raised as the
-    worker's own exception object, the worker's traceback as its cause.  More workers than usable CPU cores
-    warns once (``UserWarning``).  Setting `batch_size`, `sampler`,
-    `batch_sampler`, `drop_last`, `dataset` or `persistent_workers` after
-    construction raises ``ValueError``, as in torch.
-
-    Example:
-        >>> import numpy as np, mxload
-        >>> ds = mxload.ArrayDataset(np.arange(10, dtype=np.float32).reshape(5, 2), np.arange(5))
-        >>> loader = mxload.DataLoader(ds, batch_size=2, last_batch="discard")
-        >>> len(loader)
-        2
-        >>> for x, y in loader:
-        ...     print(x.shape, x.dtype, y.tolist())
-        (2, 2) float32 [0, 1]
-        (2, 2) float32 [2, 3]
-    """
-
-    # mxload.torch.DataLoader hands out torch tensors instead of numpy arrays.
-    _as_tensors = False
-
-    # The settings, read from (and set into) self._options.
+    _options: LoaderOptions
     dataset = _Option[Any]()
     batch_size = _Option[int | None]()
     last_batch = _Option[str]()
@@ -226,6 +110,121 @@ class DataLoader(Generic[_T_co]):
     iterable = _Option[bool]()
     _fetch_batch_size = _Option[int]("fetch_batch_size")
 
+    @property
+    def drop_last(self) -> bool:
+        """torch's name: whether an incomplete last batch is dropped."""
+        return self._options.drop_last
+
+    def _check_worker_count(self, stacklevel: int) -> None:
+        """torch's check: more worker processes than usable cores warns (at
+        construction and when an iteration starts workers, as torch's)."""
+        if self.num_workers and not self.thread_pool and self._options.backend is None:
+            warn_if_oversubscribed(self.num_workers, stacklevel)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _FROZEN_ATTRIBUTES and self.__dict__.get("_initialized"):
+            raise ValueError(f"{name} attribute should not be set after DataLoader is initialized "
+                             f"(build a new DataLoader instead)")
+        super().__setattr__(name, value)
+
+
+class DataLoader(_Settings, Generic[_T_co]):
+    """Loads batches from a dataset, in-process or with worker processes/threads.
+
+    Positional arguments follow Gluon 1.9's DataLoader (its first four -- dataset, batch_size,
+    shuffle, sampler -- are also torch's); every other argument of ``torch.utils.data.DataLoader``
+    (2.x) is accepted by keyword with its torch meaning (docs/migration.md lists each one).
+    Iterating the loader runs one epoch; each batch is a structure of numpy arrays (views of one
+    shared-memory slab when workers made it; ``torch.from_numpy`` makes zero-copy tensors of them).
+
+    Args:
+        dataset: a map-style dataset (``__getitem__`` and ``__len__``, and optionally
+            ``__getitems__(indices)``, called once per batch) or an iterable one
+            (:class:`IterableDataset`, torch's, or any object with ``__iter__`` and no ``__getitem__``).
+        batch_size (int | None): samples per batch. Default ``1`` (torch's); ``None`` disables
+            batching: each sample is one "batch", passed alone to `collate_fn` (default
+            :data:`mxload.batchify.default_convert`).
+        shuffle (bool): draw a new random order every epoch. Default ``False``.
+        sampler: an iterable of indices with ``__len__`` (a :mod:`mxload.sampler` sampler or a
+            torch one); exclusive with `shuffle`.
+        last_batch (str | None): ``"keep"`` (default), ``"discard"`` or ``"rollover"`` (carry the
+            incomplete batch into the next epoch when this one is consumed to its end).
+        batch_sampler: an iterable of index lists; exclusive with `batch_size`, `shuffle`, `sampler`
+            and `last_batch`/`drop_last`. Each batch must be a 1-D sequence of integers: ``iter()``
+            raises ValueError naming the first that is not.
+        batchify_fn (callable | None): turns a list of samples into a batch; default
+            :data:`mxload.batchify.default_batchify`.
+        num_workers (int): worker processes (threads with `thread_pool`); ``0`` (default) loads in
+            the calling thread.
+        pin_memory (bool): hand out batches in page-locked memory (still numpy arrays) when torch
+            has an accelerator; without one, warn once as torch does. Default ``False``.
+        pin_device_id (int): Gluon's pinned-memory device; accepted (torch pins for its current
+            accelerator). Default ``0``.
+        prefetch (int | None): batches in flight across all workers; default ``2 * num_workers``.
+        thread_pool (bool): workers are threads, not processes. Default ``False``.
+        timeout (float | None): seconds to wait for a batch before raising
+            :class:`LoaderTimeoutError`; default ``120``; ``0`` or ``None`` waits forever.
+        auto_reload (bool): Gluon's: start loading the next epoch as soon as one ends (and the
+            first at construction). Default ``False``.
+        collate_fn (callable | None): torch's name of `batchify_fn`.
+        drop_last (bool | None): torch's; ``True`` is ``last_batch="discard"``.
+        worker_init_fn (callable | None): called with the worker id in each worker, after seeding.
+        multiprocessing_context (str | context | None): torch's; a start method name or a
+            ``multiprocessing`` context object (same as `start_method`).
+        generator (torch.Generator | None): seeds the shuffle and the worker seeds, as in torch
+            (exclusive with `seed`).
+        prefetch_factor (int | None): torch's batches in flight per worker
+            (``prefetch = prefetch_factor * num_workers``).
+        persistent_workers (bool): keep the workers between epochs (end them with :meth:`close` or
+            ``with``). Default ``False``.
+        pin_memory_device (str): torch's deprecated pinning device; ignored with torch's
+            deprecation warning.
+        in_order (bool): yield batches in sampler order (default ``True``); ``False`` yields them as
+            they complete.
+        seed (int | None): fixes the shuffle order, the workers' RNG seeds and
+            :func:`mxload.sample_rng`; default drawn from `generator`, else from torch's global RNG
+            when the program imported torch (at ``iter()``, drawing from torch's RNGs what torch's
+            loader draws there), else fresh.
+        start_method (str | None): ``"fork"``, ``"spawn"`` or ``"forkserver"``; default: the one set
+            with ``multiprocessing.set_start_method()`` (as torch), else ``fork`` on Linux.
+        max_worker_restarts (int): restart a dead worker and retry its batches up to this many
+            times per loader. Default ``0``.
+        profile (bool): record per-stage timings in ``loader.profiler`` (a :class:`Profiler`).
+            Default ``False``.
+        distributed (bool): shard the data by rank with a
+            :class:`mxload.sampler.DistributedSampler`. Default ``False``.
+        try_nopython (bool | None): Gluon 2's; accepted (collation always runs in compiled code).
+        backend (str | RayBackend | None): where the workers run: ``None`` (default) local
+            processes, or threads with `thread_pool`; ``"ray"`` or a :class:`mxload.RayBackend` for
+            Ray actors anywhere in a Ray cluster (the ``mxload[ray]`` extra).
+
+    Raises:
+        ValueError: conflicting or out-of-range arguments (the message names them).
+        TypeError: a callable argument is not callable, a batch sampler sits in the fifth
+            (`last_batch`) position, or `generator` is not a torch.Generator.
+
+    While iterating, a worker that dies raises :class:`WorkerError`, a missing batch
+    :class:`LoaderTimeoutError`, exhausted shared memory :class:`SharedMemoryError`; an exception in
+    the dataset is re-raised as the worker's own exception object, the worker's traceback as its
+    cause.  More workers than usable CPU cores warns once (``UserWarning``).  Setting `batch_size`,
+    `sampler`, `batch_sampler`, `drop_last`, `dataset` or `persistent_workers` after construction
+    raises ``ValueError``, as in torch.
+
+    Example:
+        >>> import numpy as np, mxload
+        >>> ds = mxload.ArrayDataset(np.arange(10, dtype=np.float32).reshape(5, 2), np.arange(5))
+        >>> loader = mxload.DataLoader(ds, batch_size=2, last_batch="discard")
+        >>> len(loader)
+        2
+        >>> for x, y in loader:
+        ...     print(x.shape, x.dtype, y.tolist())
+        (2, 2) float32 [0, 1]
+        (2, 2) float32 [2, 3]
+    """
+
+    # mxload.torch.DataLoader hands out torch tensors instead of numpy arrays.
+    _as_tensors = False
+
     def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = False,
                  sampler: Any = None, last_batch: str | None = None, batch_sampler: Any = None,
                  batchify_fn: Callable[..., Any] | None = None, num_workers: int = 0,
@@ -249,216 +248,76 @@ class DataLoader(Generic[_T_co]):
             max_worker_restarts=max_worker_restarts, profile=profile, distributed=distributed,
             try_nopython=try_nopython, backend=backend)
         self.batch_sampler = _make_batch_sampler(self._options)
-        # The loader made the sampler over range(len(dataset)): it follows len(dataset) (as torch's
-        # default samplers read it at every len() and iter()), so a dataset may grow between epochs.
-        self._own_sampler = (self._options.sampler is None and self._options.batch_sampler is None
-                             and not self.iterable and not self._options.distributed)
         self.sampler = getattr(self.batch_sampler, "sampler", None)  # e.g. loader.sampler.set_epoch(e)
         self.epoch = 0
-        self._seed_pending = self._options.torch_seeded   # drawn at the first iter(), as torch's
-        self._base_seed_drawn = False
-        self._engine: Engine | None = None          # persistent workers' engine
-        self._live_iter: weakref.ref[EpochIterator] | None = None   # the newest
-        # Plain weak references, not a WeakSet: a WeakSet's callback would run
-        # Python code as an iterator dies, after its finalizer, where a
-        # Ctrl-C the finalizer made pending again would be swallowed.
-        self._live_iters: list[weakref.ref[EpochIterator]] = []
-        self._counters: list[dict[str, int]] = []    # the latest engine's (Engine.counters)
-        self._progress: EpochProgress | None = None   # the latest epoch's (for state_dict)
-        self._resume: dict[str, Any] | None = None              # load_state_dict() waiting for __iter__
+        self._run_seed = RunSeed(self._options.torch_seeded)
+        self._iterations = Iterations()
+        self._position = LoaderPosition()
         self._pin_checked = False
         self._pin_device: str | None = None
         self._len_reported: int | None = None   # len(loader) of an IterableDataset, for the overrun warning
-        self._prefetched: Any = None            # auto_reload: the next epoch, already loading
-        # auto_reload: the sampler as it was before and after that epoch was drawn (_sampler_marks).
-        self._prefetched_marks: tuple[Any, Any] | None = None
         self.profiler: Any = None
         if self.profile:
             from .profiler import Profiler
             self.profiler = Profiler()
         self._initialized = True
         self._check_worker_count(stacklevel=4)
-        if self.auto_reload:
-            self._prefetch()
+        if self.auto_reload:   # the first epoch starts loading now
+            self._iterations.load_ahead(self._start_iter, self.batch_sampler, self.iterable)
 
     @property
     def seed(self) -> int:
-        """The run's seed: given, or drawn from torch (at the first ``iter()``,
-        as torch draws its base seed; asking for it earlier draws it now), or fresh."""
-        if self._seed_pending:
-            self._draw_seed()
+        """The run's seed: given, or drawn from torch (at the first ``iter()``, as torch draws its
+        base seed; asking for it earlier draws it now), or fresh."""
+        if self._run_seed.pending:
+            self._run_seed.draw(self)
         return self._options.seed
 
     @seed.setter
     def seed(self, value: int) -> None:
-        self._seed_pending = False
+        self._run_seed.pending = False
         self._options = dataclasses.replace(self._options, seed=value)
-
-    def _draw_seed(self) -> None:
-        """Draw the run's seed from torch (the loader's generator, or torch's global RNG)."""
-        seed = seed_from_torch(self.generator)
-        self._base_seed_drawn = True
-        self.seed = seed
-        if self._own_sampler and isinstance(self.sampler, RandomSampler):
-            self.sampler.seed = seed
-
-    def _torch_draws(self) -> None:
-        """What torch's iter() draws from torch's RNGs, drawn here too, so the
-        program's later draws (its model's initialisation, dropout) are the
-        ones it gets with torch's loader: its RandomSampler's seed from the
-        global RNG (shuffle without a generator), then the iterator's base
-        seed (not again for persistent workers), which seeds this run the
-        first time."""
-        options = self._options
-        if not options.torch_seeded:
-            return
-        if self._own_sampler and options.shuffle and options.generator is None:
-            seed_from_torch(None)
-        if self.persistent_workers and self.num_workers and self._base_seed_drawn:
-            return
-        if self._seed_pending:
-            self._draw_seed()
-        else:
-            seed_from_torch(options.generator)
-            self._base_seed_drawn = True
-
-    @property
-    def drop_last(self) -> bool:
-        """torch's name: whether an incomplete last batch is dropped."""
-        return self._options.drop_last
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _FROZEN_ATTRIBUTES and self.__dict__.get("_initialized"):
-            raise ValueError(f"{name} attribute should not be set after DataLoader is initialized "
-                             f"(build a new DataLoader instead)")
-        super().__setattr__(name, value)
-
-    # ------------------------------------------------------------------
-
-    def _use_engine(self, engine: Engine) -> None:
-        """The engine of the epoch starting: its stats are ours; persistent workers' is kept."""
-        self._counters = engine.counters()
-        if self.persistent_workers:
-            self._engine = engine
 
     def _epoch_batches(self) -> list[Any]:
         """This epoch's batches of indices (advances the sampler's epoch)."""
         self._follow_dataset_length()
-        if not self._options.auto_batching and self._options.batch_sampler is None:
-            return bulk_batches(self.batch_sampler.sampler)   # batch_size=None: a key per batch
-        epoch_batches: Callable[[], list[Any]] | None = getattr(self.batch_sampler, "epoch_batches", None)
-        if epoch_batches is not None and type(self.batch_sampler) is BatchSampler:
-            return epoch_batches()   # views of its sampler's indices, checked as a whole
-        batches = epoch_batches() if epoch_batches is not None else self.batch_sampler
-        return [batch_sampler_indices(b, i) for i, b in enumerate(batches)]
+        keyed = not self._options.auto_batching and self._options.batch_sampler is None
+        return epoch_batches(self.batch_sampler, keyed)
 
     def __iter__(self) -> Any:
-        """A new epoch.  Iterators are independent, as in torch (zip(loader,
-        loader) pairs two epochs; each has its own workers), except with
-        persistent workers: their one engine serves the newest iterator, and
-        an older one still in progress raises RuntimeError when used again
-        rather than share (and silently lose) its batches."""
-        prefetched, self._prefetched = self._prefetched, None
-        if prefetched is not None:
-            if self._prefetch_still_valid():
-                return prefetched   # auto_reload: this epoch started loading when the last one ended
-            # The sampler was changed since (sampler.set_epoch(e) before the
-            # loop, as documented): that epoch was drawn too early.  Drawn
-            # again now, as without auto_reload, under the same epoch number.
-            prefetched.close()
-            self.epoch -= 1
+        """A new epoch.  Iterators are independent, as in torch (zip(loader, loader) pairs two
+        epochs; each has its own workers), except with persistent workers: their one engine serves
+        the newest iterator, and an older one still in progress raises RuntimeError when used
+        again rather than share (and silently lose) its batches."""
+        ahead, dropped = self._iterations.take_ahead(self.batch_sampler, self.iterable)
+        if ahead is not None:
+            return ahead   # auto_reload: this epoch started loading when the last one ended
+        if dropped:
+            self.epoch -= 1   # drawn again now, as without auto_reload, under the same epoch number
         return self._start_iter()
 
-    def _check_worker_count(self, stacklevel: int) -> None:
-        """torch's check: more worker processes than usable cores warns (at
-        construction and when an iteration starts workers, as torch's)."""
-        if self.num_workers and not self.thread_pool and self._options.backend is None:
-            warn_if_oversubscribed(self.num_workers, stacklevel)
-
-    def _prefetch(self) -> None:
-        """auto_reload: start the next epoch now, noting the sampler's state
-        before and after its batches were drawn."""
-        before = self._sampler_marks()
-        self._prefetched = self._start_iter()
-        self._prefetched_marks = (before, self._sampler_marks())
-
-    def _sampler_marks(self) -> Any:
-        """What set_epoch() changes: the batch sampler's state_dict() and the
-        `epoch` of it and its sampler (torch's DistributedSampler has no
-        state_dict)."""
-        if self.iterable:
-            return None
-        bs = self.batch_sampler
-        inner = getattr(bs, "sampler", None)
-        return (sampler_state(bs), getattr(bs, "epoch", None), getattr(inner, "epoch", None))
-
-    def _prefetch_still_valid(self) -> bool:
-        """Whether the prefetched epoch is the one iter() would draw now:
-        the sampler is as the draw left it, or as it was before the draw
-        (set_epoch(e) with the epoch the draw used: put back as the draw
-        left it).  Otherwise set_epoch() changed it meanwhile."""
-        marks, self._prefetched_marks = self._prefetched_marks, None
-        if marks is None or self.iterable:
-            return True
-        before, after = marks
-        now = self._sampler_marks()
-        try:
-            if now == after:
-                return True
-            if now != before:
-                return False
-        except (TypeError, ValueError):   # states that do not compare (arrays): as before, keep it
-            return True
-        if after[0] is not None:
-            load_sampler_state(self.batch_sampler, after[0])
-        inner: Any = getattr(self.batch_sampler, "sampler", None)
-        for obj, epoch in ((self.batch_sampler, after[1]), (inner, after[2])):
-            if epoch is not None and getattr(obj, "epoch", None) is not None:
-                obj.epoch = epoch
-        return True
-
     def _start_iter(self) -> Any:
-        self._torch_draws()
-        if self._engine is None:   # persistent workers already running were checked when they started
+        self._run_seed.torch_draws(self)
+        runs = self._iterations
+        if runs.engine is None:   # persistent workers already running were checked when they started
             self._check_worker_count(stacklevel=5)   # the caller of iter()
-        previous = self._live_iter() if self._live_iter is not None else None
+        previous = runs.newest()
         if previous is not None and self.persistent_workers:
             previous.supersede()
         if self.pin_memory and not self._pin_checked:
             self._pin_checked = True
-            self._pin_device = pinning_device()
-            if self.pin_memory_device:
-                warnings.warn("pin_memory_device is deprecated, the current accelerator will be used as the "
-                              f"device,ignore pin_memory_device='{self.pin_memory_device}'.", stacklevel=3)
-            if self._pin_device is None:
-                warnings.warn(PIN_MEMORY_NO_ACCELERATOR, stacklevel=3)
-        self._progress = self._new_progress()
+            self._pin_device = pinning_for_loader(self.pin_memory_device, stacklevel=3)
+        progress = self._position.epoch_starting(self)
         it = start_epoch(self._options, self.epoch, None if self.iterable else self._epoch_batches,
-                         self._progress, self.profiler, self._engine, self.persistent_workers, self.__len__,
-                         self._use_engine)
+                         progress, self.profiler, runs.engine, self.persistent_workers, self.__len__,
+                         functools.partial(runs.use_engine, persistent=self.persistent_workers))
         self.epoch += 1
-        self._live_iter = weakref.ref(it)
-        self._live_iters = [ref for ref in self._live_iters if ref() is not None] + [self._live_iter]
+        runs.started(it)
         if self._pin_device is not None or self.auto_reload or self.iterable or self._as_tensors:
             return _LoaderIterator(self, it)
         return it
 
     # ------------------------------------------------------------ checkpoints
-
-    def _dataset_state(self) -> Any:
-        get = getattr(self.dataset, "state_dict", None)
-        return get() if callable(get) else None
-
-    def _new_progress(self) -> EpochProgress:
-        """Progress of the epoch about to start; call before the sampler advances."""
-        resume, self._resume = self._resume, None
-        state = None if self.iterable else sampler_state(self.batch_sampler)
-        progress = EpochProgress(self.epoch, state, self._dataset_state(),
-                                 resume["done"] if resume is not None else None)
-        # A rollover batch sampler passes its leftovers on only when the epoch
-        # is consumed to its end (Gluon's counts after an abandoned epoch).
-        progress.on_complete = getattr(self.batch_sampler, "end_epoch", None)
-        return progress
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's position, at any point of an epoch.
@@ -482,14 +341,7 @@ class DataLoader(Generic[_T_co]):
             >>> [b.tolist() for b in resumed] == [b.tolist() for b in it]
             True
         """
-        seed = self.seed   # drawn now if torch's is still to come: the state must fix it
-        progress = self._progress
-        if self._resume is not None:
-            return dict(self._resume)
-        if progress is None or progress.complete:
-            progress = EpochProgress(self.epoch, None if self.iterable else sampler_state(self.batch_sampler),
-                                     self._dataset_state())
-        return progress.state(seed)
+        return self._position.state(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict`: the next ``iter()`` resumes that epoch.
@@ -509,37 +361,10 @@ class DataLoader(Generic[_T_co]):
             >>> [b.tolist() for b in loader]
             [[0, 1], [2, 3]]
         """
-        state = check_state(state)
-        load = getattr(self.dataset, "load_state_dict", None)
-        if state.get("dataset") is not None and load is None:
-            raise ValueError(f"the state carries dataset state but {type(self.dataset).__name__} "
-                             f"has no load_state_dict()")
-        if not self.iterable:
-            # The sampler checks its own entry; the position must lie in the
-            # epoch that entry makes.  Nothing changes if either is wrong.
-            before = sampler_state(self.batch_sampler)
-            try:
-                load_sampler_state(self.batch_sampler, state["sampler"])
-                try:
-                    batches = len(self.batch_sampler)
-                except TypeError:
-                    pass   # a user batch sampler without len(): its epoch's size is unknown here
-                else:
-                    check_position(state, batches)
-            except BaseException:
-                load_sampler_state(self.batch_sampler, before)
-                raise
-        self.close()  # a live epoch or persistent workers belong to the old position
-        self.seed = state["seed"]
-        self.epoch = state["epoch"]
-        if state.get("dataset") is not None:
-            assert load is not None
-            load(state["dataset"])
-        self._progress = None
-        self._resume = state
+        self._position.load(self, state)
 
     def _follow_dataset_length(self) -> None:
-        if self._own_sampler:
+        if self._options.own_sampler:
             sampler = self.batch_sampler.sampler
             n = len(self.dataset)
             if n != len(sampler):
@@ -567,10 +392,8 @@ class DataLoader(Generic[_T_co]):
             >>> loader.stats["batches"]
             2
         """
-        return merge_counters(self._counters) if self._counters else {}
-
-    def _live_iter_now(self) -> Any:
-        return self._live_iter() if self._live_iter is not None else None
+        counters = self._iterations.counters
+        return merge_counters(counters) if counters else {}
 
     @defer_sigint
     def close(self) -> None:
@@ -584,16 +407,7 @@ class DataLoader(Generic[_T_co]):
             ...     for epoch in range(2):
             ...         _ = list(loader)
         """
-        prefetched, self._prefetched = self._prefetched, None
-        if prefetched is not None:
-            prefetched.close()
-        for ref in self._live_iters:
-            it = ref()
-            if it is not None:
-                it.close()
-        engine, self._engine = self._engine, None
-        if engine is not None:
-            engine.shutdown()
+        self._iterations.close()
 
     def __enter__(self) -> DataLoader[_T_co]:
         return self
@@ -602,14 +416,8 @@ class DataLoader(Generic[_T_co]):
         self.close()
 
     def _finalize(self) -> None:
-        # A live epoch may outlive its loader (`for b in DataLoader(...)`):
-        # let it finish, then end the persistent workers with it.
         try:
-            it = self._live_iter() if self._live_iter is not None else None
-            if it is not None and self._engine is not None and hasattr(it, "release_engine_at_end"):
-                it.release_engine_at_end()
-            elif self._engine is not None:
-                self._engine.shutdown()
+            self._iterations.loader_collected()
         except Exception:
             pass
         self.__dict__.clear()   # as EpochIterator._finalize: freed while Ctrl-C is held back
@@ -652,8 +460,9 @@ class _LoaderIterator:
         try:
             batch = self.inner._next()
         except StopIteration:
-            if loader.auto_reload and loader._prefetched is None and self.inner is loader._live_iter_now():
-                loader._prefetch()
+            runs = loader._iterations
+            if loader.auto_reload and runs.ahead is None and self.inner is runs.newest():
+                runs.load_ahead(loader._start_iter, loader.batch_sampler, loader.iterable)
             raise
         except BaseException:
             del self, loader   # the traceback must not keep the epoch alive (see EpochIterator._next)

@@ -648,3 +648,16 @@ class DistributedSampler(Sampler):
         return (f"DistributedSampler(n={self._n}, num_replicas={self.num_replicas}, "
                 f"rank={self.rank}, shuffle={self.shuffle}, seed={self.seed}, "
                 f"drop_last={self.drop_last})")
+
+
+def epoch_batches(batch_sampler: Any, keyed: bool) -> list[Any]:
+    """An epoch's batches of indices from `batch_sampler` (advancing its
+    epoch), each checked to be a 1-D sequence of integers; `keyed`
+    (batch_size=None): one sampler key per batch."""
+    if keyed:
+        return bulk_batches(batch_sampler.sampler)
+    draw: Any = getattr(batch_sampler, "epoch_batches", None)
+    if draw is not None and type(batch_sampler) is BatchSampler:
+        return cast(list[Any], draw())   # views of its sampler's indices, checked as a whole
+    batches = draw() if draw is not None else batch_sampler
+    return [batch_sampler_indices(b, i) for i, b in enumerate(batches)]

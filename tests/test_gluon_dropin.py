@@ -189,7 +189,7 @@ def test_auto_reload_prefetches_the_next_epoch():
     threads = mxload.DataLoader(Recording(), 2, num_workers=1, thread_pool=True, auto_reload=True)
     with threads:
         assert [b.tolist() for b in threads] == [[0, 1], [2, 3]]
-        assert threads._prefetched is not None   # the next epoch is already loading
+        assert threads._iterations.ahead is not None   # the next epoch is already loading
         assert [b.tolist() for b in threads] == [[0, 1], [2, 3]]
 
 

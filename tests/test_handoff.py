@@ -322,9 +322,9 @@ def test_early_ended_persistent_epochs_leave_no_task_behind():
                 if i == 7:
                     break
         assert np.concatenate(list(loader)).tolist() == list(range(400))
-        engine = loader._engine
+        engine = loader._iterations.engine
         assert engine is not None
-        outstanding = [len(w.outstanding) for w in engine._workers]
+        outstanding = [len(w.outstanding) for w in engine.roster.workers]
         held = [len(h.held) for h in engine.transport._handles]
     assert outstanding == [0, 0] and held == [0, 0]
 

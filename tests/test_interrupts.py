@@ -101,7 +101,7 @@ def test_ctrl_c_inside_the_shutdown_completes_it_then_raises_once(start_method, 
         try:
             if {how!r} == "break":
                 for batch in loader:
-                    pids[:] = loader._live_iter().engine.worker_pids()
+                    pids[:] = loader._iterations.newest().engine.worker_pids()
                     t0 = time.monotonic()
                     break
             else:

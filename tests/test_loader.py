@@ -428,17 +428,17 @@ def test_unpicklable_dataset_with_spawn_names_the_type():
 def test_persistent_workers_survive_epochs_and_close_ends_them():
     with mxload.DataLoader(TupleDataset(20), batch_size=5, num_workers=2, persistent_workers=True) as loader:
         first = run(loader)
-        pids = set(loader._engine.worker_pids())
+        pids = set(loader._iterations.engine.worker_pids())
         second = run(loader)
         assert first == second
-        assert set(loader._engine.worker_pids()) == pids, "no new processes"
+        assert set(loader._iterations.engine.worker_pids()) == pids, "no new processes"
         it = iter(loader)
         next(it)
         del it  # abandoned mid-epoch: workers stay for the next epoch
         assert run(loader) == first
-        engine = loader._engine
+        engine = loader._iterations.engine
     assert engine.state == "closed"
-    assert loader._engine is None
+    assert loader._iterations.engine is None
 
 
 def test_torch_from_numpy_keeps_the_slab_alive():

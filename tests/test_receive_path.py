@@ -41,7 +41,7 @@ class Ragged(mxload.Dataset):
 
 
 def _receiver_stats(loader):
-    return loader._engine.transport.receive_stats
+    return loader._iterations.engine.transport.receive_stats
 
 
 def test_steady_batches_take_the_binary_frames_and_are_exact():
@@ -187,7 +187,7 @@ def test_a_resumed_fetcher_does_not_attach_its_workers_again():
     try:
         it = iter(loader)
         next(it)
-        transport = loader._engine.transport
+        transport = loader._iterations.engine.transport
         assert transport.pause()
         fetcher = transport._fetcher
         fetcher.receiver = spy = _CountingReceiver(fetcher.receiver)
@@ -207,7 +207,7 @@ def test_a_paused_fetcher_keeps_half_received_frames():
         for _ in range(race_rounds(50)):
             it = iter(loader)
             next(it)
-            transport = loader._engine.transport
+            transport = loader._iterations.engine.transport
             for _ in range(3):
                 if transport.pause():
                     transport.resume()

@@ -497,7 +497,7 @@ def test_a_loop_left_by_an_error_ends_its_workers_while_the_error_is_kept(as_ten
         for _ in loader:
             pass
     assert "bad sample 3" in str(info.value)
-    assert loader._live_iter_now() is None
+    assert loader._iterations.newest() is None
 
 
 def test_error_counts_as_a_taken_batch_in_checkpoints():
