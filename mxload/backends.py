@@ -113,6 +113,17 @@ class RayBackend(Backend):
             raise ValueError(f"RayBackend runtime_env must be a mapping (Ray's runtime_env), "
                              f"got {type(self.runtime_env).__name__}")
 
+    def actor_options(self) -> dict[str, Any]:
+        """Ray's options for each worker actor: what it reserves, its runtime_env; no restart or
+        retry by Ray (the loader restarts workers itself, and sends their tasks again)."""
+        options: dict[str, Any] = {"num_cpus": self.num_cpus_per_worker, "max_restarts": 0,
+                                   "max_task_retries": 0, "max_concurrency": 1}
+        if self.resources:
+            options["resources"] = dict(self.resources)
+        if self.runtime_env:
+            options["runtime_env"] = dict(self.runtime_env)
+        return options
+
     def make_transport(self, setup: TransportSetup) -> Transport:
         from ._runtime.ray.transport import RayTransport  # imports ray: only here
         return RayTransport(setup, self)

@@ -411,21 +411,26 @@ class Fetcher:
 
     def _main_side_error(self, handle: ProcessHandle, msg: m.Message | None, doing: str,
                          error: Exception) -> WorkerError:
-        """An error naming the batch whose result failed in the main process.
-        Without the message (it did not unpickle) it is the worker's oldest
-        outstanding batch: a worker answers its tasks in order."""
+        """Without the message (it did not unpickle), the batch is the worker's
+        oldest outstanding one: a worker answers its tasks in order."""
         idx: int | None = getattr(msg, "batch_index", None)
         if idx is None:
             with self._lock:
                 held = self._sink.held(handle.worker_id)
             idx = held[0] if held else None
-        error_type = SharedMemoryError if isinstance(error, SharedMemoryError) else WorkerError
-        hint = (" (classes of objects a batch carries must be importable in the main process: "
-                "define them in a module, not in a worker-only or __main__-only place)"
-                if doing.startswith("unpickling") else "")
-        err = error_type(f"mxload could not take batch {idx} from worker {handle.worker_id} "
-                         f"(pid {handle.pid}) in the main process while {doing}: "
-                         f"{type(error).__name__}: {error}{hint}",
-                         handle.worker_id, handle.pid, None, idx)
-        err.__cause__ = error
-        return err
+        return main_side_error(handle, idx, doing, error)
+
+
+def main_side_error(handle: ProcessHandle, idx: int | None, doing: str, error: Exception) -> WorkerError:
+    """An error naming the batch (`idx`) whose result failed in the main
+    process while `doing`; the error's own type where it is a SharedMemoryError."""
+    error_type = SharedMemoryError if isinstance(error, SharedMemoryError) else WorkerError
+    hint = (" (classes of objects a batch carries must be importable in the main process: "
+            "define them in a module, not in a worker-only or __main__-only place)"
+            if doing.startswith("unpickling") else "")
+    err = error_type(f"mxload could not take batch {idx} from worker {handle.worker_id} "
+                     f"(pid {handle.pid}) in the main process while {doing}: "
+                     f"{type(error).__name__}: {error}{hint}",
+                     handle.worker_id, handle.pid, None, idx)
+    err.__cause__ = error
+    return err

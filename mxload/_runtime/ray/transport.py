@@ -31,6 +31,7 @@ import queue
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -146,6 +147,57 @@ class _Actor:
         where = f"node {self.node_ip} ({self.node_id[:12]})" if self.node_id else "no node yet"
         return f"Ray actor {actor_id} on {where}"
 
+    def started(self, ready: m.ActorReady, our_node_id: str | None) -> None:
+        """Its ready() answered: where it runs."""
+        self.ready = True
+        self.pid, self.node_id, self.node_ip = ready.pid, ready.node_id, ready.node_ip
+        self.local = ready.node_id == our_node_id
+
+    def describe(self, requirements: Callable[[], str]) -> str:
+        """Its state for the timeout error."""
+        if not self.ready:
+            return (f"{self.name()}: not started yet (Ray has not placed it: the cluster may lack "
+                    f"{requirements()} for it)")
+        if self.local and self.pid is not None:
+            # On this node: its process says whether it can be making
+            # progress ("stopped": the timeout error adds the SIGCONT hint).
+            state = process_state(self.pid)
+            if state != "alive":
+                return f"{state} ({self.name()}, pid {self.pid})"
+        return f"alive ({self.name()}, pid {self.pid})"
+
+    def on_our_clock(self, timings: m.Timings, dispatched: int, received: int) -> m.Timings:
+        """A batch's worker times moved onto this process's clock (the profiler's stages need them)."""
+        low, high = timings.sent_ns - received, timings.start_ns - dispatched
+        self.offset_low = low if self.offset_low is None else max(self.offset_low, low)
+        self.offset_high = high if self.offset_high is None else min(self.offset_high, high)
+        offset = (self.offset_low + self.offset_high) // 2 \
+            if self.offset_high >= self.offset_low else self.offset_low
+        return timings._replace(start_ns=timings.start_ns - offset, sent_ns=timings.sent_ns - offset)
+
+    def locate(self) -> None:
+        """Where Ray had placed it, when it was lost before it answered
+        ready(), for the error message (Ray's actor table; best effort)."""
+        try:
+            from ray._private.state import state
+            record = state.actor_table(self.handle._actor_id.hex())
+            address = record.get("Address") or {}
+            self.node_id = address.get("NodeID") or None
+            self.node_ip = address.get("IPAddress") or None
+            self.pid = record.get("Pid") or None
+        except Exception:
+            pass
+
+    def loss(self) -> WorkerLoss:
+        """Its loss, as the engine is told of it."""
+        how = f"{self.name()}, pid {self.pid}: {self.lost}"
+        final = None
+        if self.unstartable:
+            def final(held: list[int]) -> str:
+                return (f"mxload worker {self.worker_id} could not start ({how}) while holding batches "
+                        f"{held}; check RayBackend's resources and runtime_env")
+        return WorkerLoss(self.worker_id, self.pid, None, how, final=final)
+
 
 class RayTransport(Transport):
     """Workers are Ray actors; results come back through Ray's object store."""
@@ -185,13 +237,7 @@ class RayTransport(Transport):
         except Exception as e:
             raise TypeError(f"the dataset ({self._dataset_type}), batchify_fn or worker_init_fn cannot be "
                             f"serialized for Ray workers: {type(e).__name__}: {e}") from e
-        options: dict[str, Any] = {"num_cpus": self._backend.num_cpus_per_worker, "max_restarts": 0,
-                                   "max_task_retries": 0, "max_concurrency": 1}
-        if self._backend.resources:
-            options["resources"] = dict(self._backend.resources)
-        if self._backend.runtime_env:
-            options["runtime_env"] = dict(self._backend.runtime_env)
-        self._actor_class = ray.remote(LoaderActor).options(**options)
+        self._actor_class = ray.remote(LoaderActor).options(**self._backend.actor_options())
         # The config travels without the payload: each actor fetches that one object itself.
         self._config = dataclasses.replace(self._config, payload=b"")
         with self.lock:
@@ -287,18 +333,7 @@ class RayTransport(Transport):
 
     def describe(self, worker_id: int) -> str:
         actor = self._actors[worker_id]
-        if actor is None:
-            return "not started"
-        if not actor.ready:
-            return (f"{actor.name()}: not started yet (Ray has not placed it: the cluster may lack "
-                    f"{self._requirements()} for it)")
-        if actor.local and actor.pid is not None:
-            # On this node: its process says whether it can be making
-            # progress ("stopped": the timeout error adds the SIGCONT hint).
-            state = process_state(actor.pid)
-            if state != "alive":
-                return f"{state} ({actor.name()}, pid {actor.pid})"
-        return f"alive ({actor.name()}, pid {actor.pid})"
+        return "not started" if actor is None else actor.describe(self._requirements)
 
     def _requirements(self) -> str:
         needs = {"CPU": self._backend.num_cpus_per_worker, **dict(self._backend.resources or {})}
@@ -349,7 +384,9 @@ class RayTransport(Transport):
                 if error is not None:
                     self._lose(actor, error)
                 else:
-                    self._ready(actor, value)
+                    actor.started(value, self._node_id)
+                    if value.init_failed is not None:
+                        self.sink.deliver(actor.worker_id, value.init_failed)
                 return
             if error is None:
                 self.sink.deliver(actor.worker_id, self._delivery(actor, value, dispatched, received))
@@ -361,13 +398,6 @@ class RayTransport(Transport):
             else:
                 self._lose(actor, error)
 
-    def _ready(self, actor: _Actor, ready: m.ActorReady) -> None:
-        actor.ready = True
-        actor.pid, actor.node_id, actor.node_ip = ready.pid, ready.node_id, ready.node_ip
-        actor.local = ready.node_id == self._node_id
-        if ready.init_failed is not None:
-            self.sink.deliver(actor.worker_id, ready.init_failed)
-
     def _delivery(self, actor: _Actor, result: m.RemoteBatch | m.Failed | m.Exhausted,
                   dispatched: int, received: int) -> Any:
         if not isinstance(result, m.RemoteBatch):
@@ -375,13 +405,7 @@ class RayTransport(Transport):
         buffer = _writable(result.buffer) if result.buffer is not None else bytearray()
         timings = result.timings
         if timings is not None and not actor.local:
-            # The profiler's stages need its times on this process's clock.
-            low, high = timings.sent_ns - received, timings.start_ns - dispatched
-            actor.offset_low = low if actor.offset_low is None else max(actor.offset_low, low)
-            actor.offset_high = high if actor.offset_high is None else min(actor.offset_high, high)
-            offset = (actor.offset_low + actor.offset_high) // 2 \
-                if actor.offset_high >= actor.offset_low else actor.offset_low
-            timings = timings._replace(start_ns=timings.start_ns - offset, sent_ns=timings.sent_ns - offset)
+            timings = actor.on_our_clock(timings, dispatched, received)
         return m.Loaded(result.epoch, result.batch_index,
                         views_from_layout(result.layout, buffer), timings)
 
@@ -398,25 +422,12 @@ class RayTransport(Transport):
                                  or isinstance(error, (self._ray.exceptions.RuntimeEnvSetupError,
                                                        self._ray.exceptions.ActorUnschedulableError)))
             if actor.node_id is None:
-                self._locate(actor)
+                actor.locate()
             try:
                 self._ray.kill(actor.handle, no_restart=True)   # "unavailable" may mean alive but cut off
             except Exception:
                 pass
         self._report_if_drained(actor, time.monotonic())
-
-    def _locate(self, actor: _Actor) -> None:
-        """Where Ray had placed an actor lost before it answered ready(), for
-        the error message (Ray's actor table; best effort)."""
-        try:
-            from ray._private.state import state
-            record = state.actor_table(actor.handle._actor_id.hex())
-            address = record.get("Address") or {}
-            actor.node_id = address.get("NodeID") or None
-            actor.node_ip = address.get("IPAddress") or None
-            actor.pid = record.get("Pid") or None
-        except Exception:
-            pass
 
     def _report_drained_losses(self) -> None:
         now = time.monotonic()
@@ -430,13 +441,7 @@ class RayTransport(Transport):
             return
         actor.reported = True
         actor.pending.clear()   # whatever resolves late is dropped: the engine sends it again
-        how = f"{actor.name()}, pid {actor.pid}: {actor.lost}"
-        final = None
-        if actor.unstartable:
-            def final(held: list[int]) -> str:
-                return (f"mxload worker {actor.worker_id} could not start ({how}) while holding batches "
-                        f"{held}; check RayBackend's resources and runtime_env")
-        self.sink.worker_lost(WorkerLoss(actor.worker_id, actor.pid, None, how, final=final))
+        self.sink.worker_lost(actor.loss())
 
     # ---------------------------------------------------------------- shutdown phases
 
