@@ -8,17 +8,25 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ._cpus import usable_cores
+from ._runtime.autotune import AutoTuner
 from ._runtime.engine import Engine
 from .sampler import load_sampler_state, sampler_state
 
 if TYPE_CHECKING:
+    from ._options import LoaderOptions
     from ._runtime.epoch import EpochIterator
 
 
 class Iterations:
-    def __init__(self) -> None:
+    def __init__(self, options: LoaderOptions) -> None:
         self.engine: Engine | None = None          # persistent workers' engine
-        self.counters: list[dict[str, int]] = []   # the latest engine's (Engine.counters)
+        # num_workers="auto": picks the workers and window of every epoch (its counters join stats).
+        self.tuner = AutoTuner(options.num_workers, usable_cores(), options.auto_window,
+                               options.prefetch) if options.autotune else None
+        # The latest engine's (Engine.counters), and the tuner's.
+        self.counters: list[dict[str, int]] = [self.tuner.counts] if self.tuner is not None else []
+
         self._newest: weakref.ref[EpochIterator] | None = None
         # Plain weak references, not a WeakSet: a WeakSet's callback would run
         # Python code as an iterator dies, after its finalizer, where a
@@ -30,7 +38,7 @@ class Iterations:
 
     def use_engine(self, engine: Engine, persistent: bool) -> None:
         """The engine of the epoch starting: its counters are the loader's; persistent workers' is kept."""
-        self.counters = engine.counters()
+        self.counters = engine.counters() + ([self.tuner.counts] if self.tuner is not None else [])
         if persistent:
             self.engine = engine
 

@@ -84,6 +84,9 @@ class LoaderOptions:
     auto_reload: bool
     try_nopython: bool | None
     backend: Backend | None                       # None: local processes (or threads)
+    # num_workers="auto" (_runtime/autotune.py): num_workers is then the most it may use.
+    autotune: bool = False
+    auto_window: bool = False                     # prefetch="auto" (or not given with "auto" workers)
 
     @property
     def drop_last(self) -> bool:
@@ -102,8 +105,9 @@ class LoaderOptions:
     def from_arguments(
             cls, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = False, sampler: Any = None,
             last_batch: str | None = None, batch_sampler: Any = None,
-            batchify_fn: Callable[..., Any] | None = None, num_workers: int = 0, pin_memory: bool = False,
-            pin_device_id: int = 0, prefetch: int | None = None, thread_pool: bool = False,
+            batchify_fn: Callable[..., Any] | None = None, num_workers: int | str = 0,
+            pin_memory: bool = False, pin_device_id: int = 0, prefetch: int | str | None = None,
+            thread_pool: bool = False,
             timeout: float | None = 120, auto_reload: bool = False, *,
             collate_fn: Callable[..., Any] | None = None, drop_last: bool | None = None,
             worker_init_fn: Callable[[int], None] | None = None, multiprocessing_context: Any = None,
@@ -127,6 +131,13 @@ class LoaderOptions:
                 raise ValueError(f"drop_last=True conflicts with last_batch={last_batch!r}")
             if drop_last:
                 last_batch = "discard"
+        autotune = isinstance(num_workers, str) and num_workers == "auto"
+        auto_window = isinstance(prefetch, str) and prefetch == "auto"
+        if auto_window:
+            prefetch = None
+        if autotune:
+            num_workers = _check_auto_workers(iterable, thread_pool, backend)
+            auto_window = prefetch is None and prefetch_factor is None
         if isinstance(num_workers, int) and num_workers < 0:
             # torch's words (programs match them), in the one style otherwise.
             raise ValueError(f"num_workers option should be non-negative (use num_workers=0 to load in the "
@@ -174,7 +185,21 @@ class LoaderOptions:
             persistent_workers=bool(persistent_workers), in_order=bool(in_order),
             max_worker_restarts=max_worker_restarts, profile=bool(profile), pin_memory=bool(pin_memory),
             pin_device_id=pin_device_id, pin_memory_device=pin_memory_device, auto_reload=bool(auto_reload),
-            try_nopython=try_nopython, backend=ray_backend)
+            try_nopython=try_nopython, backend=ray_backend, autotune=autotune, auto_window=auto_window)
+
+
+def _check_auto_workers(iterable: bool, thread_pool: object, backend: object) -> int:
+    """num_workers="auto": the most workers the tuner may use, this process's usable cores
+    (capped); it loads map-style datasets with local worker processes."""
+    from ._cpus import usable_cores
+    from ._runtime.autotune import MAX_AUTO_WORKERS
+    if iterable:
+        raise ValueError("num_workers='auto' needs a map-style dataset: an IterableDataset's stream is split "
+                         "among a fixed number of workers (get_worker_info()), so pass an int")
+    if thread_pool or backend is not None:
+        raise ValueError("num_workers='auto' tunes local worker processes: pass an int num_workers with "
+                         "thread_pool=True or backend=...")
+    return min(usable_cores(), MAX_AUTO_WORKERS)
 
 
 def is_iterable_dataset(dataset: object) -> bool:

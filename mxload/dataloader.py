@@ -84,6 +84,7 @@ class _Settings:
     its LoaderOptions, ``self._options`` (see _Option)."""
 
     _options: LoaderOptions
+    _iterations: Iterations
     dataset = _Option[Any]()
     batch_size = _Option[int | None]()
     last_batch = _Option[str]()
@@ -109,6 +110,14 @@ class _Settings:
     try_nopython = _Option[bool | None]()
     iterable = _Option[bool]()
     _fetch_batch_size = _Option[int]("fetch_batch_size")
+
+    @property
+    def autotune(self) -> dict[str, Any] | None:
+        """With ``num_workers="auto"``: the workers and window in use, the latest epoch's choice
+        (measured load, step, cores, the predicted ms per batch of each count, why) and each
+        adjustment (epoch, batches taken, workers before, after, why); else None."""
+        tuner = self._iterations.tuner
+        return tuner.report() if tuner is not None else None
 
     @property
     def drop_last(self) -> bool:
@@ -154,13 +163,14 @@ class DataLoader(_Settings, Generic[_T_co]):
             raises ValueError naming the first that is not.
         batchify_fn (callable | None): turns a list of samples into a batch; default
             :data:`mxload.batchify.default_batchify`.
-        num_workers (int): worker processes (threads with `thread_pool`); ``0`` (default) loads in
-            the calling thread.
+        num_workers (int | str): worker processes (threads with `thread_pool`); ``0`` (default) loads
+            in the calling thread; ``"auto"``: measured and adjusted while loading (``loader.autotune``).
         pin_memory (bool): hand out batches in page-locked memory (still numpy arrays) when torch
             has an accelerator; without one, warn once as torch does. Default ``False``.
         pin_device_id (int): Gluon's pinned-memory device; accepted (torch pins for its current
             accelerator). Default ``0``.
-        prefetch (int | None): batches in flight across all workers; default ``2 * num_workers``.
+        prefetch (int | str | None): batches in flight across all workers; default (or ``"auto"``):
+            ``2 * num_workers``, with ``num_workers="auto"`` two per worker taking tasks.
         thread_pool (bool): workers are threads, not processes. Default ``False``.
         timeout (float | None): seconds to wait for a batch before raising
             :class:`LoaderTimeoutError`; default ``120``; ``0`` or ``None`` waits forever.
@@ -227,8 +237,8 @@ class DataLoader(_Settings, Generic[_T_co]):
 
     def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = False,
                  sampler: Any = None, last_batch: str | None = None, batch_sampler: Any = None,
-                 batchify_fn: Callable[..., Any] | None = None, num_workers: int = 0,
-                 pin_memory: bool = False, pin_device_id: int = 0, prefetch: int | None = None,
+                 batchify_fn: Callable[..., Any] | None = None, num_workers: int | str = 0,
+                 pin_memory: bool = False, pin_device_id: int = 0, prefetch: int | str | None = None,
                  thread_pool: bool = False, timeout: float | None = 120, auto_reload: bool = False, *,
                  collate_fn: Callable[..., Any] | None = None, drop_last: bool | None = None,
                  worker_init_fn: Callable[[int], None] | None = None,
@@ -251,7 +261,7 @@ class DataLoader(_Settings, Generic[_T_co]):
         self.sampler = getattr(self.batch_sampler, "sampler", None)  # e.g. loader.sampler.set_epoch(e)
         self.epoch = 0
         self._run_seed = RunSeed(self._options.torch_seeded)
-        self._iterations = Iterations()
+        self._iterations = Iterations(self._options)
         self._position = LoaderPosition()
         self._pin_checked = False
         self._pin_device: str | None = None
@@ -310,7 +320,7 @@ class DataLoader(_Settings, Generic[_T_co]):
         progress = self._position.epoch_starting(self)
         it = start_epoch(self._options, self.epoch, None if self.iterable else self._epoch_batches,
                          progress, self.profiler, runs.engine, self.persistent_workers, self.__len__,
-                         functools.partial(runs.use_engine, persistent=self.persistent_workers))
+                         functools.partial(runs.use_engine, persistent=self.persistent_workers), runs.tuner)
         self.epoch += 1
         runs.started(it)
         if self._pin_device is not None or self.auto_reload or self.iterable or self._as_tensors:

@@ -36,7 +36,7 @@ from . import wire
 from .engine_errors import aborted_error, forked_child_error, timeout_error
 from .results import CLOSED_BY_OTHER, END, EXHAUSTED, BatchFailure, Marker, Supervisor
 from .roster import Roster
-from .shutdown import shutdown_sequence
+from .shutdown import CLOSED, RUNNING, SHUTTING_DOWN, shutdown_sequence
 from .transport import Transport, TransportSetup
 from .worker import WorkerConfig
 
@@ -44,8 +44,6 @@ if TYPE_CHECKING:
     from .._options import LoaderOptions
     from ..profiler import Profiler
     from .epoch import EpochPlan
-
-RUNNING, SHUTTING_DOWN, CLOSED = "running", "shutting down", "closed"
 
 # Forks of this process so far, as seen in the child: a batch is taken only in
 # the process that made the engine, and comparing this costs nothing per batch
@@ -113,10 +111,6 @@ class Engine:
         self._finalizer = mp_util.Finalize(None, self.shutdown, exitpriority=100)
 
     @property
-    def running(self) -> bool:
-        return self.state == RUNNING
-
-    @property
     def usable(self) -> bool:
         """Able to serve another epoch: running, not failed, every worker's
         stream whole, and in the process that created it (a forked child's
@@ -125,14 +119,12 @@ class Engine:
                 and os.getpid() == self._pid)
 
     def began(self, epoch: int) -> bool:
-        """Whether this engine already began epoch `epoch` (an iter() that a
-        Ctrl-C interrupted once its tasks were out): beginning it again would
-        mix its answers with the new ones, both named (epoch, batch index)."""
+        """Whether this engine already began epoch `epoch` (an iter() that a Ctrl-C interrupted once
+        its tasks were out): beginning it again would mix its answers with the new ones."""
         return self._plan is not None and self.epoch == epoch
 
     def counters(self) -> list[dict[str, int]]:
-        """The counters of this engine and of its transport's components, each owned (and
-        counted) by one of them; they stay readable after the engine ends."""
+        """This engine's and its transport's counters (each owned by one); readable after it ends."""
         return [self.counts, *self.transport.counters()]
 
     @property
@@ -174,10 +166,16 @@ class Engine:
             self._dispatch_more()
         del stale  # recycled slabs of the previous epoch, released outside the lock
 
+    def set_active(self, workers: int, window: int) -> None:
+        """num_workers="auto": `workers` take tasks, `window` in flight; the
+        next dispatch follows (a retired worker answers what it holds)."""
+        with self.lock:
+            self.roster.set_active(workers)
+            self.prefetch = max(window, 1)
+
     def close_epoch(self) -> None:
-        """The epoch's iterator is closed, the workers stay (persistent): a
-        send waiting on a worker that is not reading gives up now.  Without
-        the engine lock, which that send's thread holds."""
+        """The epoch's iterator is closed, the workers stay (persistent): a send waiting on a worker
+        that is not reading gives up now.  Without the engine lock, which that send's thread holds."""
         self.transport.epoch_closed = True
 
     def _dispatch_more(self) -> None:

@@ -17,6 +17,7 @@ from .._checkpoint import EpochProgress
 from .._collate import plan as _plan
 from .._core import defer_sigint, handing_next, sigint_safe_finalizer
 from ..errors import EpochAbortedError
+from .autotune import AutoBatches, AutoTuner
 from .engine import Engine
 from .engine_errors import aborted_error
 from .results import END, BatchFailure, Marker
@@ -140,6 +141,11 @@ class InProcessBatches:
     def total_batches(self) -> int | None:
         return len(self._plan.order) if self._plan.order is not None else None
 
+    @property
+    def position(self) -> int:
+        """How many of the plan's batches were handed out."""
+        return self._position
+
     def end(self, release: bool) -> None:
         self._source.close()
 
@@ -180,11 +186,9 @@ class EpochIterator:
     when garbage-collected: ``for batch in loader: break`` stops the workers
     at once, because nothing else holds this object strongly."""
 
-    def __init__(self, producer: InProcessBatches | _EngineBatches, progress: EpochProgress,
+    def __init__(self, producer: InProcessBatches | _EngineBatches | AutoBatches, progress: EpochProgress,
                  length: Callable[[], int]):
         self._producer: _Producer = producer
-        # The engine, with workers (persistent_workers: the loader keeps it too).
-        self.engine: Engine | None = producer.engine if isinstance(producer, _EngineBatches) else None
         # Where next_batch leaves the batch it hands out (handing_next clears it).
         self._ready_in: _Ready = producer.engine if isinstance(producer, _EngineBatches) else producer
         self._progress = progress
@@ -197,6 +201,11 @@ class EpochIterator:
 
     def __iter__(self) -> EpochIterator:
         return self
+
+    @property
+    def engine(self) -> Engine | None:
+        """The engine, with workers (persistent_workers: the loader keeps it too); None in-process."""
+        return getattr(self._producer, "engine", None)
 
     def __len__(self) -> int:
         """The batches this epoch delivers (a stream: the loader's len())."""
@@ -297,9 +306,9 @@ class EpochIterator:
     def release_engine_at_end(self) -> None:
         """The loader is gone: end the workers with this epoch, even if persistent."""
         producer = self._producer
-        if isinstance(producer, _EngineBatches):
+        if isinstance(producer, (_EngineBatches, AutoBatches)):
             producer.persistent = False
-            if self._closed:
+            if self._closed and producer.engine is not None:
                 producer.engine.shutdown()
 
     @defer_sigint
@@ -333,18 +342,24 @@ class EpochIterator:
 def start_epoch(options: LoaderOptions, epoch: int, batches: Callable[[], list[np.ndarray]] | None,
                 progress: EpochProgress, profiler: Profiler | None, engine: Engine | None,
                 persistent: bool, length: Callable[[], int],
-                on_engine: Callable[[Engine], None]) -> EpochIterator:
+                on_engine: Callable[[Engine], None], tuner: AutoTuner | None = None) -> EpochIterator:
     """Start epoch `epoch`: in the calling thread (num_workers=0), or on
     `engine` (persistent workers) if it is still usable, else on a new one,
     which `on_engine` receives before anything can interrupt (a persistent
     engine's owner must learn of it, whatever happens next).  `batches`
     makes the epoch's batches of indices (None: an IterableDataset);
     `progress` says which were taken (a resumed epoch) and records those
-    taken from now on; `length` is the loader's len() (a stream's epoch)."""
+    taken from now on; `length` is the loader's len() (a stream's epoch);
+    `tuner`: num_workers="auto" (autotune.py)."""
     t0 = time.monotonic_ns()
     plan = EpochPlan.of(batches() if batches is not None else None, progress)
     t1 = time.monotonic_ns()
-    if options.num_workers == 0:
+    if tuner is not None and plan.order is not None:
+        auto = _auto_batches(tuner, options, epoch, plan, profiler, engine, persistent, on_engine)
+        if profiler is not None:
+            profiler.epoch_started(time.monotonic_ns() - t0, 0)
+        return EpochIterator(auto, progress, length)
+    if options.num_workers == 0 or tuner is not None:
         it = EpochIterator(InProcessBatches(options, epoch, plan, profiler), progress, length)
         if profiler is not None:
             profiler.epoch_started(time.monotonic_ns() - t0, 0)
@@ -353,13 +368,26 @@ def start_epoch(options: LoaderOptions, epoch: int, batches: Callable[[], list[n
                             t1 - t0)
 
 
-@defer_sigint
 def _start_on_engine(options: LoaderOptions, epoch: int, plan: EpochPlan, progress: EpochProgress,
                      profiler: Profiler | None, engine: Engine | None, persistent: bool,
                      length: Callable[[], int], on_engine: Callable[[Engine], None],
                      sampling_ns: int) -> EpochIterator:
     """All or nothing: a Ctrl-C meanwhile is raised once the iterator
     exists, whose finalizer then ends a non-persistent engine."""
+    made: list[EpochIterator] = []
+    _engine_batches(options, epoch, plan, profiler, engine, persistent, on_engine, sampling_ns, None,
+                    lambda producer: made.append(EpochIterator(producer, progress, length)))
+    return made[0]
+
+
+@defer_sigint
+def _engine_batches(options: LoaderOptions, epoch: int, plan: EpochPlan, profiler: Profiler | None,
+                    engine: Engine | None, persistent: bool, on_engine: Callable[[Engine], None],
+                    sampling_ns: int, active: tuple[int, int] | None,
+                    adopt: Callable[[_EngineBatches], None]) -> None:
+    """Start `plan` on `engine` (persistent workers), or on a new engine,
+    and hand its producer to `adopt` before a Ctrl-C deferred meanwhile is
+    raised; `active`: (workers taking tasks, window) for num_workers="auto"."""
     t1 = time.monotonic_ns()
     created = engine is None or not engine.usable or engine.began(epoch)
     if engine is None or created:   # (both, for the type checker)
@@ -371,11 +399,29 @@ def _start_on_engine(options: LoaderOptions, epoch: int, plan: EpochPlan, progre
         engine = Engine(options, epoch)
     try:
         on_engine(engine)
+        if active is not None:
+            engine.set_active(*active)
         engine.begin_epoch(epoch, plan, profiler)
         if profiler is not None:
             profiler.epoch_started(sampling_ns, time.monotonic_ns() - t1)
-        return EpochIterator(_EngineBatches(engine, persistent), progress, length)
+        adopt(_EngineBatches(engine, persistent))
     except BaseException:
         if created and not persistent:
             engine.shutdown()
         raise
+
+
+def _auto_batches(tuner: AutoTuner, options: LoaderOptions, epoch: int, plan: EpochPlan,
+                  profiler: Profiler | None, engine: Engine | None, persistent: bool,
+                  on_engine: Callable[[Engine], None]) -> AutoBatches:
+    """num_workers="auto": the epoch starts in-process; AutoBatches moves the
+    rest onto an engine (this loader's persistent one if usable) when it picks workers."""
+    def start_engine(rest: EpochPlan, workers: int, adopt: Callable[[_EngineBatches], None]) -> None:
+        nonlocal engine
+        if persistent and auto.persistent is False:
+            engine = None   # the loader is gone: the workers end with this epoch
+        _engine_batches(options, epoch, rest, profiler, engine, auto.persistent, on_engine, 0,
+                        (workers, tuner.window(workers)), adopt)
+    auto = AutoBatches(tuner, epoch, plan, InProcessBatches(options, epoch, plan, profiler), start_engine,
+                       profiler, persistent)
+    return auto

@@ -14,6 +14,7 @@ from ..errors import WorkerError
 from . import messages as m
 from .engine_errors import start_failure, worker_died
 from .remote_errors import rebuild_exception
+from .shutdown import RUNNING
 from .transport import Delivery, WorkerLoss
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ class Supervisor:
         with engine.lock:
             wid = loss.worker_id
             engine.roster.lost(wid)
-            if not engine.running:
+            if engine.state != RUNNING:
                 return
             held = sorted(self.held(wid))
             if loss.final is not None:

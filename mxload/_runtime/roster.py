@@ -28,12 +28,19 @@ class Roster:
         # The ids of the workers that take tasks (alive, stream not exhausted);
         # None once any worker's state changed (see changed()).
         self._takers: list[int] | None = None
+        self.active = num_workers   # num_workers="auto": only workers below this id take tasks
 
     def __len__(self) -> int:
         return len(self.workers)
 
     def changed(self) -> None:
         """A worker's `alive` or `exhausted` changed: the takers are counted again."""
+        self._takers = None
+
+    def set_active(self, workers: int) -> None:
+        """Only workers 0..workers-1 take tasks from now on; the others keep,
+        and answer, the tasks they hold."""
+        self.active = workers
         self._takers = None
 
     def new_epoch(self) -> None:
@@ -45,7 +52,8 @@ class Roster:
         """The worker that takes batch `idx`'s task; None if none can."""
         live = self._takers
         if live is None:
-            live = self._takers = [wid for wid, w in enumerate(self.workers) if w.alive and not w.exhausted]
+            live = self._takers = [wid for wid, w in enumerate(self.workers)
+                                   if w.alive and not w.exhausted and wid < self.active]
         if not live:
             return None
         n = len(live)

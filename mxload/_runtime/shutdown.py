@@ -14,6 +14,9 @@ __all__ = ["SHUTDOWN_DEADLINE_S", "SHUTDOWN_GRACE_S", "SHUTDOWN_TERMINATE_S", "s
 # message; one still inside a batch (whose result nobody wants any more) gets
 # SIGTERM after the grace period, SIGKILL after the terminate period; every
 # wait shares the one deadline.
+# An engine's states (Engine.state): shutdown_sequence runs once, in SHUTTING_DOWN.
+RUNNING, SHUTTING_DOWN, CLOSED = "running", "shutting down", "closed"
+
 SHUTDOWN_GRACE_S = 0.02
 SHUTDOWN_TERMINATE_S = 0.5
 SHUTDOWN_DEADLINE_S = 1.0

@@ -1,0 +1,143 @@
+"""num_workers="auto" against a sweep of fixed settings, in one run.
+
+    python bench/autotune.py [--quick] [--repeats N] [--workloads images dict16 ...]
+                             [--max-workers 4] [--step-us 0] [--batches N]
+
+For every workload (bench/loader.py's: mxload/synthetic.py, jpeg when pillow is installed),
+each repeat runs every configuration once, round-robin in rotating order so that drift on a
+noisy machine hits them alike: 0 workers, then 1..--max-workers workers with windows of 1, 2
+and 4 tasks per worker, then ``num_workers="auto"``.  A run is a fresh loader taking
+--batches batches from ``iter()``, the start (workers, the auto probe) included, each batch
+touched as bench/loader.py touches it and followed by a simulated training step of --step-us
+microseconds (a busy loop: CPU in the training thread, as a data-augmentation or CPU-model
+step is; 0 = none).  Reported per workload, as medians over the repeats: batches/s of each
+setting and its fraction of the best fixed one; what "auto" chose (workers, window, and why)
+and its batches/s as a fraction of the best fixed setting and of 0 workers.
+
+Targets (issue 25): auto >= 95% of the best fixed setting, and never below 95% of 0 workers.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import time
+import warnings
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import busy_s, header, median, table  # noqa: E402
+from loader import ALL, BATCHES, QUICK_SCALE, build_datasets, close_iter, touch  # noqa: E402
+
+import mxload  # noqa: E402
+from mxload._cpus import usable_cores  # noqa: E402
+
+warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+
+WINDOWS_PER_WORKER = (1, 2, 4)
+TARGET_OF_BEST = 0.95
+TARGET_OF_ZERO = 0.95
+
+
+def spin(us: float) -> None:
+    if us <= 0:
+        return
+    end = time.perf_counter() + us * 1e-6
+    while time.perf_counter() < end:
+        pass
+
+
+def run_once(ds: Any, batch_size: int, workers: int | str, prefetch: int | None, n_batches: int,
+             step_us: float) -> tuple[float, dict[str, Any] | None]:
+    """(batches/s from iter() to the last batch, the auto report or None)."""
+    loader = mxload.DataLoader(ds, batch_size=batch_size, num_workers=workers, prefetch=prefetch)
+    t0 = time.perf_counter()
+    it = iter(loader)
+    for _ in range(n_batches):
+        batch = next(it)
+        touch(batch, False)
+        spin(step_us)
+    elapsed = time.perf_counter() - t0
+    del batch
+    report = loader.autotune
+    close_iter(it)
+    del it, loader
+    return n_batches / elapsed, report
+
+
+def configurations(max_workers: int) -> list[tuple[str, int | str, int | None]]:
+    configs: list[tuple[str, int | str, int | None]] = [("0 workers", 0, None)]
+    for w in range(1, max_workers + 1):
+        for per in WINDOWS_PER_WORKER:
+            configs.append((f"{w} workers, window {per * w}", w, per * w))
+    configs.append(("auto", "auto", None))
+    return configs
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="half-size datasets, 3 repeats by default")
+    p.add_argument("--repeats", type=int, default=None, help="repeats per configuration (default 5, quick 3)")
+    p.add_argument("--workloads", nargs="+", default=list(ALL), choices=list(ALL))
+    p.add_argument("--max-workers", type=int, default=min(4, usable_cores()))
+    p.add_argument("--step-us", type=float, default=0.0, help="simulated training step per batch (busy loop)")
+    p.add_argument("--batches", type=int, default=None,
+                   help="batches per run (default: bench/loader.py's per workload, at least 60)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    repeats = args.repeats if args.repeats is not None else (3 if args.quick else 5)
+    scale = QUICK_SCALE if args.quick else 1.0
+    print(header('num_workers="auto" vs a sweep of fixed settings'))
+    print(f"# mxload {mxload.__version__}; usable cores {usable_cores()}; repeats {repeats}, "
+          f"scale {scale:g}, training step {args.step_us:g} us (busy loop)", flush=True)
+    datasets = build_datasets(args.workloads, scale)
+    configs = configurations(args.max_workers)
+    verdicts: list[bool] = []
+    t_start = time.perf_counter()
+    for name in args.workloads:
+        ds, wl = datasets[name], ALL[name]
+        n_full = len(ds) // wl.batch_size
+        n_batches = max(2, min(args.batches or max(60, BATCHES.get(name, (100, 30))[0]), n_full))
+        rates: dict[str, list[float]] = {}
+        reports: list[dict[str, Any]] = []
+        busy0, t0 = busy_s(), time.perf_counter()
+        for r in range(repeats):
+            k = r % len(configs)
+            for label, workers, prefetch in configs[k:] + configs[:k]:
+                rate, report = run_once(ds, wl.batch_size, workers, prefetch, n_batches, args.step_us)
+                rates.setdefault(label, []).append(rate)
+                if report is not None:
+                    reports.append(report)
+                gc.collect()
+        load = (busy_s() - busy0) / (time.perf_counter() - t0)
+        med = {label: median(v) for label, v in rates.items()}
+        fixed = {label: v for label, v in med.items() if label != "auto"}
+        best_label = max(fixed, key=lambda label: fixed[label])
+        best, zero, auto = fixed[best_label], med["0 workers"], med["auto"]
+        rows = [[label, f"{v:.1f}", f"{v / best:.2f}"] for label, v in med.items()]
+        print(f"\n## {name}: {n_batches} batches of {wl.batch_size} per run, from iter() "
+              f"({time.perf_counter() - t_start:.0f} s elapsed; machine busy {load:.2f} cores incl. this)")
+        print(table(rows, ["setting", "b/s", "of best"]))
+        chosen = [(rep["workers"], rep["window"]) for rep in reports]
+        last = reports[-1]["last_choice"] if reports else None
+        print(f"# auto chose (workers, window) per run, at the end of each: {chosen}")
+        if last is not None:
+            print(f"# its last choice: {last['reason']} (load {last['load_ms']:.3f} ms/batch, step "
+                  f"{last['step_ms']:.3f} ms, cores {last['cores']}); adjustments in its runs: "
+                  f"{sum(len(rep['changes']) for rep in reports)}")
+        ok_best, ok_zero = auto >= TARGET_OF_BEST * best, auto >= TARGET_OF_ZERO * zero
+        verdicts += [ok_best, ok_zero]
+        print(f"# auto: {auto:.1f} b/s = {auto / best:.2f} of the best fixed ({best_label}) "
+              f"{'ok' if ok_best else 'MISSED'} (want >= {TARGET_OF_BEST:g}); {auto / zero:.2f}x 0 workers "
+              f"{'ok' if ok_zero else 'MISSED'} (want >= {TARGET_OF_ZERO:g})", flush=True)
+    print(f"\n# total {time.perf_counter() - t_start:.0f} s; {sum(verdicts)}/{len(verdicts)} targets met")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,279 @@
+"""``num_workers="auto"``: the loader picks its worker count and window, and
+keeps adjusting them while the epoch runs.
+
+Every epoch starts in the training loop's thread: its first PROBE_BATCHES
+batches are loaded in-process (they are the epoch's own first batches, not
+extra work) while the tuner measures what one batch costs to load (fetch and
+collate: L), how long the loop's step between two ``next()`` calls takes (S),
+how much of that step is CPU time of the loop's own thread (S_cpu), and how
+many cores this process may use (affinity and cgroup quota: C).  A model
+(`predict_ns`) gives the time per batch with k workers; the tuner takes the
+fastest k, 0 included, asking a worker count to beat in-process loading by
+WORKERS_MARGIN (the model does not see page faults or wake-ups).  From the
+second epoch on, the throughput the workers really reached is compared with
+the in-process probe's, so a machine where workers lose gets 0 next time.
+
+With k >= 1 the rest of the epoch runs on the engine, whose `max_workers`
+processes exist but only k take tasks.  Every WINDOW_BATCHES batches the
+tuner measures the loop's throughput and, every TRY_EVERY windows, tries one
+worker more or one fewer for a window: kept if it was faster by TRY_GAIN,
+else undone.  A retired worker takes no new task; the tasks it holds are
+delivered as usual, so no batch is lost, repeated or reordered, and which
+worker loads a batch never changes what it holds (``sample_rng`` is keyed by
+seed, epoch and sample, not by worker).  The window (``prefetch="auto"``) is
+WINDOW_PER_WORKER tasks per worker taking tasks.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .results import Marker
+
+if TYPE_CHECKING:
+    from ..profiler import Profiler
+    from .engine import Engine
+    from .epoch import EpochPlan, InProcessBatches
+
+PROBE_BATCHES = 8            # loaded in-process at each epoch's start (the first one is a warm-up)
+MIN_ENGINE_BATCHES = 16      # fewer left after the probe: the epoch stays in-process
+WINDOW_BATCHES = 24          # batches per throughput measurement (at least; see window_batches())
+TRY_EVERY = 3                # windows at a settled count between two tries
+TRY_GAIN = 0.05              # a tried count is kept if it was this much faster
+WORKERS_MARGIN = 0.15        # workers must be predicted this much faster than in-process
+WINDOW_PER_WORKER = 2        # prefetch="auto": tasks in flight per worker taking tasks
+MAIN_OVERHEAD_NS = 60_000    # the loop's own CPU per batch with workers (bench/main_cpu.py: 29-51 us)
+MAX_AUTO_WORKERS = 16
+
+
+def predict_ns(k: int, load_ns: float, step_ns: float, step_cpu_ns: float, cores: int) -> float:
+    """Predicted time per batch with k workers: in-process, the step and the
+    load add up; with workers, a batch takes the longest of the loop's own
+    path (step plus its per-batch overhead), the workers' share of the load,
+    and the CPU time of both spread over the usable cores."""
+    if k == 0:
+        return step_ns + load_ns
+    loop = step_ns + MAIN_OVERHEAD_NS
+    return max(loop, load_ns / k, (step_cpu_ns + MAIN_OVERHEAD_NS + load_ns) / cores)
+
+
+@dataclass
+class Choice:
+    """What the tuner chose at an epoch's start, and from what."""
+    epoch: int
+    workers: int
+    load_ms: float
+    step_ms: float
+    step_cpu_ms: float
+    cores: int
+    predicted_ms: dict[int, float]
+    reason: str
+
+
+@dataclass
+class AutoTuner:
+    """The loader's tuner: its choices and adjustments across epochs."""
+    max_workers: int
+    cores: int
+    auto_window: bool
+    fixed_window: int
+    choices: list[Choice] = field(default_factory=list)
+    # (epoch, batches taken in the epoch, workers before, after, why)
+    changes: list[tuple[int, int, int, int, str]] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=lambda: {"auto_workers": 0, "auto_window": 0,
+                                                            "auto_changes": 0})
+    # The last epoch's measured throughput with workers, and its in-process probe's.
+    _engine_rate: float | None = None
+    _inprocess_rate: float | None = None
+
+    def window(self, k: int) -> int:
+        return max(1, WINDOW_PER_WORKER * k) if self.auto_window else self.fixed_window
+
+    def choose(self, epoch: int, loads: list[int], steps: list[int], step_cpus: list[int]) -> int:
+        """The worker count for the rest of epoch `epoch`, from the probe's measurements (ns)."""
+        load = statistics.median(loads[1:] or loads)
+        step = statistics.median(steps) if steps else 0.0
+        step_cpu = min(statistics.median(step_cpus), step) if step_cpus else 0.0
+        predicted = {k: predict_ns(k, load, step, step_cpu, self.cores) for k in range(self.max_workers + 1)}
+        best = min(range(1, self.max_workers + 1), key=lambda k: (predicted[k], k), default=0)
+        inprocess = predicted[0]
+        if best and predicted[best] > inprocess * (1 - WORKERS_MARGIN):
+            workers, reason = 0, (f"in-process is as fast: {best} workers predicted "
+                                  f"{predicted[best] / 1e6:.3f} ms/batch vs {inprocess / 1e6:.3f} in-process")
+        else:
+            # The fewest workers within 3% of the best prediction: more would only burn cores.
+            near_best = [k for k in range(1, self.max_workers + 1) if predicted[k] <= predicted[best] * 1.03]
+            workers = min(near_best, default=0)
+            reason = (f"{workers} workers predicted {predicted[workers] / 1e6:.3f} ms/batch vs "
+                      f"{inprocess / 1e6:.3f} in-process" if workers else "no worker allowed")
+        measured_rate = self._engine_rate
+        self._inprocess_rate = 1e9 / (step + load) if step + load > 0 else None
+        if workers and measured_rate is not None and self._inprocess_rate is not None \
+                and measured_rate < self._inprocess_rate * (1 - TRY_GAIN):
+            reason = (f"the last epoch's workers reached {measured_rate:.0f} batches/s, in-process "
+                      f"{self._inprocess_rate:.0f}: in-process (the model predicted {workers} workers)")
+            workers = 0
+        self.choices.append(Choice(epoch, workers, load / 1e6, step / 1e6, step_cpu / 1e6, self.cores,
+                                   {k: v / 1e6 for k, v in predicted.items()}, reason))
+        self.counts["auto_workers"] = workers
+        self.counts["auto_window"] = self.window(workers) if workers else 0
+        self._engine_rate = None
+        return workers
+
+    def changed(self, epoch: int, taken: int, before: int, after: int, why: str) -> None:
+        self.changes.append((epoch, taken, before, after, why))
+        self.counts["auto_workers"] = after
+        self.counts["auto_window"] = self.window(after)
+        self.counts["auto_changes"] += 1
+
+    def engine_rate(self, rate: float) -> None:
+        """The throughput the workers reached at their settled count (the best window of the epoch)."""
+        self._engine_rate = rate if self._engine_rate is None else max(self._engine_rate, rate)
+
+    def report(self) -> dict[str, Any]:
+        """What was chosen and why (``loader.autotune``)."""
+        last = self.choices[-1] if self.choices else None
+        return {"workers": self.counts["auto_workers"], "window": self.counts["auto_window"],
+                "max_workers": self.max_workers, "cores": self.cores,
+                "last_choice": last.__dict__ if last is not None else None,
+                "changes": list(self.changes)}
+
+
+def window_batches(max_workers: int) -> int:
+    return max(WINDOW_BATCHES, 4 * max_workers)
+
+
+class AutoBatches:
+    """An epoch's producer with ``num_workers="auto"``: the probe in-process,
+    then in-process or the engine, and the adjustments (see the module's text)."""
+
+    def __init__(self, tuner: AutoTuner, epoch: int, plan: EpochPlan, inprocess: InProcessBatches,
+                 start_engine: Callable[[EpochPlan, int, Callable[[Any], None]], None],
+                 profiler: Profiler | None, persistent: bool):
+        self.profiler = profiler
+        self._tuner = tuner
+        self._epoch = epoch
+        self._plan = plan
+        self._inprocess = inprocess
+        self._current: Any = inprocess
+        self._start_engine = start_engine
+        self.engine: Engine | None = None
+        # persistent_workers, until the loader is collected (EpochIterator.release_engine_at_end).
+        self.persistent = persistent
+        self._probing = plan.order is not None and len(plan.order) > PROBE_BATCHES + MIN_ENGINE_BATCHES
+        self._loads: list[int] = []
+        self._steps: list[int] = []
+        self._step_cpus: list[int] = []
+        self._returned_ns = 0
+        self._returned_cpu_ns = 0
+        self._switch_to = 0          # workers to start at the next call (the ready slot is empty then)
+        self._taken = 0
+        # Hill climbing on the engine.
+        self._window = window_batches(tuner.max_workers)
+        self._window_start = 0
+        self._window_count = 0
+        self._settled: int = 0       # the count in force, unless a try runs
+        self._trying: int | None = None
+        self._rate = 0.0             # the settled count's last window
+        self._since_try = 0
+        self._next_direction = 1
+
+    # The slot where the batch being handed out stays (EpochIterator._next): the current producer's.
+    @property
+    def ready(self) -> tuple[int, Any] | None:
+        return self._current.ready  # type: ignore[no-any-return]
+
+    @ready.setter
+    def ready(self, value: tuple[int, Any] | None) -> None:
+        self._current.ready = value
+
+    @property
+    def total_batches(self) -> int | None:
+        return self._inprocess.total_batches
+
+    def next_batch(self) -> tuple[int, Any] | Marker:
+        if self._switch_to:
+            self._switch()
+        if self._probing:
+            return self._probe()
+        got = self._current.next_batch()
+        if self.engine is not None and type(got) is tuple:
+            self._taken += 1
+            self._window_count += 1
+            if self._window_count >= self._window:
+                self._window_done()
+        return got  # type: ignore[no-any-return]
+
+    def _probe(self) -> tuple[int, Any] | Marker:
+        called_ns, called_cpu_ns = time.perf_counter_ns(), time.thread_time_ns()
+        if self._returned_ns:
+            self._steps.append(called_ns - self._returned_ns)
+            self._step_cpus.append(called_cpu_ns - self._returned_cpu_ns)
+        got = self._inprocess.next_batch()
+        self._returned_ns = time.perf_counter_ns()
+        self._loads.append(self._returned_ns - called_ns)
+        self._returned_cpu_ns = time.thread_time_ns()
+        if type(got) is tuple:
+            self._taken += 1
+        if len(self._loads) >= PROBE_BATCHES:
+            self._probing = False
+            self._switch_to = self._tuner.choose(self._epoch, self._loads, self._steps, self._step_cpus)
+        return got
+
+    def _switch(self) -> None:
+        """Start the rest of the epoch on the engine with `_switch_to` workers taking tasks."""
+        workers, self._switch_to = self._switch_to, 0
+        plan = self._plan
+        assert plan.order is not None
+        rest = type(plan)(plan.batches, plan.order[self._inprocess.position:], 0)
+        self._start_engine(rest, workers, self._adopt)
+        self._settled = workers
+        self._window_start = time.perf_counter_ns()
+        self._window_count = 0
+
+    def _adopt(self, producer: Any) -> None:
+        """The engine's producer, taken before a Ctrl-C deferred while it started is raised."""
+        self.engine = producer.engine
+        self._current = producer
+
+    def _window_done(self) -> None:
+        now = time.perf_counter_ns()
+        rate = self._window_count * 1e9 / max(now - self._window_start, 1)
+        self._window_start, self._window_count = now, 0
+        tuner, engine = self._tuner, self.engine
+        assert engine is not None
+        if self._trying is not None:
+            tried, self._trying = self._trying, None
+            if rate > self._rate * (1 + TRY_GAIN):
+                tuner.changed(self._epoch, self._taken, self._settled, tried,
+                              f"{tried} workers: {rate:.0f} batches/s vs {self._rate:.0f}")
+                self._settled, self._rate = tried, rate
+            else:
+                engine.set_active(self._settled, tuner.window(self._settled))
+                self._next_direction = -self._next_direction
+            return
+        self._rate = rate
+        tuner.engine_rate(rate)
+        self._since_try += 1
+        if self._since_try < TRY_EVERY:
+            return
+        self._since_try = 0
+        tried = self._settled + self._next_direction
+        if not 1 <= tried <= tuner.max_workers:
+            self._next_direction = -self._next_direction
+            tried = self._settled + self._next_direction
+        if 1 <= tried <= tuner.max_workers:
+            self._trying = tried
+            engine.set_active(tried, tuner.window(tried))
+
+    def ended_by(self, error: BaseException) -> str | None:
+        return self._current.ended_by(error)  # type: ignore[no-any-return]
+
+    def end(self, release: bool) -> None:
+        self._inprocess.end(release)
+        if self._current is not self._inprocess:
+            self._current.persistent = self.persistent
+            self._current.end(release)

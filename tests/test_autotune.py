@@ -1,0 +1,195 @@
+"""num_workers="auto" (mxload/_runtime/autotune.py): what it picks, that its batches equal a
+fixed worker count's bit for bit, and that adding and retiring workers mid-epoch loses,
+repeats and reorders nothing."""
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+from fresh_python import run
+
+import mxload
+from mxload._runtime import autotune
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Augmented(mxload.Dataset):
+    """Random augmentation from sample_rng(): the same for any worker count."""
+
+    def __init__(self, n: int = 400):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        rng = mxload.sample_rng()
+        return np.float32(i) + rng.standard_normal(8).astype(np.float32), np.int64(i)
+
+
+def flat(loader, limit=None):
+    out = []
+    for n, (x, y) in enumerate(loader):
+        if limit is not None and n == limit:
+            break
+        out.append((x.tobytes(), y.tobytes()))
+    return out
+
+
+@pytest.fixture
+def three_cores(monkeypatch):
+    """The tuner sees 3 usable cores (whatever this machine has), so it has room to move."""
+    import mxload._cpus
+    import mxload._iterations
+    monkeypatch.setattr(mxload._cpus, "usable_cores", lambda: 3)
+    monkeypatch.setattr(mxload._iterations, "usable_cores", lambda: 3)
+
+
+@pytest.fixture
+def workers_win(monkeypatch):
+    """The model predicts the most workers fastest, and no epoch's measured rate overrules it:
+    every epoch moves onto the engine."""
+    monkeypatch.setattr(autotune, "predict_ns", lambda k, *_: 1e6 / (k + 1))
+    monkeypatch.setattr(autotune.AutoTuner, "engine_rate", lambda self, rate: None)
+
+
+@pytest.fixture
+def restless(monkeypatch):
+    """Every window tries another worker count and keeps it: workers are added and retired
+    every few batches."""
+    monkeypatch.setattr(autotune, "WINDOW_BATCHES", 3)
+    monkeypatch.setattr(autotune, "TRY_EVERY", 1)
+    monkeypatch.setattr(autotune, "TRY_GAIN", -1.0)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_auto_batches_equal_a_fixed_worker_counts_bit_for_bit(three_cores, workers_win, persistent):
+    kw = dict(batch_size=4, shuffle=True, seed=11)
+    reference = [flat(mxload.DataLoader(Augmented(), **kw, num_workers=0).__iter__()) for _ in range(1)]
+    fixed = mxload.DataLoader(Augmented(), **kw, num_workers=2)
+    with mxload.DataLoader(Augmented(), **kw, num_workers="auto", persistent_workers=persistent) as auto:
+        epochs = [flat(auto) for _ in range(2)]
+        assert auto.stats["auto_workers"] == 3 and auto.stats["batches"] > 0, auto.stats
+        assert auto.autotune["max_workers"] == 3
+    fixed_epochs = [flat(fixed) for _ in range(2)]
+    assert epochs[0] == reference[0] == fixed_epochs[0]
+    assert epochs[1] == fixed_epochs[1] and epochs[1] != epochs[0]   # a new shuffle, the same for both
+
+
+def test_workers_added_and_retired_mid_epoch_lose_repeat_and_reorder_nothing(three_cores, workers_win,
+                                                                             restless):
+    kw = dict(batch_size=2, seed=3)
+    reference = flat(mxload.DataLoader(Augmented(600), **kw))
+    loader = mxload.DataLoader(Augmented(600), **kw, num_workers="auto")
+    assert flat(loader) == reference
+    changes = loader.autotune["changes"]
+    counts = [after for _, _, _, after, _ in changes]
+    assert len(changes) >= 10 and {1, 2, 3} <= set(counts), changes   # up and down, more than once
+    assert loader.stats["auto_changes"] == len(changes)
+
+
+def test_in_order_false_with_auto_delivers_every_batch_once(three_cores, workers_win, restless):
+    loader = mxload.DataLoader(Augmented(600), batch_size=2, seed=3, num_workers="auto", in_order=False)
+    got = sorted(int(y[0]) for _, y in loader)
+    assert got == list(range(0, 600, 2))
+
+
+def test_resume_mid_epoch_after_the_switch_to_workers(three_cores, workers_win):
+    kw = dict(batch_size=4, shuffle=True, seed=7)
+    whole = flat(mxload.DataLoader(Augmented(), **kw))
+    loader = mxload.DataLoader(Augmented(), **kw, num_workers="auto")
+    it = iter(loader)
+    first = [(x.tobytes(), y.tobytes()) for x, y in itertools.islice(it, 40)]
+    assert it.engine is not None, "past the probe, the epoch runs on workers"
+    state = json.loads(json.dumps(loader.state_dict()))
+    it.close()
+    resumed = mxload.DataLoader(Augmented(), **kw, num_workers="auto")
+    resumed.load_state_dict(state)
+    assert first + flat(resumed) == whole
+
+
+def test_break_after_the_switch_ends_the_workers(three_cores, workers_win):
+    loader = mxload.DataLoader(Augmented(), batch_size=4, num_workers="auto")
+    it = iter(loader)
+    for n, _ in enumerate(it):
+        if n == 30:
+            break
+    engine = it.engine
+    assert engine is not None
+    pids = [p for p in engine.worker_pids() if p is not None]
+    assert len(pids) == 3
+    del it   # the conftest leak check proves the workers, slabs and descriptors are gone
+
+
+def test_a_short_epoch_stays_in_process():
+    loader = mxload.DataLoader(Augmented(40), batch_size=4, num_workers="auto")
+    it = iter(loader)
+    assert [int(y[0]) for _, y in it] == list(range(0, 40, 4))
+    assert it.engine is None and loader.stats["auto_workers"] == 0
+
+
+def test_cheap_samples_and_a_cpu_bound_step_stay_in_process_on_one_core():
+    # Real measurements, a model that must not pick workers where they cannot help.
+    tuner = autotune.AutoTuner(max_workers=1, cores=1, auto_window=True, fixed_window=2)
+    loads, steps = [200_000] * 8, [1_000_000] * 7
+    assert tuner.choose(0, loads, steps, steps) == 0
+    assert "in-process" in tuner.report()["last_choice"]["reason"]
+
+
+def test_heavy_samples_on_many_cores_get_workers_and_the_fewest_that_keep_up():
+    tuner = autotune.AutoTuner(max_workers=8, cores=8, auto_window=True, fixed_window=16)
+    # 4 ms to load a batch, a 1 ms step that sleeps (a GPU's): 4 workers keep up, more would idle.
+    k = tuner.choose(0, [4_000_000] * 8, [1_000_000] * 7, [50_000] * 7)
+    assert k == 4, tuner.report()
+    assert tuner.window(k) == 8 and tuner.counts == {"auto_workers": 4, "auto_window": 8, "auto_changes": 0}
+
+
+def test_workers_slower_than_in_process_last_epoch_give_in_process_next_epoch():
+    tuner = autotune.AutoTuner(max_workers=4, cores=4, auto_window=True, fixed_window=8)
+    assert tuner.choose(0, [4_000_000] * 8, [0] * 7, [0] * 7) > 0
+    tuner.engine_rate(150.0)   # what the workers really reached; in-process does 250 batches/s
+    assert tuner.choose(1, [4_000_000] * 8, [0] * 7, [0] * 7) == 0
+    assert "last epoch's workers reached 150" in tuner.report()["last_choice"]["reason"]
+
+
+def test_one_core_affinity_picks_zero_or_one_worker():
+    result = run("""
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        class Spin(mxload.Dataset):
+            def __len__(self): return 240
+            def __getitem__(self, i):
+                t = time.perf_counter()
+                while time.perf_counter() - t < 0.0002: pass
+                return np.float32(i)
+        loader = mxload.DataLoader(Spin(), batch_size=4, num_workers="auto")
+        n = 0
+        for batch in loader:
+            t = time.perf_counter()
+            while time.perf_counter() - t < 0.0005: pass   # a CPU-bound training step
+            n += 1
+        print(n, loader.autotune["max_workers"], loader.autotune["workers"])
+    """, timeout=60)
+    assert result.returncode == 0, result.stderr
+    n, most, chosen = map(int, result.stdout.split())
+    assert n == 60 and most == 1 and chosen in (0, 1), result.stdout
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(num_workers="fast"), "num_workers"),
+    (dict(num_workers="auto", prefetch="deep"), "prefetch"),
+    (dict(num_workers="auto", thread_pool=True), "num_workers='auto' tunes local worker processes"),
+])
+def test_bad_auto_arguments_name_what_was_wrong(kw, words):
+    with pytest.raises(ValueError, match=words):
+        mxload.DataLoader(Augmented(), batch_size=4, **kw)
+
+
+def test_auto_refuses_a_stream_with_the_reason():
+    class Stream(mxload.IterableDataset):
+        def __iter__(self):
+            yield from range(10)
+    with pytest.raises(ValueError, match="needs a map-style dataset"):
+        mxload.DataLoader(Stream(), batch_size=2, num_workers="auto")
