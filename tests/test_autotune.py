@@ -82,12 +82,13 @@ def test_auto_batches_equal_a_fixed_worker_counts_bit_for_bit(three_cores, worke
 def test_workers_added_and_retired_mid_epoch_lose_repeat_and_reorder_nothing(three_cores, workers_win,
                                                                              restless):
     kw = dict(batch_size=2, seed=3)
-    reference = flat(mxload.DataLoader(Augmented(600), **kw))
-    loader = mxload.DataLoader(Augmented(600), **kw, num_workers="auto")
+    reference = flat(mxload.DataLoader(Augmented(1600), **kw))
+    loader = mxload.DataLoader(Augmented(1600), **kw, num_workers="auto")
     assert flat(loader) == reference
     changes = loader.autotune["changes"]
-    counts = [after for _, _, _, after, _ in changes]
-    assert len(changes) >= 10 and {1, 2, 3} <= set(counts), changes   # up and down, more than once
+    added = [c for c in changes if c[3] > c[2]]
+    retired = [c for c in changes if c[3] < c[2]]
+    assert len(added) >= 2 and len(retired) >= 2, changes   # up and down, more than once
     assert loader.stats["auto_changes"] == len(changes)
 
 

@@ -14,14 +14,18 @@ second epoch on, the throughput the workers really reached is compared with
 the in-process probe's, so a machine where workers lose gets 0 next time.
 
 With k >= 1 the rest of the epoch runs on the engine, whose `max_workers`
-processes exist but only k take tasks.  Every WINDOW_BATCHES batches the
-tuner measures the loop's throughput and, every TRY_EVERY windows, tries one
-worker more or one fewer for a window: kept if it was faster by TRY_GAIN,
-else undone.  A retired worker takes no new task; the tasks it holds are
-delivered as usual, so no batch is lost, repeated or reordered, and which
-worker loads a batch never changes what it holds (``sample_rng`` is keyed by
-seed, epoch and sample, not by worker).  The window (``prefetch="auto"``) is
-WINDOW_PER_WORKER tasks per worker taking tasks.
+processes exist but only k take tasks; the window (``prefetch="auto"``)
+starts at WINDOW_PER_WORKER tasks per worker taking tasks.  Every window of
+window_batches() batches the tuner measures the loop's throughput and, every
+few windows, tries a neighbour for one window, in turn: one worker more, one
+fewer, twice the tasks per worker, half: kept if it was faster by TRY_GAIN,
+else undone, and the next try waits twice as long (up to MAX_TRY_EVERY
+windows; a kept change resets it).  What the climb settled on carries over
+to the next epoch when the probe agrees that workers are worth it.  A
+retired worker takes no new task; the tasks it holds are delivered as usual,
+so no batch is lost, repeated or reordered, and which worker loads a batch
+never changes what it holds (``sample_rng`` is keyed by seed, epoch and
+sample, not by worker).
 """
 from __future__ import annotations
 
@@ -41,10 +45,12 @@ if TYPE_CHECKING:
 PROBE_BATCHES = 8            # loaded in-process at each epoch's start (the first one is a warm-up)
 MIN_ENGINE_BATCHES = 16      # fewer left after the probe: the epoch stays in-process
 WINDOW_BATCHES = 24          # batches per throughput measurement (at least; see window_batches())
-TRY_EVERY = 3                # windows at a settled count between two tries
+TRY_EVERY = 4                # windows at a settled setting before the first try
+MAX_TRY_EVERY = 32           # ... and at most, after tries that did not pay
 TRY_GAIN = 0.05              # a tried count is kept if it was this much faster
 WORKERS_MARGIN = 0.15        # workers must be predicted this much faster than in-process
-WINDOW_PER_WORKER = 2        # prefetch="auto": tasks in flight per worker taking tasks
+WINDOW_PER_WORKER = 2        # prefetch="auto": tasks in flight per worker taking tasks, at first
+PER_WORKER_CHOICES = (1, 2, 4, 8)
 MAIN_OVERHEAD_NS = 60_000    # the loop's own CPU per batch with workers (bench/main_cpu.py: 29-51 us)
 MAX_AUTO_WORKERS = 16
 
@@ -85,12 +91,16 @@ class AutoTuner:
     changes: list[tuple[int, int, int, int, str]] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=lambda: {"auto_workers": 0, "auto_window": 0,
                                                             "auto_changes": 0})
+    # What the climb settled on (workers, tasks per worker), kept for the next epoch.
+    settled: tuple[int, int] | None = None
+    per_worker: int = WINDOW_PER_WORKER
     # The last epoch's measured throughput with workers, and its in-process probe's.
     _engine_rate: float | None = None
     _inprocess_rate: float | None = None
 
-    def window(self, k: int) -> int:
-        return max(1, WINDOW_PER_WORKER * k) if self.auto_window else self.fixed_window
+    def window(self, k: int, per_worker: int | None = None) -> int:
+        per = self.per_worker if per_worker is None else per_worker
+        return max(1, per * k) if self.auto_window else self.fixed_window
 
     def choose(self, epoch: int, loads: list[int], steps: list[int], step_cpus: list[int]) -> int:
         """The worker count for the rest of epoch `epoch`, from the probe's measurements (ns)."""
@@ -116,6 +126,11 @@ class AutoTuner:
             reason = (f"the last epoch's workers reached {measured_rate:.0f} batches/s, in-process "
                       f"{self._inprocess_rate:.0f}: in-process (the model predicted {workers} workers)")
             workers = 0
+        if workers and self.settled is not None and self.settled[0] != workers:
+            reason += f"; starting where the last epoch's adjustments settled: {self.settled[0]} workers"
+            workers = self.settled[0]
+        if not workers:
+            self.settled = None
         self.choices.append(Choice(epoch, workers, load / 1e6, step / 1e6, step_cpu / 1e6, self.cores,
                                    {k: v / 1e6 for k, v in predicted.items()}, reason))
         self.counts["auto_workers"] = workers
@@ -123,10 +138,13 @@ class AutoTuner:
         self._engine_rate = None
         return workers
 
-    def changed(self, epoch: int, taken: int, before: int, after: int, why: str) -> None:
-        self.changes.append((epoch, taken, before, after, why))
-        self.counts["auto_workers"] = after
-        self.counts["auto_window"] = self.window(after)
+    def changed(self, epoch: int, taken: int, before: tuple[int, int], after: tuple[int, int],
+                why: str) -> None:
+        """The climb kept `after` (workers, tasks per worker) in place of `before`."""
+        self.changes.append((epoch, taken, before[0], after[0], why))
+        self.settled, self.per_worker = after, after[1]
+        self.counts["auto_workers"] = after[0]
+        self.counts["auto_window"] = self.window(*after)
         self.counts["auto_changes"] += 1
 
     def engine_rate(self, rate: float) -> None:
@@ -175,11 +193,12 @@ class AutoBatches:
         self._window = window_batches(tuner.max_workers)
         self._window_start = 0
         self._window_count = 0
-        self._settled: int = 0       # the count in force, unless a try runs
-        self._trying: int | None = None
-        self._rate = 0.0             # the settled count's last window
+        self._settled = (0, tuner.per_worker)   # (workers, tasks per worker) in force, unless a try runs
+        self._trying: tuple[int, int] | None = None
+        self._rate = 0.0             # the settled setting's last window
         self._since_try = 0
-        self._next_direction = 1
+        self._try_every = TRY_EVERY
+        self._next_try = 0           # which neighbour comes next
 
     # The slot where the batch being handed out stays (EpochIterator._next): the current producer's.
     @property
@@ -230,7 +249,7 @@ class AutoBatches:
         assert plan.order is not None
         rest = type(plan)(plan.batches, plan.order[self._inprocess.position:], 0)
         self._start_engine(rest, workers, self._adopt)
-        self._settled = workers
+        self._settled = (workers, self._tuner.per_worker)
         self._window_start = time.perf_counter_ns()
         self._window_count = 0
 
@@ -249,25 +268,35 @@ class AutoBatches:
             tried, self._trying = self._trying, None
             if rate > self._rate * (1 + TRY_GAIN):
                 tuner.changed(self._epoch, self._taken, self._settled, tried,
-                              f"{tried} workers: {rate:.0f} batches/s vs {self._rate:.0f}")
-                self._settled, self._rate = tried, rate
+                              f"{tried[0]} workers, window {tuner.window(*tried)}: {rate:.0f} batches/s vs "
+                              f"{self._rate:.0f}")
+                self._settled, self._rate, self._try_every = tried, rate, TRY_EVERY
             else:
-                engine.set_active(self._settled, tuner.window(self._settled))
-                self._next_direction = -self._next_direction
+                engine.set_active(self._settled[0], tuner.window(*self._settled))
+                self._try_every = min(self._try_every * 2, MAX_TRY_EVERY)
             return
         self._rate = rate
         tuner.engine_rate(rate)
         self._since_try += 1
-        if self._since_try < TRY_EVERY:
+        if self._since_try < self._try_every:
             return
         self._since_try = 0
-        tried = self._settled + self._next_direction
-        if not 1 <= tried <= tuner.max_workers:
-            self._next_direction = -self._next_direction
-            tried = self._settled + self._next_direction
-        if 1 <= tried <= tuner.max_workers:
-            self._trying = tried
-            engine.set_active(tried, tuner.window(tried))
+        neighbours = self._neighbours()
+        if neighbours:
+            self._trying = neighbours[self._next_try % len(neighbours)]
+            self._next_try += 1
+            engine.set_active(self._trying[0], tuner.window(*self._trying))
+
+    def _neighbours(self) -> list[tuple[int, int]]:
+        """The settings one step from the settled one: a worker more or fewer, and (prefetch="auto")
+        twice or half the tasks per worker."""
+        k, per = self._settled
+        most = self._tuner.max_workers
+        out = [(w, per) for w in (k + 1, k - 1) if 1 <= w <= most]
+        if self._tuner.auto_window:
+            i = PER_WORKER_CHOICES.index(per) if per in PER_WORKER_CHOICES else 1
+            out += [(k, PER_WORKER_CHOICES[j]) for j in (i + 1, i - 1) if 0 <= j < len(PER_WORKER_CHOICES)]
+        return out
 
     def ended_by(self, error: BaseException) -> str | None:
         return self._current.ended_by(error)  # type: ignore[no-any-return]
