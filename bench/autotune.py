@@ -7,7 +7,8 @@ For every workload (bench/loader.py's: mxload/synthetic.py, jpeg when pillow is 
 each repeat runs every configuration once, round-robin in rotating order so that drift on a
 noisy machine hits them alike: 0 workers, then 1..--max-workers workers with windows of 1, 2
 and 4 tasks per worker, then ``num_workers="auto"``.  A run is a fresh loader taking
---batches batches from ``iter()``, the start (workers, the auto probe) included, each batch
+--batches batches from the first ``iter()``, epoch after epoch with persistent workers, the
+start (workers, the auto probe) included, each batch
 touched as bench/loader.py touches it and followed by a simulated training step of --step-us
 microseconds (a busy loop: CPU in the training thread, as a data-augmentation or CPU-model
 step is; 0 = none).  Reported per workload, as medians over the repeats: batches/s of each
@@ -29,7 +30,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import busy_s, header, median, table  # noqa: E402
-from loader import ALL, BATCHES, QUICK_SCALE, build_datasets, close_iter, touch  # noqa: E402
+from loader import ALL, QUICK_SCALE, build_datasets, close_iter, touch  # noqa: E402
 
 import mxload  # noqa: E402
 from mxload._cpus import usable_cores  # noqa: E402
@@ -51,19 +52,27 @@ def spin(us: float) -> None:
 
 def run_once(ds: Any, batch_size: int, workers: int | str, prefetch: int | None, n_batches: int,
              step_us: float) -> tuple[float, dict[str, Any] | None]:
-    """(batches/s from iter() to the last batch, the auto report or None)."""
-    loader = mxload.DataLoader(ds, batch_size=batch_size, num_workers=workers, prefetch=prefetch)
+    """(batches/s from the first iter() to the last batch, the auto report or None): a training
+    run of `n_batches` batches, epoch after epoch, with persistent workers."""
+    loader = mxload.DataLoader(ds, batch_size=batch_size, num_workers=workers, prefetch=prefetch,
+                               persistent_workers=workers != 0, last_batch="discard")
     t0 = time.perf_counter()
-    it = iter(loader)
-    for _ in range(n_batches):
-        batch = next(it)
-        touch(batch, False)
-        spin(step_us)
+    taken = 0
+    while taken < n_batches:
+        it = iter(loader)
+        for batch in it:
+            touch(batch, False)
+            spin(step_us)
+            taken += 1
+            if taken == n_batches:
+                break
+        del batch
+        close_iter(it)
+        del it
     elapsed = time.perf_counter() - t0
-    del batch
     report = loader.autotune
-    close_iter(it)
-    del it, loader
+    loader.close()
+    del loader
     return n_batches / elapsed, report
 
 
@@ -84,7 +93,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-workers", type=int, default=min(4, usable_cores()))
     p.add_argument("--step-us", type=float, default=0.0, help="simulated training step per batch (busy loop)")
     p.add_argument("--batches", type=int, default=None,
-                   help="batches per run (default: bench/loader.py's per workload, at least 60)")
+                   help="batches per run, epoch after epoch (default 600, quick 300)")
     return p.parse_args(argv)
 
 
@@ -101,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     for name in args.workloads:
         ds, wl = datasets[name], ALL[name]
-        n_full = len(ds) // wl.batch_size
-        n_batches = max(2, min(args.batches or max(60, BATCHES.get(name, (100, 30))[0]), n_full))
+        n_batches = args.batches or (300 if args.quick else 600)
+        epoch = len(ds) // wl.batch_size
         rates: dict[str, list[float]] = {}
         reports: list[dict[str, Any]] = []
         busy0, t0 = busy_s(), time.perf_counter()
@@ -120,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         best_label = max(fixed, key=lambda label: fixed[label])
         best, zero, auto = fixed[best_label], med["0 workers"], med["auto"]
         rows = [[label, f"{v:.1f}", f"{v / best:.2f}"] for label, v in med.items()]
-        print(f"\n## {name}: {n_batches} batches of {wl.batch_size} per run, from iter() "
+        print(f"\n## {name}: {n_batches} batches of {wl.batch_size} per run ({epoch} per epoch), from iter() "
               f"({time.perf_counter() - t_start:.0f} s elapsed; machine busy {load:.2f} cores incl. this)")
         print(table(rows, ["setting", "b/s", "of best"]))
         chosen = [(rep["workers"], rep["window"]) for rep in reports]

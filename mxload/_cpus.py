@@ -91,6 +91,23 @@ def usable_cores() -> int:
     return max(1, cores)
 
 
+def machine_busy_s() -> float | None:
+    """CPU seconds every process on this machine has used since boot (/proc/stat); None without it."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal ...
+    return (v[0] + v[1] + v[2] + v[5] + v[6] + (v[7] if len(v) > 7 else 0)) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_s() -> float:
+    """CPU seconds this process and its reaped children used."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 _warned: set[tuple[int, int]] = set()
 
 

@@ -131,13 +131,8 @@ class LoaderOptions:
                 raise ValueError(f"drop_last=True conflicts with last_batch={last_batch!r}")
             if drop_last:
                 last_batch = "discard"
-        autotune = isinstance(num_workers, str) and num_workers == "auto"
-        auto_window = isinstance(prefetch, str) and prefetch == "auto"
-        if auto_window:
-            prefetch = None
-        if autotune:
-            num_workers = _check_auto_workers(iterable, thread_pool, backend)
-            auto_window = prefetch is None and prefetch_factor is None
+        num_workers, prefetch, autotune, auto_window = _resolve_auto(num_workers, prefetch, prefetch_factor,
+                                                                     iterable, thread_pool, backend)
         if isinstance(num_workers, int) and num_workers < 0:
             # torch's words (programs match them), in the one style otherwise.
             raise ValueError(f"num_workers option should be non-negative (use num_workers=0 to load in the "
@@ -188,9 +183,17 @@ class LoaderOptions:
             try_nopython=try_nopython, backend=ray_backend, autotune=autotune, auto_window=auto_window)
 
 
-def _check_auto_workers(iterable: bool, thread_pool: object, backend: object) -> int:
-    """num_workers="auto": the most workers the tuner may use, this process's usable cores
-    (capped); it loads map-style datasets with local worker processes."""
+def _resolve_auto(num_workers: object, prefetch: object, prefetch_factor: object, iterable: bool,
+                  thread_pool: object, backend: object) -> tuple[Any, Any, bool, bool]:
+    """(num_workers, prefetch, autotune, auto_window) with "auto" resolved: num_workers="auto" is
+    the most workers the tuner may use (this process's usable cores, capped), for map-style
+    datasets and local worker processes; prefetch="auto" (the default with it) lets it move the
+    window."""
+    auto_window = isinstance(prefetch, str) and prefetch == "auto"
+    if auto_window:
+        prefetch = None
+    if not (isinstance(num_workers, str) and num_workers == "auto"):
+        return num_workers, prefetch, False, auto_window
     from ._cpus import usable_cores
     from ._runtime.autotune import MAX_AUTO_WORKERS
     if iterable:
@@ -199,7 +202,8 @@ def _check_auto_workers(iterable: bool, thread_pool: object, backend: object) ->
     if thread_pool or backend is not None:
         raise ValueError("num_workers='auto' tunes local worker processes: pass an int num_workers with "
                          "thread_pool=True or backend=...")
-    return min(usable_cores(), MAX_AUTO_WORKERS)
+    return (min(usable_cores(), MAX_AUTO_WORKERS), prefetch, True,
+            prefetch is None and prefetch_factor is None)
 
 
 def is_iterable_dataset(dataset: object) -> bool:

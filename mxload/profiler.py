@@ -35,7 +35,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -137,7 +137,6 @@ class Profiler:
             self.end_ns: int | None = None
             self.stage_ns: dict[str, int] = {s: 0 for s in STAGES}
             self.worker_stage_ns: dict[str, int] = {s: 0 for s in WORKER_STAGES}
-            self.startup_ns = 0
             self.samples = 0
             # path -> [kernel, calls, ns, bytes, shape, dtype]
             self.fields: dict[str, list[Any]] = {}
@@ -160,6 +159,7 @@ class Profiler:
             self._cpu: dict[int, list[Any]] = {}
             self._main_cpu_ns = 0
             self._main_cpu_start: int | None = None
+            self.autotune: Callable[[], dict[str, Any]] | None = None   # num_workers="auto": its report
 
     # ------------------------------------------------------------ recording
 
@@ -178,7 +178,6 @@ class Profiler:
                 self.stage_ns["consumer_compute"] += max(0, begin - self.end_ns)
             self.stage_ns["sampling"] += sampling_ns
             self.stage_ns["startup"] += startup_ns
-            self.startup_ns += startup_ns
             self._last_return_ns = None
             self._epoch_start_ns = now
             self.end_ns = now
@@ -390,10 +389,11 @@ class Profiler:
                 "workers_s": sum(cpu_of_pid.values()) / 1e9 if known else None,
                 "workers_waited_for_cpu_s": sum(waited_of_pid.values()) / 1e9 if known else None,
             }
-            return Report(wall_s=wall_ns / 1e9, startup_s=self.startup_ns / 1e9, stages=stages,
+            return Report(wall_s=wall_ns / 1e9, startup_s=self.stage_ns["startup"] / 1e9, stages=stages,
                           fields=fields, workers=workers, batches=self.batches,
                           worker_stages={k: v / 1e9 for k, v in self.worker_stage_ns.items()},
-                          samples=self.samples, cpu=cpu_info)
+                          samples=self.samples, cpu=cpu_info,
+                          autotune=self.autotune() if self.autotune is not None else None)
 
     def save_chrome_trace(self, path: str) -> None:
         """Write the recorded spans in the Trace Event Format (one track per
@@ -452,7 +452,7 @@ class Report:
     def __init__(self, wall_s: float, startup_s: float, stages: dict[str, float],
                  fields: list[dict[str, Any]], workers: list[dict[str, Any]], batches: int,
                  worker_stages: dict[str, float] | None = None, samples: int = 0,
-                 cpu: dict[str, Any] | None = None):
+                 cpu: dict[str, Any] | None = None, autotune: dict[str, Any] | None = None):
         self.wall_s = wall_s
         self.startup_s = startup_s
         self.stages = stages
@@ -464,6 +464,7 @@ class Report:
         self.cpu: dict[str, Any] = cpu if cpu is not None else {
             "usable_cores": usable_cores(), "main_process_s": 0.0, "workers_s": None,
             "workers_waited_for_cpu_s": None}
+        self.autotune = autotune   # num_workers="auto": what it chose and why (loader.autotune)
         self.verdict = self._verdict()
 
     @property
@@ -613,7 +614,8 @@ class Report:
                 "samples": self.samples, "stages": dict(self.stages),
                 "consumer_wait_s": self.consumer_wait_s, "worker_stages": dict(self.worker_stages),
                 "fields": [dict(f) for f in self.fields], "workers": [dict(w) for w in self.workers],
-                "cpu": dict(self.cpu), "verdict": self.verdict, "loader_bound": self.loader_bound}
+                "cpu": dict(self.cpu), "verdict": self.verdict, "loader_bound": self.loader_bound,
+                "autotune": self.autotune}
 
     def __str__(self) -> str:
         wall = max(self.wall_s, 1e-9)
@@ -654,6 +656,11 @@ class Report:
                 cpu = "-" if w["cpu_share"] is None else f"{w['cpu_share']:.0%}"
                 lines.append(f"{name:<8} {str(w['pid']):>8} {w['batches']:>8} {w['busy_s']:>8.3f} "
                              f"{w['idle_s']:>8.3f} {w['busy_share']:>6.0%} {cpu:>6} {w['restarts']:>8}")
+        if self.autotune is not None:
+            auto, last = self.autotune, self.autotune["last_choice"]
+            lines += ["", f"num_workers='auto': {auto['workers']} workers, window {auto['window']} "
+                          f"(of at most {auto['max_workers']}); {len(auto['changes'])} adjustments"
+                          + (f"; last choice: {last['reason']}" if last is not None else "")]
         lines += ["", f"verdict: {self.verdict}"]
         return "\n".join(lines)
 

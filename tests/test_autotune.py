@@ -54,6 +54,7 @@ def workers_win(monkeypatch):
     every epoch moves onto the engine."""
     monkeypatch.setattr(autotune, "predict_ns", lambda k, *_: 1e6 / (k + 1))
     monkeypatch.setattr(autotune.AutoTuner, "engine_rate", lambda self, rate: None)
+    monkeypatch.setattr(autotune.AutoTuner, "losing_to_inprocess", lambda self, rate: False)
 
 
 @pytest.fixture
@@ -61,6 +62,7 @@ def restless(monkeypatch):
     """Every window tries another worker count and keeps it: workers are added and retired
     every few batches."""
     monkeypatch.setattr(autotune, "WINDOW_BATCHES", 3)
+    monkeypatch.setattr(autotune, "WINDOW_MIN_S", 0.0)
     monkeypatch.setattr(autotune, "TRY_EVERY", 1)
     monkeypatch.setattr(autotune, "TRY_GAIN", -1.0)
 
@@ -90,6 +92,28 @@ def test_workers_added_and_retired_mid_epoch_lose_repeat_and_reorder_nothing(thr
     retired = [c for c in changes if c[3] < c[2]]
     assert len(added) >= 2 and len(retired) >= 2, changes   # up and down, more than once
     assert loader.stats["auto_changes"] == len(changes)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_workers_that_lose_to_in_process_hand_back_mid_epoch_and_the_next_epoch_stays_in_process(
+        three_cores, monkeypatch, persistent):
+    monkeypatch.setattr(autotune, "predict_ns", lambda k, *_: 1e6 / (k + 1))
+    monkeypatch.setattr(autotune.AutoTuner, "losing_to_inprocess", lambda self, rate: True)
+    monkeypatch.setattr(autotune, "WINDOW_BATCHES", 3)
+    monkeypatch.setattr(autotune, "WINDOW_MIN_S", 0.0)
+    kw = dict(batch_size=2, shuffle=True, seed=9)
+    reference = [flat(r) for r in [mxload.DataLoader(Augmented(), **kw)] * 2]
+    with mxload.DataLoader(Augmented(), **kw, num_workers="auto", persistent_workers=persistent) as loader:
+        it = iter(loader)
+        first = flat(it)
+        assert it.engine is not None and it._producer._current is it._producer._inprocess
+        changes = loader.autotune["changes"]
+        assert [c[3] for c in changes] == [0] and "back to in-process" in changes[0][4], changes
+        if not persistent:   # its workers ended when it handed back, not at the epoch's end
+            assert it.engine.state == "closed"
+        second = flat(loader)
+        assert loader.autotune["last_choice"]["workers"] == 0, loader.autotune
+    assert [first, second] == reference
 
 
 def test_in_order_false_with_auto_delivers_every_batch_once(three_cores, workers_win, restless):
@@ -140,12 +164,15 @@ def test_cheap_samples_and_a_cpu_bound_step_stay_in_process_on_one_core():
     assert "in-process" in tuner.report()["last_choice"]["reason"]
 
 
-def test_heavy_samples_on_many_cores_get_workers_and_the_fewest_that_keep_up():
+def test_heavy_samples_on_many_cores_get_workers_and_the_fewest_that_keep_up(monkeypatch):
+    monkeypatch.setattr(autotune.os, "cpu_count", lambda: 8)
     tuner = autotune.AutoTuner(max_workers=8, cores=8, auto_window=True, fixed_window=16)
     # 4 ms to load a batch, a 1 ms step that sleeps (a GPU's): 4 workers keep up, more would idle.
     k = tuner.choose(0, [4_000_000] * 8, [1_000_000] * 7, [50_000] * 7)
     assert k == 4, tuner.report()
     assert tuner.window(k) == 8 and tuner.counts == {"auto_workers": 4, "auto_window": 8, "auto_changes": 0}
+    # The same machine with 6 of its 8 cores kept busy by other programs: fewer workers pay.
+    assert tuner.choose(1, [4_000_000] * 8, [1_000_000] * 7, [50_000] * 7, others_busy=6.0) < 4
 
 
 def test_workers_slower_than_in_process_last_epoch_give_in_process_next_epoch():
@@ -194,3 +221,12 @@ def test_auto_refuses_a_stream_with_the_reason():
             yield from range(10)
     with pytest.raises(ValueError, match="needs a map-style dataset"):
         mxload.DataLoader(Stream(), batch_size=2, num_workers="auto")
+
+
+def test_the_profiler_report_says_what_auto_chose_and_why(three_cores, workers_win):
+    loader = mxload.DataLoader(Augmented(), batch_size=4, num_workers="auto", profile=True)
+    assert len(flat(loader)) == 100
+    report = loader.profiler.report()
+    assert report.to_dict()["autotune"]["workers"] == 3
+    assert "num_workers='auto': 3 workers, window 6 (of at most 3)" in str(report)
+    assert "last choice: 3 workers predicted" in str(report)

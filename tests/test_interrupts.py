@@ -572,6 +572,51 @@ def test_an_exception_from_a_signal_handler_inside_next_leaves_the_epoch_going_o
     assert rc == 0, (seed, err)
 
 
+def test_a_signal_handler_raising_while_auto_adds_and_retires_workers_loses_nothing():
+    """num_workers="auto" on workers, adding and retiring one every few batches (the climb forced
+    to move), with a SIGALRM handler raising inside next() every few hundred microseconds: every
+    batch exactly once, in order.  (Its in-process probe has num_workers=0's semantics, as torch's
+    in-process loading: an exception inside the dataset's own code uses that batch up; so the
+    timer starts once the epoch is on workers.)"""
+    seed = _seed("MXLOAD_SIGNAL_SEED")
+    out, err, rc = run_child(RAISING_TIMER + textwrap.dedent(f"""
+        random.seed({seed})
+        from mxload._runtime import autotune
+        autotune.predict_ns = lambda k, *_: 1e6 / (k + 1)
+        autotune.AutoTuner.losing_to_inprocess = lambda self, rate: False
+        autotune.WINDOW_BATCHES, autotune.WINDOW_MIN_S = 4, 0.0
+        autotune.TRY_EVERY, autotune.TRY_GAIN = 1, -1.0
+        helpers = set(children())
+        loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(1000)), batch_size=1, num_workers="auto",
+                                   start_method="fork")
+        it = iter(loader)
+        taken = []
+        while it.engine is None:
+            taken.extend(int(x) for x in next(it))
+        signal.setitimer(signal.ITIMER_REAL, 0.0003 + random.random() * 0.0005,
+                         0.0002 + random.random() * 0.0004)
+        rest, how = take_all(it, 1000 - len(taken))
+        signal.setitimer(signal.ITIMER_REAL, 0, 0)
+        changes = loader.autotune["changes"]
+        print("raised", raised[0], flush=True)
+        print("ended", how, flush=True)
+        print("in order", taken + rest == list(range(1000)), len(taken + rest), flush=True)
+        print("added and retired", any(c[3] > c[2] for c in changes) and any(c[3] < c[2] for c in changes))
+        del it
+        loader.close()
+        deadline = time.monotonic() + 2
+        while set(children()) - helpers and time.monotonic() < deadline:
+            time.sleep(0.02)
+        print("children", sorted(set(children()) - helpers), flush=True)
+    """), timeout=90)
+    lines = out.split("\n")
+    assert lines[1:5] == ["ended exhausted", "in order True 1000", "added and retired True", "children []"], \
+        (seed, out, err, rc)
+    assert int(lines[0].split()[1]) > 0, out
+    assert "Traceback" not in err and "Exception ignored" not in err, (seed, err)
+    assert rc == 0, (seed, err)
+
+
 # ---------------------------------------------------------------- raising SIGTERM and SIGALRM handlers
 
 RAISING_HANDLERS = """

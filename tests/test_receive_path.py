@@ -158,7 +158,7 @@ def test_a_worker_dying_while_the_consumer_trains_is_replaced_at_once(start_meth
         # Until the replacement is in place (the restart count goes up just before).
         while it.engine.worker_pids()[0] == victim and time.monotonic() < deadline:
             time.sleep(0.01)   # "training": the loader is not called
-        assert it.engine.stats["worker_restarts"] == 1, "the death was not noticed while the consumer trained"
+        assert loader.stats["worker_restarts"] == 1, "the death was not noticed while the consumer trained"
         assert it.engine.worker_pids()[0] != victim, "no replacement while the consumer trained"
         seen += [int(y[0]) // 16 for _, y in it]
     assert seen == list(range(64))

@@ -1,12 +1,14 @@
 """``num_workers="auto"``: the loader picks its worker count and window, and
 keeps adjusting them while the epoch runs.
 
-Every epoch starts in the training loop's thread: its first PROBE_BATCHES
-batches are loaded in-process (they are the epoch's own first batches, not
-extra work) while the tuner measures what one batch costs to load (fetch and
-collate: L), how long the loop's step between two ``next()`` calls takes (S),
-how much of that step is CPU time of the loop's own thread (S_cpu), and how
-many cores this process may use (affinity and cgroup quota: C).  A model
+An epoch starts in the training loop's thread: its first batches (at least
+PROBE_BATCHES and PROBE_MIN_S, at most PROBE_MAX_BATCHES) are loaded
+in-process (they are the epoch's own first batches, not extra work) while the
+tuner measures what one batch costs to load (fetch and collate: L), how long
+the loop's step between two ``next()`` calls takes (S), how much of that step
+is CPU time of the loop's own thread (S_cpu), and how many cores this process
+may use (affinity and cgroup quota) less those other processes kept busy
+meanwhile (/proc/stat): C.  A model
 (`predict_ns`) gives the time per batch with k workers; the tuner takes the
 fastest k, 0 included, asking a worker count to beat in-process loading by
 WORKERS_MARGIN (the model does not see page faults or wake-ups).  From the
@@ -16,7 +18,7 @@ the in-process probe's, so a machine where workers lose gets 0 next time.
 With k >= 1 the rest of the epoch runs on the engine, whose `max_workers`
 processes exist but only k take tasks; the window (``prefetch="auto"``)
 starts at WINDOW_PER_WORKER tasks per worker taking tasks.  Every window of
-window_batches() batches the tuner measures the loop's throughput and, every
+WINDOW_BATCHES batches and WINDOW_MIN_S the tuner measures the loop's throughput and, every
 few windows, tries a neighbour for one window, in turn: one worker more, one
 fewer, twice the tasks per worker, half: kept if it was faster by TRY_GAIN,
 else undone, and the next try waits twice as long (up to MAX_TRY_EVERY
@@ -29,12 +31,14 @@ sample, not by worker).
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._cpus import machine_busy_s, own_cpu_s
 from .results import Marker
 
 if TYPE_CHECKING:
@@ -42,9 +46,12 @@ if TYPE_CHECKING:
     from .engine import Engine
     from .epoch import EpochPlan, InProcessBatches
 
-PROBE_BATCHES = 8            # loaded in-process at each epoch's start (the first one is a warm-up)
+PROBE_BATCHES = 8            # loaded in-process at an epoch's start (the first one is a warm-up) ...
+PROBE_MIN_S = 0.05           # ... for at least this long (/proc/stat counts in 10 ms ticks) ...
+PROBE_MAX_BATCHES = 64       # ... and at most this many
 MIN_ENGINE_BATCHES = 16      # fewer left after the probe: the epoch stays in-process
-WINDOW_BATCHES = 24          # batches per throughput measurement (at least; see window_batches())
+WINDOW_BATCHES = 8           # a throughput measurement spans at least this many batches ...
+WINDOW_MIN_S = 0.1           # ... and this long
 TRY_EVERY = 4                # windows at a settled setting before the first try
 MAX_TRY_EVERY = 32           # ... and at most, after tries that did not pay
 TRY_GAIN = 0.05              # a tried count is kept if it was this much faster
@@ -55,7 +62,7 @@ MAIN_OVERHEAD_NS = 60_000    # the loop's own CPU per batch with workers (bench/
 MAX_AUTO_WORKERS = 16
 
 
-def predict_ns(k: int, load_ns: float, step_ns: float, step_cpu_ns: float, cores: int) -> float:
+def predict_ns(k: int, load_ns: float, step_ns: float, step_cpu_ns: float, cores: float) -> float:
     """Predicted time per batch with k workers: in-process, the step and the
     load add up; with workers, a batch takes the longest of the loop's own
     path (step plus its per-batch overhead), the workers' share of the load,
@@ -75,6 +82,7 @@ class Choice:
     step_ms: float
     step_cpu_ms: float
     cores: int
+    free_cores: float            # the usable cores less those other processes kept busy
     predicted_ms: dict[int, float]
     reason: str
 
@@ -97,17 +105,26 @@ class AutoTuner:
     # The last epoch's measured throughput with workers, and its in-process probe's.
     _engine_rate: float | None = None
     _inprocess_rate: float | None = None
+    _lost = False                # the last epoch's workers lost to in-process and handed back
+
+    def handed_back(self, rate: float) -> None:
+        """Workers at `rate` batches/s lost to in-process: the epoch goes on in-process."""
+        self._engine_rate, self._lost, self.settled = rate, True, None
 
     def window(self, k: int, per_worker: int | None = None) -> int:
         per = self.per_worker if per_worker is None else per_worker
         return max(1, per * k) if self.auto_window else self.fixed_window
 
-    def choose(self, epoch: int, loads: list[int], steps: list[int], step_cpus: list[int]) -> int:
-        """The worker count for the rest of epoch `epoch`, from the probe's measurements (ns)."""
+    def choose(self, epoch: int, loads: list[int], steps: list[int], step_cpus: list[int],
+               others_busy: float = 0.0) -> int:
+        """The worker count for the rest of epoch `epoch`, from the probe's measurements (ns) and
+        the cores other processes kept busy meanwhile."""
         load = statistics.median(loads[1:] or loads)
         step = statistics.median(steps) if steps else 0.0
         step_cpu = min(statistics.median(step_cpus), step) if step_cpus else 0.0
-        predicted = {k: predict_ns(k, load, step, step_cpu, self.cores) for k in range(self.max_workers + 1)}
+        online = max(os.cpu_count() or 1, self.cores)
+        free = max(1.0, min(float(self.cores), online - others_busy))
+        predicted = {k: predict_ns(k, load, step, step_cpu, free) for k in range(self.max_workers + 1)}
         best = min(range(1, self.max_workers + 1), key=lambda k: (predicted[k], k), default=0)
         inprocess = predicted[0]
         if best and predicted[best] > inprocess * (1 - WORKERS_MARGIN):
@@ -119,9 +136,15 @@ class AutoTuner:
             workers = min(near_best, default=0)
             reason = (f"{workers} workers predicted {predicted[workers] / 1e6:.3f} ms/batch vs "
                       f"{inprocess / 1e6:.3f} in-process" if workers else "no worker allowed")
-        measured_rate = self._engine_rate
+        measured_rate, lost = self._engine_rate, self._lost
+        inprocess_before, self._lost = self._inprocess_rate, False
         self._inprocess_rate = 1e9 / (step + load) if step + load > 0 else None
-        if workers and measured_rate is not None and self._inprocess_rate is not None \
+        if workers and lost and measured_rate is not None:
+            reason = (f"the last epoch's workers reached {measured_rate:.0f} batches/s, below its in-process "
+                      f"{inprocess_before or 0:.0f}, and handed back: in-process (the model predicted "
+                      f"{workers} workers)")
+            workers = 0
+        elif workers and measured_rate is not None and self._inprocess_rate is not None \
                 and measured_rate < self._inprocess_rate * (1 - TRY_GAIN):
             reason = (f"the last epoch's workers reached {measured_rate:.0f} batches/s, in-process "
                       f"{self._inprocess_rate:.0f}: in-process (the model predicted {workers} workers)")
@@ -132,7 +155,7 @@ class AutoTuner:
         if not workers:
             self.settled = None
         self.choices.append(Choice(epoch, workers, load / 1e6, step / 1e6, step_cpu / 1e6, self.cores,
-                                   {k: v / 1e6 for k, v in predicted.items()}, reason))
+                                   round(free, 2), {k: v / 1e6 for k, v in predicted.items()}, reason))
         self.counts["auto_workers"] = workers
         self.counts["auto_window"] = self.window(workers) if workers else 0
         self._engine_rate = None
@@ -142,10 +165,25 @@ class AutoTuner:
                 why: str) -> None:
         """The climb kept `after` (workers, tasks per worker) in place of `before`."""
         self.changes.append((epoch, taken, before[0], after[0], why))
-        self.settled, self.per_worker = after, after[1]
+        self.settled, self.per_worker = (after if after[0] else None), after[1]
         self.counts["auto_workers"] = after[0]
         self.counts["auto_window"] = self.window(*after)
         self.counts["auto_changes"] += 1
+
+    def resume_workers(self) -> int:
+        """Workers to start an epoch with, without a probe: where the last epoch's climb settled,
+        when its workers beat its in-process probe; else 0 (probe first)."""
+        if self.settled is None or self._engine_rate is None or self._inprocess_rate is None \
+                or self._engine_rate < self._inprocess_rate * (1 + TRY_GAIN):
+            return 0
+        workers = self.settled[0]
+        self.counts["auto_workers"], self.counts["auto_window"] = workers, self.window(*self.settled)
+        self._engine_rate = None
+        return workers
+
+    def losing_to_inprocess(self, rate: float) -> bool:
+        """Whether workers at `rate` batches/s lose to this epoch's in-process probe."""
+        return self._inprocess_rate is not None and rate < self._inprocess_rate * (1 - TRY_GAIN)
 
     def engine_rate(self, rate: float) -> None:
         """The throughput the workers reached at their settled count (the best window of the epoch)."""
@@ -160,74 +198,91 @@ class AutoTuner:
                 "changes": list(self.changes)}
 
 
-def window_batches(max_workers: int) -> int:
-    return max(WINDOW_BATCHES, 4 * max_workers)
-
-
 class AutoBatches:
     """An epoch's producer with ``num_workers="auto"``: the probe in-process,
-    then in-process or the engine, and the adjustments (see the module's text)."""
+    then in-process or the engine, the adjustments, and the way back to
+    in-process when the workers lose to it (see the module's text).
 
-    def __init__(self, tuner: AutoTuner, epoch: int, plan: EpochPlan, inprocess: InProcessBatches,
+    Every switch happens at the start of a next_batch() call, when the
+    epoch's ready slot is empty: a batch an exception kept there is never
+    looked for in a producer that did not make it."""
+
+    def __init__(self, tuner: AutoTuner, epoch: int, plan: EpochPlan,
+                 make_inprocess: Callable[[EpochPlan], InProcessBatches],
                  start_engine: Callable[[EpochPlan, int, Callable[[Any], None]], None],
                  profiler: Profiler | None, persistent: bool):
+        assert plan.order is not None
         self.profiler = profiler
         self._tuner = tuner
         self._epoch = epoch
         self._plan = plan
-        self._inprocess = inprocess
-        self._current: Any = inprocess
+        self._make_inprocess = make_inprocess
+        self._inprocess = make_inprocess(plan)
+        self._ended: list[Any] = []    # producers used up before the current one
+        self._current: Any = self._inprocess
+        self._slot: Any = self._inprocess
         self._start_engine = start_engine
         self.engine: Engine | None = None
         # persistent_workers, until the loader is collected (EpochIterator.release_engine_at_end).
         self.persistent = persistent
-        self._probing = plan.order is not None and len(plan.order) > PROBE_BATCHES + MIN_ENGINE_BATCHES
+        self._done = 0                 # batches of the plan handed out by producers used up
         self._loads: list[int] = []
         self._steps: list[int] = []
         self._step_cpus: list[int] = []
         self._returned_ns = 0
         self._returned_cpu_ns = 0
-        self._switch_to = 0          # workers to start at the next call (the ready slot is empty then)
+        self._probe_start: tuple[int, float | None, float] = (0, None, 0.0)
+        resume = tuner.resume_workers()
+        long_enough = len(plan.order) > PROBE_BATCHES + MIN_ENGINE_BATCHES
+        self._probing = long_enough and not resume
+        self._switch_to = resume if long_enough else 0   # workers to start at the next call
         self._taken = 0
-        # Hill climbing on the engine.
-        self._window = window_batches(tuner.max_workers)
+        self._draining = False         # back to in-process once the engine's dispatched batches are taken
+        # The climb on the engine.
         self._window_start = 0
         self._window_count = 0
+        self._windows = 0
         self._settled = (0, tuner.per_worker)   # (workers, tasks per worker) in force, unless a try runs
         self._trying: tuple[int, int] | None = None
-        self._rate = 0.0             # the settled setting's last window
+        self._rate = 0.0               # the settled setting's last window
         self._since_try = 0
         self._try_every = TRY_EVERY
-        self._next_try = 0           # which neighbour comes next
+        self._next_try = 0             # which neighbour comes next
 
-    # The slot where the batch being handed out stays (EpochIterator._next): the current producer's.
+    # The slot where the batch being handed out stays (EpochIterator._next): the current
+    # producer's (an engine's is the engine's own).
     @property
     def ready(self) -> tuple[int, Any] | None:
-        return self._current.ready  # type: ignore[no-any-return]
+        return self._slot.ready  # type: ignore[no-any-return]
 
     @ready.setter
     def ready(self, value: tuple[int, Any] | None) -> None:
-        self._current.ready = value
+        self._slot.ready = value
 
     @property
     def total_batches(self) -> int | None:
-        return self._inprocess.total_batches
+        return len(self._plan.order) if self._plan.order is not None else None
 
     def next_batch(self) -> tuple[int, Any] | Marker:
         if self._switch_to:
-            self._switch()
+            self._to_engine()
+        elif self._draining and self._engine_drained():
+            self._to_inprocess()
         if self._probing:
             return self._probe()
         got = self._current.next_batch()
-        if self.engine is not None and type(got) is tuple:
+        if self.engine is not None and self._current is not self._inprocess and type(got) is tuple:
             self._taken += 1
             self._window_count += 1
-            if self._window_count >= self._window:
+            if self._window_count >= WINDOW_BATCHES and not self._draining \
+                    and time.perf_counter_ns() - self._window_start >= WINDOW_MIN_S * 1e9:
                 self._window_done()
         return got  # type: ignore[no-any-return]
 
     def _probe(self) -> tuple[int, Any] | Marker:
         called_ns, called_cpu_ns = time.perf_counter_ns(), time.thread_time_ns()
+        if not self._loads:
+            self._probe_start = (called_ns, machine_busy_s(), own_cpu_s())
         if self._returned_ns:
             self._steps.append(called_ns - self._returned_ns)
             self._step_cpus.append(called_cpu_ns - self._returned_cpu_ns)
@@ -237,31 +292,72 @@ class AutoBatches:
         self._returned_cpu_ns = time.thread_time_ns()
         if type(got) is tuple:
             self._taken += 1
-        if len(self._loads) >= PROBE_BATCHES:
+        n = len(self._loads)
+        assert self._plan.order is not None
+        if n >= PROBE_MAX_BATCHES or n >= len(self._plan.order) // 4 or (
+                n >= PROBE_BATCHES and self._returned_ns - self._probe_start[0] >= PROBE_MIN_S * 1e9):
             self._probing = False
-            self._switch_to = self._tuner.choose(self._epoch, self._loads, self._steps, self._step_cpus)
+            self._switch_to = self._tuner.choose(self._epoch, self._loads, self._steps, self._step_cpus,
+                                                 self._others_busy())
         return got
 
-    def _switch(self) -> None:
-        """Start the rest of the epoch on the engine with `_switch_to` workers taking tasks."""
-        workers, self._switch_to = self._switch_to, 0
+    def _others_busy(self) -> float:
+        """Cores other processes kept busy during the probe (0 where /proc/stat is missing)."""
+        start_ns, busy0, own0 = self._probe_start
+        busy = machine_busy_s()
+        if busy is None or busy0 is None:
+            return 0.0
+        wall = (time.perf_counter_ns() - start_ns) / 1e9
+        return max(0.0, ((busy - busy0) - (own_cpu_s() - own0)) / wall) if wall > 0 else 0.0
+
+    def _rest(self, handed_out: int) -> EpochPlan:
+        """The plan's batches after the first `handed_out` of those not yet used up."""
         plan = self._plan
         assert plan.order is not None
-        rest = type(plan)(plan.batches, plan.order[self._inprocess.position:], 0)
+        self._done += handed_out
+        return type(plan)(plan.batches, plan.order[self._done:], 0)
+
+    def _to_engine(self) -> None:
+        """Start the rest of the epoch on the engine with `_switch_to` workers taking tasks."""
+        workers, self._switch_to = self._switch_to, 0
+        rest = self._rest(self._inprocess.position)
+        self._ended.append(self._inprocess)
         self._start_engine(rest, workers, self._adopt)
-        self._settled = (workers, self._tuner.per_worker)
+        self._settled = self._tuner.settled = (workers, self._tuner.per_worker)
         self._window_start = time.perf_counter_ns()
-        self._window_count = 0
+        self._window_count = self._windows = 0
 
     def _adopt(self, producer: Any) -> None:
-        """The engine's producer, taken before a Ctrl-C deferred while it started is raised."""
-        self.engine = producer.engine
-        self._current = producer
+        """The engine's producer, taken before a Ctrl-C deferred while it started is raised.
+        Plain stores (no signal handler runs between them), `adopted` last: an exception that
+        lands before it leaves the epoch in-process and the engine ended."""
+        self.engine, self._current, self._slot, producer.adopted = \
+            producer.engine, producer, producer.engine, True
+
+    def _engine_drained(self) -> bool:
+        """Every task sent to the workers has its batch taken (the engine's own count, which a
+        signal handler's exception cannot make wrong)."""
+        assert self.engine is not None
+        taken, dispatched = self.engine.progress()
+        return taken >= dispatched
+
+    def _to_inprocess(self) -> None:
+        """The engine's batches are all taken: the rest of the epoch in-process."""
+        self._draining = False
+        assert self.engine is not None
+        rest = self._rest(self.engine.progress()[1])
+        engine_producer = self._current
+        engine_producer.persistent = self.persistent
+        self._ended.append(engine_producer)
+        self._inprocess = self._make_inprocess(rest)
+        self._current = self._slot = self._inprocess
+        engine_producer.end(False)   # ends a non-persistent engine's workers now
 
     def _window_done(self) -> None:
         now = time.perf_counter_ns()
         rate = self._window_count * 1e9 / max(now - self._window_start, 1)
         self._window_start, self._window_count = now, 0
+        self._windows += 1
         tuner, engine = self._tuner, self.engine
         assert engine is not None
         if self._trying is not None:
@@ -276,7 +372,16 @@ class AutoBatches:
                 self._try_every = min(self._try_every * 2, MAX_TRY_EVERY)
             return
         self._rate = rate
+        if self._windows == 1:
+            return   # the first window fills the pipeline: no verdict on it
         tuner.engine_rate(rate)
+        if tuner.losing_to_inprocess(rate):
+            tuner.changed(self._epoch, self._taken, self._settled, (0, self._settled[1]),
+                          f"workers reached {rate:.0f} batches/s, below in-process: back to in-process")
+            tuner.handed_back(rate)
+            engine.set_active(0, 1)   # nothing more is dispatched; what was is taken first
+            self._draining = True
+            return
         self._since_try += 1
         if self._since_try < self._try_every:
             return
@@ -302,7 +407,7 @@ class AutoBatches:
         return self._current.ended_by(error)  # type: ignore[no-any-return]
 
     def end(self, release: bool) -> None:
-        self._inprocess.end(release)
-        if self._current is not self._inprocess:
-            self._current.persistent = self.persistent
-            self._current.end(release)
+        for producer in [*self._ended, self._current]:
+            if producer is not self._inprocess and hasattr(producer, "persistent"):
+                producer.persistent = self.persistent
+            producer.end(release)

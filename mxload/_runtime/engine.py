@@ -127,11 +127,6 @@ class Engine:
         """This engine's and its transport's counters (each owned by one); readable after it ends."""
         return [self.counts, *self.transport.counters()]
 
-    @property
-    def stats(self) -> dict[str, int]:
-        """Every counter, merged (``loader.stats``)."""
-        return merge_counters(self.counters())
-
     def worker_pids(self) -> list[int | None]:
         """Each worker's pid (None for a thread), by worker id."""
         return [self.transport.pid(wid) for wid in range(len(self.roster))]
@@ -166,9 +161,13 @@ class Engine:
             self._dispatch_more()
         del stale  # recycled slabs of the previous epoch, released outside the lock
 
+    def progress(self) -> tuple[int, int]:
+        """(batches taken, tasks dispatched) of this epoch's plan."""
+        return self._yielded, self._next_dispatch
+
     def set_active(self, workers: int, window: int) -> None:
-        """num_workers="auto": `workers` take tasks, `window` in flight; the
-        next dispatch follows (a retired worker answers what it holds)."""
+        """num_workers="auto": `workers` take tasks (a retired one answers what it holds), `window`
+        in flight."""
         with self.lock:
             self.roster.set_active(workers)
             self.prefetch = max(window, 1)

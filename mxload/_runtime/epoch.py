@@ -157,6 +157,7 @@ class _EngineBatches:
         self.engine = engine
         self.profiler = engine.profiler
         self.persistent = persistent
+        self.adopted = False   # num_workers="auto": AutoBatches took it (see _engine_batches)
         self.next_batch = engine.next_batch   # one call less per batch
 
     def ended_by(self, error: BaseException) -> str | None:
@@ -389,6 +390,7 @@ def _engine_batches(options: LoaderOptions, epoch: int, plan: EpochPlan, profile
     and hand its producer to `adopt` before a Ctrl-C deferred meanwhile is
     raised; `active`: (workers taking tasks, window) for num_workers="auto"."""
     t1 = time.monotonic_ns()
+    producer: _EngineBatches | None = None
     created = engine is None or not engine.usable or engine.began(epoch)
     if engine is None or created:   # (both, for the type checker)
         if engine is not None:
@@ -404,9 +406,12 @@ def _engine_batches(options: LoaderOptions, epoch: int, plan: EpochPlan, profile
         engine.begin_epoch(epoch, plan, profiler)
         if profiler is not None:
             profiler.epoch_started(sampling_ns, time.monotonic_ns() - t1)
-        adopt(_EngineBatches(engine, persistent))
+        producer = _EngineBatches(engine, persistent)
+        adopt(producer)
     except BaseException:
-        if created and not persistent:
+        # Once adopted (its last store), the adopter owns the engine, even if an exception (a
+        # signal handler's) lands before this returns.
+        if created and not persistent and not (producer is not None and producer.adopted):
             engine.shutdown()
         raise
 
@@ -422,6 +427,9 @@ def _auto_batches(tuner: AutoTuner, options: LoaderOptions, epoch: int, plan: Ep
             engine = None   # the loader is gone: the workers end with this epoch
         _engine_batches(options, epoch, rest, profiler, engine, auto.persistent, on_engine, 0,
                         (workers, tuner.window(workers)), adopt)
-    auto = AutoBatches(tuner, epoch, plan, InProcessBatches(options, epoch, plan, profiler), start_engine,
-                       profiler, persistent)
+    if profiler is not None:
+        profiler.autotune = tuner.report
+    def make_inprocess(part: EpochPlan) -> InProcessBatches:
+        return InProcessBatches(options, epoch, part, profiler)
+    auto = AutoBatches(tuner, epoch, plan, make_inprocess, start_engine, profiler, persistent)
     return auto
