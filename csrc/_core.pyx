@@ -12,7 +12,7 @@ from cpython.pyport cimport PY_SSIZE_T_MAX
 from cpython.buffer cimport PyBuffer_FillInfo, PyBuffer_Release, PyObject_GetBuffer, PyBUF_SIMPLE, PyBUF_WRITABLE
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.list cimport PyList_New
-from cpython.ref cimport Py_INCREF
+from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.mem cimport PyMem_Malloc, PyMem_Free, PyMem_Realloc
 from libc.errno cimport errno, EAGAIN, EINTR

@@ -642,7 +642,8 @@ cdef inline bint _tree_leaf(mxl_tree_leaf *leaf, PyObject *obj, Py_ssize_t i, Py
     t._strides[at] = (NULL if cnp.PyArray_CHKFLAGS(<cnp.ndarray>obj, cnp.NPY_ARRAY_C_CONTIGUOUS)
                       else <const mxl_ssize_t *>mxl_array_strides(a))
     mxl_incref(obj)
-    mxl_list_set_item(<PyObject *>t._arrays, at, obj)
+    t._refs[t._nrefs] = obj
+    t._nrefs += 1
     return 1
 
 
@@ -656,7 +657,8 @@ cdef class TreeTable:
     cdef readonly Py_ssize_t n
     cdef const char **_srcs
     cdef const mxl_ssize_t **_strides   # NULL where the sample's array is C-contiguous
-    cdef list _arrays
+    cdef PyObject **_refs          # the arrays recorded so far, one reference each
+    cdef Py_ssize_t _nrefs
     cdef readonly list columns
 
     cdef int _setup(self, SampleTree tree, Py_ssize_t n) except -1:
@@ -665,15 +667,20 @@ cdef class TreeTable:
         self.n = n
         self._srcs = <const char **>PyMem_Malloc((cells + 1) * sizeof(char *))
         self._strides = <const mxl_ssize_t **>PyMem_Malloc((cells + 1) * sizeof(mxl_ssize_t *))
-        if self._srcs is NULL or self._strides is NULL:
+        self._refs = <PyObject **>PyMem_Malloc((cells + 1) * sizeof(PyObject *))
+        if self._srcs is NULL or self._strides is NULL or self._refs is NULL:
             raise MemoryError()
         # PyList_New's empty slots are NULL until gather() sets them; a table
         # gather() gave up on is never handed out.
-        self._arrays = PyList_New(cells)
         self.columns = [PyList_New(n) for k in range(tree._nother)]
         return 0
 
     def __dealloc__(self):
+        cdef Py_ssize_t k
+        if self._refs is not NULL:
+            for k in range(self._nrefs):
+                Py_XDECREF(self._refs[k])
+        PyMem_Free(self._refs)
         PyMem_Free(self._srcs)
         PyMem_Free(self._strides)
 

@@ -315,15 +315,15 @@ class _DefaultBatchify(Batchify):
         self._trees = TreeCache()
 
     def plan(self, samples: Sequence[Any], path: str, planner: Planner) -> Node:
-        if isinstance(samples, GatheredSamples):
-            node = samples.plan_columns(path, planner)
-            if node is not None:
-                return node
-        elif type(samples[0]) in _TREE_TYPES:
+        if type(samples) is list and type(samples[0]) in _TREE_TYPES:
             # Plain dicts/tuples/lists: every sample checked and every array
             # field filled in one compiled pass each; a batch it does not take
             # (samples that differ) is planned the checked way below.
             node = self._trees.plan(planner, samples, path, self._plan_checked)
+            if node is not None:
+                return node
+        elif isinstance(samples, GatheredSamples):
+            node = samples.plan_columns(path, planner)
             if node is not None:
                 return node
         return self._plan_checked(samples, path, planner)

@@ -153,24 +153,21 @@ class TakeField(Field):
 
 
 class TreeStackField(Field):
-    """Array leaf `leaf` of samples a SampleTree gathered (:class:`TreeCache`):
-    BatchPlan.fill fills all of a table's leaves in one compiled call; alone,
-    ``fill`` copies this one."""
+    """Array leaf `leaf` of samples a SampleTree gathered (:class:`TreeCache`).
+    The gathered pointers live in the plan's TreeTable, which fills all its
+    leaves in one compiled call (BatchPlan.fill); the field itself holds no
+    per-batch data, so one object serves every batch of that shape."""
 
     kernel = "stack"
-    __slots__ = ("table", "leaf")
+    __slots__ = ("leaf",)
 
-    def __init__(self, path: str, table: _core.TreeTable, leaf: int, shape: tuple[int, ...],
-                 dtype: np.dtype[Any], nbytes: int):
-        self.path = path
-        self.shape = shape
-        self.dtype = dtype
-        self.nbytes = nbytes
-        self.table = table
+    def __init__(self, path: str, leaf: int, shape: tuple[int, ...], dtype: np.dtype[Any]):
+        Field.__init__(self, path, shape, dtype)
         self.leaf = leaf
 
     def fill(self, out: NDArray[Any]) -> int:
-        return self.table.fill_leaf(self.leaf, out)
+        raise TypeError(f"field {self.path} is filled by its plan's TreeTable (BatchPlan.fill), "
+                        f"not on its own")
 
 
 class Planner:
@@ -448,26 +445,37 @@ def gather_columns(planner: Planner, sources: Sequence[Any], indices: NDArray[np
 
 class _TreeShape:
     """Sample 0's structure as TreeCache keeps it between batches: the
-    compiled SampleTree, each array leaf's (path, shape, dtype, row bytes)
-    and the batch's layout root for a batch with no other leaf planned
-    at field 0 on."""
+    compiled SampleTree, each array leaf's (path, shape, dtype), the
+    batch's layout root for a batch with no other leaf planned at field 0
+    on, and the array fields made for the batch sizes seen."""
 
-    __slots__ = ("tree", "path", "nodes", "arrays", "root0")
+    __slots__ = ("tree", "path", "nodes", "arrays", "root0", "_fields")
 
     def __init__(self, first: Any, path: str):
         self.tree = _core.SampleTree(first)
         self.path = path
         self.nodes = self.tree.nodes
-        self.arrays: list[tuple[str, tuple[int, ...], np.dtype[Any], int]] = []
+        self.arrays: list[tuple[str, tuple[int, ...], np.dtype[Any]]] = []
         leaves = self.tree.leaves
 
         def add_array(leaf_path: str) -> Node:
             shape, dtype = leaves[len(self.arrays)]
-            self.arrays.append((leaf_path, shape, dtype, math.prod(shape) * dtype.itemsize))
+            self.arrays.append((leaf_path, shape, dtype))
             return layout.field_node(len(self.arrays) - 1)
 
         root = self.build(path, add_array, layout.object_node)
         self.root0 = root if self.tree.nother == 0 else None
+        self._fields: dict[int, list[TreeStackField]] = {}
+
+    def fields(self, n: int) -> list[TreeStackField]:
+        """The array fields of a batch of `n` samples (made once per n)."""
+        got = self._fields.get(n)
+        if got is None:
+            if len(self._fields) >= 8:   # batch sizes that keep changing: keep the latest
+                self._fields.clear()
+            got = self._fields[n] = [TreeStackField(leaf_path, j, (n,) + shape, dtype)
+                                     for j, (leaf_path, shape, dtype) in enumerate(self.arrays)]
+        return got
 
     def build(self, path: str, add_array: Callable[[str], Node], add_other: Callable[[str], Node]) -> Node:
         """The layout node of the whole structure, calling add_array or
@@ -533,31 +541,28 @@ class TreeCache:
             got = shape.tree.gather(samples)
         if isinstance(got, int):
             return None
-        table = got
-        n = table.n
         fields = planner._fields
         start = len(fields)
-        if shape.tree.nother == 0:
-            fields.extend([TreeStackField(leaf_path, table, j, (n,) + leaf_shape, dtype, n * row)
-                           for j, (leaf_path, leaf_shape, dtype, row) in enumerate(shape.arrays)])
-            planner._tables.append((table, list(range(start, len(fields)))))
-            if start == 0 and shape.root0 is not None:
+        tree_fields = shape.fields(got.n)
+        if shape.root0 is not None:   # no other leaf: the fields in a row
+            fields.extend(tree_fields)
+            planner._tables.append((got, list(range(start, len(fields)))))
+            if start == 0:
                 return shape.root0
             return shape.build(path, _FieldAt(start), layout.object_node)
         indices: list[int] = []
-        columns = iter(table.columns)
-        arrays = iter(enumerate(shape.arrays))
+        columns = iter(got.columns)
+        array_fields = iter(tree_fields)
 
         def add_array(_: str) -> Node:
-            j, (leaf_path, leaf_shape, dtype, row) = next(arrays)
             indices.append(len(fields))
-            return planner._add(TreeStackField(leaf_path, table, j, (n,) + leaf_shape, dtype, n * row))
+            return planner._add(next(array_fields))
 
         def add_other(leaf_path: str) -> Node:
             return plan_other(next(columns), leaf_path, planner)
 
         root = shape.build(path, add_array, add_other)
-        planner._tables.append((table, indices))
+        planner._tables.append((got, indices))
         return root
 
 
