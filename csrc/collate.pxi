@@ -440,6 +440,7 @@ cdef class SampleTree:
     cdef list _refs
     cdef readonly list nodes
     cdef readonly list leaves
+    cdef bint _flat_dict          # a dict of arrays only: gather's shortcut
 
     def __cinit__(self, first):
         self._refs = []
@@ -449,6 +450,7 @@ cdef class SampleTree:
                 or mxl_list_check_exact(<PyObject *>first)):
             raise TypeError(f"sample 0 is a {type(first).__name__}, not a plain dict, tuple or list")
         self._add(first, None, 0)
+        self._flat_dict = (self._nodes[0].kind == MXL_TREE_DICT and self._nnodes == self._nleaves + 1)
 
     def __dealloc__(self):
         PyMem_Free(self._nodes)
@@ -561,10 +563,35 @@ cdef class SampleTree:
         cdef Py_ssize_t n = len(samples), i
         cdef TreeTable t = TreeTable.__new__(TreeTable)
         t._setup(self, n)
+        if self._flat_dict:
+            i = self._gather_flat_dict(samples, t)
+            return t if i < 0 else i
         for i in range(n):
             if not self._walk(0, mxl_list_item(<PyObject *>samples, i), i, t):
                 return i
         return t
+
+    cdef Py_ssize_t _gather_flat_dict(self, list samples, TreeTable t) except -2:
+        """gather() for the commonest shape, a dict of arrays only: the same
+        checks as _walk with the node bookkeeping left out.  Returns the
+        index of the first sample that differs, or -1."""
+        cdef Py_ssize_t n = t.n, nl = self._nleaves, i, c, pos
+        cdef PyObject *obj
+        cdef PyObject *key
+        cdef PyObject *value
+        cdef mxl_tree_node *nodes = self._nodes + 1   # the leaves, in order
+        for i in range(n):
+            obj = mxl_list_item(<PyObject *>samples, i)
+            if not mxl_dict_check_exact(obj) or mxl_dict_size(obj) != nl:
+                return i
+            pos = 0
+            for c in range(nl):
+                mxl_dict_next(obj, &pos, &key, &value)
+                if key != nodes[c].key and not _same_key(key, nodes[c].key):
+                    return i
+                if not _tree_leaf(&self._leaves[c], value, i, c * n + i, t):
+                    return i
+        return -1
 
     cdef int _walk(self, Py_ssize_t k, PyObject *obj, Py_ssize_t i, TreeTable t) except -1:
         """Check sample i's part `obj` against node k and record its leaves;

@@ -194,7 +194,7 @@ class Planner:
         [[2.0, 2.0], [0.0, 0.0]]
     """
 
-    __slots__ = ("batch_index", "_fields", "_objects", "_tables")
+    __slots__ = ("batch_index", "_fields", "_objects", "_tables", "_placed")
 
     def __init__(self, batch_index: int | None = None):
         self.batch_index = batch_index
@@ -202,6 +202,9 @@ class Planner:
         self._objects: list[tuple[str, Any]] = []   # (path, value) passed through as objects
         # (table, indices of its TreeStackFields): filled by one compiled call each
         self._tables: list[tuple[_core.TreeTable, list[int]]] = []
+        # (number of fields, (offsets, total)) when a TreeCache planned them
+        # all and knew their layout; still good while no other field follows.
+        self._placed: tuple[int, tuple[list[int], int]] | None = None
 
     def plan(self, fn: Callable[..., Any], samples: Sequence[Any], path: str) -> Node:
         """Plan `samples` with batchify function `fn`: a :class:`Batchify`
@@ -294,6 +297,8 @@ class BatchPlan:
         objects (list): (path, value) of Python objects passed through.
         tables (list | None): (TreeTable, indices of its fields) of the
             fields a SampleTree gathered, each table filled in one call.
+        placed (tuple | None): (offsets, total bytes) of `fields` when
+            known already (plan_layout's answer for them).
 
     Example:
         >>> import numpy as np
@@ -306,11 +311,16 @@ class BatchPlan:
     __slots__ = ("root", "fields", "objects", "tables", "offsets", "nbytes")
 
     def __init__(self, root: Node, fields: list[Field], objects: list[tuple[str, Any]],
-                 tables: list[tuple[_core.TreeTable, list[int]]] | None = None):
+                 tables: list[tuple[_core.TreeTable, list[int]]] | None = None,
+                 placed: tuple[list[int], int] | None = None):
         self.root = root
         self.fields = fields
         self.objects = objects
         self.tables = tables or []
+        if placed is not None:   # (offsets, total) the planner already knows for these fields
+            self.offsets = list(placed[0])
+            self.nbytes = placed[1]
+            return
         offsets, total = _core.plan_layout([f.nbytes for f in fields])
         self.offsets: list[int] = offsets.tolist()
         self.nbytes = int(total)
@@ -319,6 +329,10 @@ class BatchPlan:
         """Collate every field into `buffer` (anything exporting a writable
         buffer) starting at `base_offset`.  Returns (views, per-field ns)."""
         fields, offsets = self.fields, self.offsets
+        if len(self.tables) == 1 and len(self.tables[0][1]) == len(fields):
+            # Every field from one table (a dict of arrays, say): one call each.
+            times = self.tables[0][0].fill(buffer, base_offset, offsets)
+            return _core.field_views(buffer, base_offset, offsets, fields), times
         times = [0] * len(fields)
         for table, indices in self.tables:   # every leaf of a table in one compiled call
             for k, ns in zip(indices, table.fill(buffer, base_offset, [offsets[k] for k in indices])):
@@ -449,7 +463,7 @@ class _TreeShape:
     batch's layout root for a batch with no other leaf planned at field 0
     on, and the array fields made for the batch sizes seen."""
 
-    __slots__ = ("tree", "path", "nodes", "arrays", "root0", "_fields")
+    __slots__ = ("tree", "path", "nodes", "arrays", "root0", "_fields", "_placed")
 
     def __init__(self, first: Any, path: str):
         self.tree = _core.SampleTree(first)
@@ -466,6 +480,7 @@ class _TreeShape:
         root = self.build(path, add_array, layout.object_node)
         self.root0 = root if self.tree.nother == 0 else None
         self._fields: dict[int, list[TreeStackField]] = {}
+        self._placed: dict[int, tuple[list[int], int]] = {}
 
     def fields(self, n: int) -> list[TreeStackField]:
         """The array fields of a batch of `n` samples (made once per n)."""
@@ -473,9 +488,17 @@ class _TreeShape:
         if got is None:
             if len(self._fields) >= 8:   # batch sizes that keep changing: keep the latest
                 self._fields.clear()
-            got = self._fields[n] = [TreeStackField(leaf_path, j, (n,) + shape, dtype)
-                                     for j, (leaf_path, shape, dtype) in enumerate(self.arrays)]
+                self._placed.clear()
+            got = [TreeStackField(leaf_path, j, (n,) + shape, dtype)
+                   for j, (leaf_path, shape, dtype) in enumerate(self.arrays)]
+            offsets, total = _core.plan_layout([f.nbytes for f in got])
+            self._placed[n] = (offsets.tolist(), int(total))
+            self._fields[n] = got
         return got
+
+    def placed(self, n: int) -> tuple[list[int], int] | None:
+        """(offsets, total bytes) of fields(n) in a buffer of their own."""
+        return self._placed.get(n)
 
     def build(self, path: str, add_array: Callable[[str], Node], add_other: Callable[[str], Node]) -> Node:
         """The layout node of the whole structure, calling add_array or
@@ -548,6 +571,8 @@ class TreeCache:
             fields.extend(tree_fields)
             planner._tables.append((got, list(range(start, len(fields)))))
             if start == 0:
+                placed = shape.placed(got.n)
+                planner._placed = None if placed is None else (len(fields), placed)
                 return shape.root0
             return shape.build(path, _FieldAt(start), layout.object_node)
         indices: list[int] = []
@@ -613,7 +638,9 @@ def plan_batch(batchify_fn: Callable[..., Any], samples: Sequence[Any],
         root = batchify_fn.plan(samples, "sample", planner)
     else:
         root = planner.add_value("batch", batchify_fn(samples))
-    return BatchPlan(root, planner._fields, planner._objects, planner._tables)
+    placed = planner._placed
+    return BatchPlan(root, planner._fields, planner._objects, planner._tables,
+                     placed[1] if placed is not None and placed[0] == len(planner._fields) else None)
 
 
 def collate(batchify_fn: Callable[..., Any], samples: Sequence[Any], batch_index: int | None = None) -> Any:
