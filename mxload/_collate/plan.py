@@ -317,12 +317,13 @@ class BatchPlan:
         self.fields = fields
         self.objects = objects
         self.tables = tables or []
+        self.offsets: list[int]
         if placed is not None:   # (offsets, total) the planner already knows for these fields
             self.offsets = list(placed[0])
             self.nbytes = placed[1]
             return
         offsets, total = _core.plan_layout([f.nbytes for f in fields])
-        self.offsets: list[int] = offsets.tolist()
+        self.offsets = offsets.tolist()
         self.nbytes = int(total)
 
     def fill(self, buffer: Any, base_offset: int = 0) -> tuple[list[NDArray[Any]], list[int]]:
