@@ -623,12 +623,15 @@ cdef class SampleTree:
                     return 0
                 child += cn.size
             return 1
-        # A tuple or a list stands for either, as in the checked path.
+        # A tuple or a list stands for either, as in the checked path, but
+        # sample 0's is the batch's container type: it must be the tree's.
         is_tuple = mxl_tuple_check_exact(obj)
         if is_tuple:
             if mxl_tuple_size(obj) != node.nchildren:
                 return 0
         elif not mxl_list_check_exact(obj) or mxl_list_size(obj) != node.nchildren:
+            return 0
+        if i == 0 and is_tuple != (node.kind == MXL_TREE_TUPLE):
             return 0
         for c in range(node.nchildren):
             value = mxl_tuple_item(obj, c) if is_tuple else mxl_list_item(obj, c)
@@ -719,6 +722,8 @@ cdef class TreeTable:
         cdef Py_ssize_t nl = tree._nleaves, n = self.n, j, i
         if len(offsets) != nl:
             raise ValueError(f"{len(offsets)} offsets for {nl} array leaves")
+        if nl == 0:
+            return []
         cdef Py_buffer view
         cdef int64_t *ns = <int64_t *>PyMem_Malloc((nl + 1) * sizeof(int64_t))
         cdef Py_ssize_t *at = <Py_ssize_t *>PyMem_Malloc((nl + 1) * sizeof(Py_ssize_t))
@@ -814,6 +819,8 @@ def field_views(buffer, Py_ssize_t base_offset, list offsets not None, list fiel
     cdef list out = []
     if len(offsets) != nf:
         raise ValueError(f"{len(offsets)} offsets for {nf} fields")
+    if nf == 0:
+        return out
     flags = cnp.NPY_ARRAY_CARRAY
     if PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE | PyBUF_SIMPLE) != 0:
         raise BufferError("buffer is not a writable contiguous buffer")

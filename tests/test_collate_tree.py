@@ -351,3 +351,20 @@ def test_planner_field_numbering_after_other_fields():
     samples = [{"a": np.full(2, i), "b": np.full(1, i)} for i in range(3)]
     node = default_batchify.plan(samples, "x", planner)
     assert node == ("d", ("a", "b"), [("f", 1), ("f", 2)])
+
+
+def test_a_plan_without_fields_fills_any_buffer():
+    plan = plan_batch(default_batchify, [["a", "b"], ["c", "d"]])
+    assert plan.fields == [] and plan.fill(b"") == ([], [])
+
+
+def test_sample_0_decides_tuple_or_list_though_the_cache_has_the_other():
+    fn = DefaultBatchify()
+    as_list = [[np.full(2, i), [np.full(1, i), np.full(3, i)]] for i in range(4)]
+    as_tuple = [(np.full(2, i), (np.full(1, i), np.full(3, i))) for i in range(4)]
+    inner_tuple = [[np.full(2, i), (np.full(1, i), np.full(3, i))] for i in range(4)]
+    mixed = [as_tuple[0]] + as_list[1:]   # the others may be either
+    for samples in (as_list, as_tuple, as_list, inner_tuple, as_tuple, mixed, as_list):
+        assert_like_checked(samples, fn)
+    assert type(collate(fn, as_tuple)) is tuple and type(collate(fn, as_list)) is list
+    assert type(collate(fn, inner_tuple)[1]) is tuple

@@ -588,7 +588,8 @@ class TreeCache:
             return plan_other(next(columns), leaf_path, planner)
 
         root = shape.build(path, add_array, add_other)
-        planner._tables.append((got, indices))
+        if indices:
+            planner._tables.append((got, indices))
         return root
 
 
