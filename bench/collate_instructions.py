@@ -1,11 +1,14 @@
 """Instruction counts of collating one batch, for callgrind (stable under load).
 
     valgrind --tool=callgrind --callgrind-out-file=/dev/null python bench/collate_instructions.py dict16 0
-    valgrind --tool=callgrind --callgrind-out-file=/dev/null python bench/collate_instructions.py dict16 20
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null python bench/collate_instructions.py dict16 100
 
-Runs the workload's set-up and one warm-up batch, then collates N more
-batches with default_batchify (allocation included); the difference of the
-two runs' "Collected" totals divided by N is the instructions per batch.
+Runs the workload's set-up (bench/collate.py's workloads: images, tabular,
+dict16) and one warm-up batch, then collates N more batches with
+default_batchify (allocation included); the difference of the two runs'
+"Collected" totals divided by N is the instructions per batch.  Counts
+move by a few percent with N (garbage collections, allocator state): use
+N = 100 for the small workloads, and OPENBLAS_NUM_THREADS=1.
 """
 from __future__ import annotations
 
