@@ -9,11 +9,12 @@ split by job into the .pxi files included below."""
 
 cimport cython
 from cpython.pyport cimport PY_SSIZE_T_MAX
-from cpython.buffer cimport PyBuffer_FillInfo
+from cpython.buffer cimport PyBuffer_FillInfo, PyBuffer_Release, PyObject_GetBuffer, PyBUF_SIMPLE, PyBUF_WRITABLE
 from cpython.bytes cimport PyBytes_FromStringAndSize
-from cpython.ref cimport Py_INCREF
+from cpython.list cimport PyList_New
+from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.exc cimport PyErr_CheckSignals
-from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from cpython.mem cimport PyMem_Malloc, PyMem_Free, PyMem_Realloc
 from libc.errno cimport errno, EAGAIN, EINTR
 from libc.stdint cimport int64_t, uint64_t
 from libc.stdlib cimport malloc

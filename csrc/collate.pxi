@@ -392,3 +392,459 @@ def plan_layout(nbytes, Py_ssize_t alignment=ALIGNMENT):
 def monotonic_ns():
     """The C monotonic clock the kernels time themselves with."""
     return mxl_monotonic_ns()
+
+
+# ---------------------------------------------------------------------------
+# Samples that are dicts, tuples or lists of arrays: every field at once
+# (default_batchify's fast path, mxload/_collate/plan.py's plan_tree).
+#
+# A SampleTree is sample 0's structure flattened in preorder, made once and
+# kept between batches by the caller.  gather() walks every sample against it
+# in C (GIL held, borrowed references, no Python-level loop), checks each
+# array leaf as stack_check would (a plain ndarray, sample 0's dtype and
+# shape) and records its data pointer; TreeTable.fill then copies every leaf's
+# column into the batch buffer in one nogil call.  A sample that differs in
+# any way is answered with its index only: the caller then plans the batch
+# the checked way, whose errors name the field and the sample.
+
+# Deeper structures are left to the checked path (and its recursion limit).
+TREE_MAX_DEPTH = 32
+
+
+cdef class TreeTable
+
+
+cdef inline bint _same_key(PyObject *a, PyObject *b) except -1:
+    """Equal dict keys that are not the same object: str and int only, whose
+    comparison runs no Python code (anything else takes the checked path)."""
+    if mxl_unicode_check_exact(a) and mxl_unicode_check_exact(b):
+        return mxl_rich_compare_bool(a, b, Py_EQ)
+    if mxl_long_check_exact(a) and mxl_long_check_exact(b):
+        return mxl_rich_compare_bool(a, b, Py_EQ)
+    return False
+
+
+@cython.final
+cdef class SampleTree:
+    """Sample 0's structure (plain dicts, tuples and lists), flattened.
+
+    Its leaves are either arrays (plain ndarrays of a fixed-size dtype: the
+    tree's own kernel stacks them) or other objects (their columns go back
+    to the caller to plan).  `nodes` lists (kind, nchildren, key) per node in
+    preorder (kind a TREE_ constant, key the dict key of a dict's child, else
+    None); `leaves` lists (shape, dtype) per array leaf, in preorder."""
+
+    cdef mxl_tree_node *_nodes
+    cdef mxl_tree_leaf *_leaves
+    cdef Py_ssize_t _nnodes, _cap_nodes, _nleaves, _cap_leaves, _nother
+    cdef list _refs
+    cdef readonly list nodes
+    cdef readonly list leaves
+    cdef bint _flat_dict          # a dict of arrays only: gather's shortcut
+
+    def __cinit__(self, first):
+        self._refs = []
+        self.nodes = []
+        self.leaves = []
+        if not (mxl_dict_check_exact(<PyObject *>first) or mxl_tuple_check_exact(<PyObject *>first)
+                or mxl_list_check_exact(<PyObject *>first)):
+            raise TypeError(f"sample 0 is a {type(first).__name__}, not a plain dict, tuple or list")
+        self._add(first, None, 0)
+        self._flat_dict = (self._nodes[0].kind == MXL_TREE_DICT and self._nnodes == self._nleaves + 1)
+
+    def __dealloc__(self):
+        PyMem_Free(self._nodes)
+        PyMem_Free(self._leaves)
+
+    @property
+    def nleaves(self):
+        """The number of array leaves."""
+        return self._nleaves
+
+    @property
+    def nother(self):
+        """The number of other leaves (columns gather() hands back)."""
+        return self._nother
+
+    cdef Py_ssize_t _new_node(self, int kind, key) except -1:
+        cdef mxl_tree_node *grown
+        if self._nnodes == self._cap_nodes:
+            self._cap_nodes = 2 * self._cap_nodes + 16
+            grown = <mxl_tree_node *>PyMem_Realloc(self._nodes, self._cap_nodes * sizeof(mxl_tree_node))
+            if grown is NULL:
+                raise MemoryError()
+            self._nodes = grown
+        cdef Py_ssize_t k = self._nnodes
+        self._nnodes += 1
+        self._nodes[k].kind = kind
+        self._nodes[k].nchildren = 0
+        self._nodes[k].size = 1
+        self._nodes[k].leaf = -1
+        self._nodes[k].key = NULL
+        if key is not None:
+            self._refs.append(key)
+            self._nodes[k].key = <PyObject *>key
+        self.nodes.append(None)
+        return k
+
+    cdef Py_ssize_t _new_leaf(self, cnp.ndarray a) except -1:
+        cdef mxl_tree_leaf *grown
+        cdef mxl_tree_leaf *leaf
+        cdef int d
+        cdef mxl_ssize_t step
+        if self._nleaves == self._cap_leaves:
+            self._cap_leaves = 2 * self._cap_leaves + 16
+            grown = <mxl_tree_leaf *>PyMem_Realloc(self._leaves, self._cap_leaves * sizeof(mxl_tree_leaf))
+            if grown is NULL:
+                raise MemoryError()
+            self._leaves = grown
+        cdef Py_ssize_t j = self._nleaves
+        self._nleaves += 1
+        leaf = &self._leaves[j]
+        dtype = a.dtype
+        self._refs.append(dtype)
+        leaf.descr = cnp.PyArray_DESCR(a)
+        leaf.ndim = a.ndim
+        leaf.itemsize = a.itemsize
+        step = leaf.itemsize
+        for d in range(leaf.ndim - 1, -1, -1):
+            leaf.dims[d] = cnp.PyArray_DIMS(a)[d]
+            leaf.strides[d] = step
+            step *= leaf.dims[d]
+        leaf.row_bytes = step
+        self.leaves.append((_shape_of(a), dtype))
+        return j
+
+    cdef Py_ssize_t _add(self, obj, key, int depth) except -1:
+        cdef PyObject *o = <PyObject *>obj
+        cdef Py_ssize_t k, i, n
+        cdef int kind
+        if depth < TREE_MAX_DEPTH and mxl_dict_check_exact(o):
+            kind = MXL_TREE_DICT
+        elif depth < TREE_MAX_DEPTH and mxl_tuple_check_exact(o):
+            kind = MXL_TREE_TUPLE
+        elif depth < TREE_MAX_DEPTH and mxl_list_check_exact(o):
+            kind = MXL_TREE_LIST
+        elif (mxl_array_check_exact(o) and not mxl_descr_hasobject(cnp.PyArray_DESCR(<cnp.ndarray>obj))
+              and (<cnp.ndarray>obj).ndim + 1 <= MXL_MAX_DIMS):
+            kind = MXL_TREE_ARRAY
+        else:
+            kind = MXL_TREE_OTHER
+        k = self._new_node(kind, key)
+        if kind == MXL_TREE_ARRAY:
+            self._nodes[k].leaf = self._new_leaf(<cnp.ndarray>obj)
+        elif kind == MXL_TREE_OTHER:
+            self._nodes[k].leaf = self._nother
+            self._nother += 1
+        elif kind == MXL_TREE_DICT:
+            items = list((<dict>obj).items())
+            for child_key, value in items:
+                self._add(value, child_key, depth + 1)
+            n = len(items)
+        else:
+            items = list(obj)
+            for value in items:
+                self._add(value, None, depth + 1)
+            n = len(items)
+        if kind <= MXL_TREE_LIST:
+            self._nodes[k].nchildren = n
+            self._nodes[k].size = self._nnodes - k
+        else:
+            n = 0
+        self.nodes[k] = (kind, n, key)
+        return k
+
+    def gather(self, list samples not None):
+        """`samples` (sample 0 of the same structure as the tree's, with
+        the same dtype objects) as a TreeTable, or the index of the first
+        sample that differs from the tree: another container type, length
+        or key order, or an array leaf that is not a plain ndarray of sample
+        0's dtype and shape."""
+        cdef Py_ssize_t n = len(samples), i
+        cdef TreeTable t = TreeTable.__new__(TreeTable)
+        t._setup(self, n)
+        if self._flat_dict:
+            i = self._gather_flat_dict(samples, t)
+            return t if i < 0 else i
+        for i in range(n):
+            if not self._walk(0, mxl_list_item(<PyObject *>samples, i), i, t):
+                return i
+        return t
+
+    cdef Py_ssize_t _gather_flat_dict(self, list samples, TreeTable t) except -2:
+        """gather() for the commonest shape, a dict of arrays only: the same
+        checks as _walk with the node bookkeeping left out.  Returns the
+        index of the first sample that differs, or -1."""
+        cdef Py_ssize_t n = t.n, nl = self._nleaves, i, c, pos
+        cdef PyObject *obj
+        cdef PyObject *key
+        cdef PyObject *value
+        cdef mxl_tree_node *nodes = self._nodes + 1   # the leaves, in order
+        for i in range(n):
+            obj = mxl_list_item(<PyObject *>samples, i)
+            if not mxl_dict_check_exact(obj) or mxl_dict_size(obj) != nl:
+                return i
+            pos = 0
+            for c in range(nl):
+                mxl_dict_next(obj, &pos, &key, &value)
+                if key != nodes[c].key and not _same_key(key, nodes[c].key):
+                    return i
+                if not _tree_leaf(&self._leaves[c], value, i, c * n + i, t):
+                    return i
+        return -1
+
+    cdef int _walk(self, Py_ssize_t k, PyObject *obj, Py_ssize_t i, TreeTable t) except -1:
+        """Check sample i's part `obj` against node k and record its leaves;
+        0 if it differs.  Array leaves are checked in the container's loop."""
+        cdef mxl_tree_node *node = &self._nodes[k]
+        cdef mxl_tree_node *cn
+        cdef Py_ssize_t c, pos = 0, child = k + 1
+        cdef PyObject *key
+        cdef PyObject *value
+        cdef bint is_tuple
+        if node.kind == MXL_TREE_ARRAY:   # only a root array: containers check their own
+            return _tree_leaf(&self._leaves[node.leaf], obj, i, node.leaf * t.n + i, t)
+        if node.kind == MXL_TREE_OTHER:
+            mxl_incref(obj)
+            mxl_list_set_item(mxl_list_item(<PyObject *>t.columns, node.leaf), i, obj)
+            return 1
+        if node.kind == MXL_TREE_DICT:
+            if not mxl_dict_check_exact(obj) or mxl_dict_size(obj) != node.nchildren:
+                return 0
+            for c in range(node.nchildren):
+                mxl_dict_next(obj, &pos, &key, &value)
+                cn = &self._nodes[child]
+                if key != cn.key and not _same_key(key, cn.key):
+                    return 0
+                if cn.kind == MXL_TREE_ARRAY:
+                    if not _tree_leaf(&self._leaves[cn.leaf], value, i, cn.leaf * t.n + i, t):
+                        return 0
+                elif not self._walk(child, value, i, t):
+                    return 0
+                child += cn.size
+            return 1
+        # A tuple or a list stands for either, as in the checked path, but
+        # sample 0's is the batch's container type: it must be the tree's.
+        is_tuple = mxl_tuple_check_exact(obj)
+        if is_tuple:
+            if mxl_tuple_size(obj) != node.nchildren:
+                return 0
+        elif not mxl_list_check_exact(obj) or mxl_list_size(obj) != node.nchildren:
+            return 0
+        if i == 0 and is_tuple != (node.kind == MXL_TREE_TUPLE):
+            return 0
+        for c in range(node.nchildren):
+            value = mxl_tuple_item(obj, c) if is_tuple else mxl_list_item(obj, c)
+            cn = &self._nodes[child]
+            if cn.kind == MXL_TREE_ARRAY:
+                if not _tree_leaf(&self._leaves[cn.leaf], value, i, cn.leaf * t.n + i, t):
+                    return 0
+            elif not self._walk(child, value, i, t):
+                return 0
+            child += cn.size
+        return 1
+
+
+cdef inline bint _tree_leaf(mxl_tree_leaf *leaf, PyObject *obj, Py_ssize_t i, Py_ssize_t at,
+                            TreeTable t) noexcept:
+    """Check sample i's array leaf `obj` against `leaf` and record it in
+    the table's cell `at`; 0 if it differs."""
+    cdef cnp.PyArrayObject *a
+    cdef cnp.PyArray_Descr *descr
+    cdef cnp.npy_intp *dims
+    cdef int d
+    if not mxl_array_check_exact(obj):
+        return 0
+    a = <cnp.PyArrayObject *>obj
+    descr = mxl_array_descr(a)
+    # Sample 0 must bring the tree's very dtype (the batch's dtype is
+    # sample 0's); the others one equivalent to it, as stack_check asks.
+    if descr != leaf.descr and (i == 0 or not mxl_equiv_descr(descr, leaf.descr)):
+        return 0
+    if mxl_array_ndim(a) != leaf.ndim:
+        return 0
+    dims = mxl_array_dims(a)
+    for d in range(leaf.ndim):
+        if dims[d] != leaf.dims[d]:
+            return 0
+    t._srcs[at] = <const char *>mxl_array_data(a)
+    # NULL: one C-contiguous block, copied with a single memcpy of the row.
+    t._strides[at] = (NULL if cnp.PyArray_CHKFLAGS(<cnp.ndarray>obj, cnp.NPY_ARRAY_C_CONTIGUOUS)
+                      else <const mxl_ssize_t *>mxl_array_strides(a))
+    mxl_incref(obj)
+    t._refs[t._nrefs] = obj
+    t._nrefs += 1
+    return 1
+
+
+@cython.final
+cdef class TreeTable:
+    """One batch's samples as SampleTree.gather found them: each array
+    leaf's column (data pointers, the arrays kept alive), filled by fill();
+    `columns` holds the other leaves' columns, one list each."""
+
+    cdef SampleTree _tree
+    cdef readonly Py_ssize_t n
+    cdef const char **_srcs
+    cdef const mxl_ssize_t **_strides   # NULL where the sample's array is C-contiguous
+    cdef PyObject **_refs          # the arrays recorded so far, one reference each
+    cdef Py_ssize_t _nrefs
+    cdef readonly list columns
+
+    cdef int _setup(self, SampleTree tree, Py_ssize_t n) except -1:
+        cdef Py_ssize_t cells = tree._nleaves * n, k
+        self._tree = tree
+        self.n = n
+        self._srcs = <const char **>PyMem_Malloc((cells + 1) * sizeof(char *))
+        self._strides = <const mxl_ssize_t **>PyMem_Malloc((cells + 1) * sizeof(mxl_ssize_t *))
+        self._refs = <PyObject **>PyMem_Malloc((cells + 1) * sizeof(PyObject *))
+        if self._srcs is NULL or self._strides is NULL or self._refs is NULL:
+            raise MemoryError()
+        # PyList_New's empty slots are NULL until gather() sets them; a table
+        # gather() gave up on is never handed out.
+        self.columns = [PyList_New(n) for k in range(tree._nother)]
+        return 0
+
+    def __dealloc__(self):
+        cdef Py_ssize_t k
+        if self._refs is not NULL:
+            for k in range(self._nrefs):
+                Py_XDECREF(self._refs[k])
+        PyMem_Free(self._refs)
+        PyMem_Free(self._srcs)
+        PyMem_Free(self._strides)
+
+    def fill(self, buffer, Py_ssize_t base_offset, list offsets not None):
+        """Copy every array leaf's column into `buffer` (anything exporting
+        a writable buffer): leaf j as one C-contiguous (n,) + shape block at
+        base_offset + offsets[j]; GIL released.  Returns each leaf's ns."""
+        cdef SampleTree tree = self._tree
+        cdef Py_ssize_t nl = tree._nleaves, n = self.n, j, i
+        if len(offsets) != nl:
+            raise ValueError(f"{len(offsets)} offsets for {nl} array leaves")
+        if nl == 0:
+            return []
+        cdef Py_buffer view
+        cdef int64_t *ns = <int64_t *>PyMem_Malloc((nl + 1) * sizeof(int64_t))
+        cdef Py_ssize_t *at = <Py_ssize_t *>PyMem_Malloc((nl + 1) * sizeof(Py_ssize_t))
+        cdef mxl_tree_leaf *leaf
+        cdef char *dst
+        cdef const char **srcs = self._srcs
+        cdef const mxl_ssize_t **strides = self._strides
+        cdef int64_t t0
+        if ns is NULL or at is NULL:
+            PyMem_Free(ns)
+            PyMem_Free(at)
+            raise MemoryError()
+        try:
+            PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE | PyBUF_SIMPLE)
+            try:
+                for j in range(nl):
+                    at[j] = base_offset + <Py_ssize_t>offsets[j]
+                    if base_offset < 0 or at[j] < base_offset or at[j] + n * tree._leaves[j].row_bytes > view.len:
+                        raise ValueError(f"leaf {j} at offset {at[j]} ({n * tree._leaves[j].row_bytes} bytes) "
+                                         f"is outside the buffer's {view.len} bytes")
+                with nogil:
+                    for j in range(nl):
+                        leaf = &tree._leaves[j]
+                        dst = <char *>view.buf + at[j]
+                        t0 = mxl_monotonic_ns()
+                        for i in range(n):
+                            if strides[j * n + i] is NULL:
+                                memcpy(dst, srcs[j * n + i], leaf.row_bytes)
+                            else:
+                                mxl_copy_nd(dst, leaf.strides, srcs[j * n + i], strides[j * n + i],
+                                            leaf.dims, leaf.ndim, leaf.itemsize)
+                            dst += leaf.row_bytes
+                        ns[j] = mxl_monotonic_ns() - t0
+            finally:
+                PyBuffer_Release(&view)
+            return [ns[j] for j in range(nl)]
+        finally:
+            PyMem_Free(ns)
+            PyMem_Free(at)
+
+    def fill_leaf(self, Py_ssize_t j, cnp.ndarray out not None):
+        """Copy array leaf j's column into `out` (writeable, (n,) + the
+        leaf's shape, its dtype, any strides); GIL released.  Returns the ns."""
+        cdef SampleTree tree = self._tree
+        if j < 0 or j >= tree._nleaves:
+            raise IndexError(f"array leaf {j} of {tree._nleaves}")
+        cdef mxl_tree_leaf *leaf = &tree._leaves[j]
+        shape, dtype = tree.leaves[j]
+        if _shape_of(out) != (self.n,) + shape:
+            raise ValueError(f"out has shape {_shape_str(_shape_of(out))}, expected "
+                             f"{_shape_str((self.n,) + shape)}")
+        if not mxl_equiv_descr(cnp.PyArray_DESCR(out), leaf.descr):
+            raise ValueError(f"out has dtype {out.dtype}, expected {dtype}")
+        if not cnp.PyArray_ISWRITEABLE(out):
+            raise ValueError("out must be writeable")
+        cdef Py_ssize_t n = self.n, i
+        cdef char *dst = <char *>cnp.PyArray_DATA(out)
+        cdef mxl_ssize_t step = cnp.PyArray_STRIDES(out)[0]
+        cdef const mxl_ssize_t *dst_strides = <const mxl_ssize_t *>cnp.PyArray_STRIDES(out) + 1
+        cdef const char **srcs = self._srcs + j * n
+        cdef const mxl_ssize_t **strides = self._strides + j * n
+        cdef int64_t t0
+        with nogil:
+            t0 = mxl_monotonic_ns()
+            for i in range(n):
+                mxl_copy_nd(dst + i * step, dst_strides, srcs[i],
+                            strides[i] if strides[i] is not NULL else leaf.strides,
+                            leaf.dims, leaf.ndim, leaf.itemsize)
+            t0 = mxl_monotonic_ns() - t0
+        return t0
+
+
+TREE_DICT = MXL_TREE_DICT
+TREE_TUPLE = MXL_TREE_TUPLE
+TREE_LIST = MXL_TREE_LIST
+TREE_ARRAY = MXL_TREE_ARRAY
+TREE_OTHER = MXL_TREE_OTHER
+
+
+def field_views(buffer, Py_ssize_t base_offset, list offsets not None, list fields not None):
+    """C-contiguous numpy arrays over `buffer` (anything exporting a buffer),
+    field k's (its .shape and .dtype, a numpy dtype) at base_offset +
+    offsets[k], each with `buffer` as its base: np.ndarray(shape, dtype,
+    buffer=buffer, offset=...) for a whole plan in one call."""
+    cdef Py_ssize_t nf = len(fields), k, off, nbytes
+    cdef Py_buffer view
+    cdef int nd, d, flags
+    cdef cnp.npy_intp dims[MXL_MAX_DIMS]
+    cdef cnp.dtype dtype
+    cdef tuple shape
+    cdef cnp.ndarray arr
+    cdef char *base
+    cdef list out = []
+    if len(offsets) != nf:
+        raise ValueError(f"{len(offsets)} offsets for {nf} fields")
+    if nf == 0:
+        return out
+    flags = cnp.NPY_ARRAY_CARRAY
+    if PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE | PyBUF_SIMPLE) != 0:
+        raise BufferError("buffer is not a writable contiguous buffer")
+    try:
+        base = <char *>view.buf
+        for k in range(nf):
+            field = fields[k]
+            shape = field.shape
+            dtype = field.dtype
+            nd = len(shape)
+            _check_ndim(nd, f"field {k}")
+            nbytes = dtype.itemsize
+            for d in range(nd):
+                dims[d] = shape[d]
+                nbytes *= dims[d]
+            off = base_offset + <Py_ssize_t>offsets[k]
+            if off < 0 or nbytes < 0 or off + nbytes > view.len:
+                raise ValueError(f"field {k} at offset {off} ({nbytes} bytes) is outside the buffer's "
+                                 f"{view.len} bytes")
+            Py_INCREF(dtype)   # PyArray_NewFromDescr steals it
+            arr = mxl_array_new(<PyTypeObject *>cnp.ndarray, <cnp.PyArray_Descr *>dtype, nd, dims, NULL,
+                                base + off, flags, NULL)
+            cnp.set_array_base(arr, buffer)
+            out.append(arr)
+    finally:
+        PyBuffer_Release(&view)
+    return out

@@ -151,3 +151,54 @@ cdef extern from "mxl_send.h" nogil:
                        int64_t slab_size, int flags, uint32_t ndrops, uint32_t nindices, int nfds)
     long mxl_send_pieces(int sock, iovec *iov, int n, int fd)
     long mxl_send_frame(int sock, const char *head, size_t hlen, const char *data, size_t dlen, int fd)
+
+# --- The sample-tree walker (collate.pxi's SampleTree): borrowed-reference
+# access to the containers and arrays of a batch's samples, so the walk over
+# every sample's fields is C with no reference counting per field.
+cdef extern from "Python.h":
+    bint mxl_dict_check_exact "PyDict_CheckExact"(PyObject *o)
+    Py_ssize_t mxl_dict_size "PyDict_GET_SIZE"(PyObject *o)
+    int mxl_dict_next "PyDict_Next"(PyObject *d, Py_ssize_t *pos, PyObject **key, PyObject **value)
+    bint mxl_tuple_check_exact "PyTuple_CheckExact"(PyObject *o)
+    Py_ssize_t mxl_tuple_size "PyTuple_GET_SIZE"(PyObject *o)
+    PyObject *mxl_tuple_item "PyTuple_GET_ITEM"(PyObject *o, Py_ssize_t i)
+    bint mxl_list_check_exact "PyList_CheckExact"(PyObject *o)
+    Py_ssize_t mxl_list_size "PyList_GET_SIZE"(PyObject *o)
+    PyObject *mxl_list_item "PyList_GET_ITEM"(PyObject *o, Py_ssize_t i)
+    void mxl_list_set_item "PyList_SET_ITEM"(PyObject *o, Py_ssize_t i, PyObject *v)
+    bint mxl_unicode_check_exact "PyUnicode_CheckExact"(PyObject *o)
+    bint mxl_long_check_exact "PyLong_CheckExact"(PyObject *o)
+    int mxl_rich_compare_bool "PyObject_RichCompareBool"(PyObject *a, PyObject *b, int op) except -1
+    void mxl_incref "Py_INCREF"(PyObject *o)
+    enum: Py_EQ
+
+cdef extern from "numpy/arrayobject.h":
+    bint mxl_array_check_exact "PyArray_CheckExact"(PyObject *o)
+    cnp.PyArray_Descr *mxl_array_descr "PyArray_DESCR"(cnp.PyArrayObject *a) nogil
+    int mxl_array_ndim "PyArray_NDIM"(cnp.PyArrayObject *a) nogil
+    cnp.npy_intp *mxl_array_dims "PyArray_DIMS"(cnp.PyArrayObject *a) nogil
+    cnp.npy_intp *mxl_array_strides "PyArray_STRIDES"(cnp.PyArrayObject *a) nogil
+    void *mxl_array_data "PyArray_DATA"(cnp.PyArrayObject *a) nogil
+
+# A SampleTree's nodes, sample 0's structure in preorder.
+cdef enum:
+    MXL_TREE_DICT = 0     # a plain dict: its children in sample 0's key order
+    MXL_TREE_TUPLE = 1    # a plain tuple
+    MXL_TREE_LIST = 2     # a plain list
+    MXL_TREE_ARRAY = 3    # a plain ndarray, stacked by the tree's own kernel
+    MXL_TREE_OTHER = 4    # anything else: its column goes back to Python
+
+ctypedef struct mxl_tree_node:
+    int kind
+    Py_ssize_t nchildren
+    Py_ssize_t size       # nodes in this subtree, itself included (the next sibling is size on)
+    Py_ssize_t leaf       # ARRAY: index among the array leaves; OTHER: among the other leaves
+    PyObject *key         # the child of a dict: its key (the tree holds a reference)
+
+ctypedef struct mxl_tree_leaf:
+    cnp.PyArray_Descr *descr         # sample 0's dtype (the tree holds a reference)
+    int ndim
+    mxl_ssize_t itemsize
+    mxl_ssize_t row_bytes            # one sample's bytes
+    mxl_ssize_t dims[MXL_MAX_DIMS]
+    mxl_ssize_t strides[MXL_MAX_DIMS]  # C-contiguous, as the leaf's rows in the batch buffer

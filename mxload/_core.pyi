@@ -3,7 +3,8 @@
 Keep in step with csrc/_core.pyx and the .pxi files it includes:
 interrupt.pxi (defer_sigint, sigint_safe_finalizer), reorder.pxi
 (ReorderBuffer, BufferClosedError, RawBatch), collate.pxi (kernels,
-layout planner, ALIGNMENT, monotonic_ns), slab.pxi (Slab, BatchOwner),
+SampleTree and TreeTable, field_views, layout planner, ALIGNMENT,
+monotonic_ns), slab.pxi (Slab, BatchOwner),
 receive.pxi (FrameReceiver, build_views, the frame constants), task.pxi
 (send_task, send_tasks) and handoff.pxi (ViewTemplate, claim_batch)."""
 from collections.abc import Callable, Iterable, Sequence
@@ -117,6 +118,36 @@ def pad(
 def copy_into(src: NDArray[Any], out: NDArray[Any]) -> int: ...
 def plan_layout(nbytes: Sequence[int], alignment: int = 64) -> tuple[NDArray[np.int64], int]: ...
 def monotonic_ns() -> int: ...
+
+TREE_MAX_DEPTH: int
+TREE_DICT: int
+TREE_TUPLE: int
+TREE_LIST: int
+TREE_ARRAY: int
+TREE_OTHER: int
+
+class SampleTree:
+    @property
+    def nodes(self) -> list[tuple[int, int, Any]]: ...
+    @property
+    def leaves(self) -> list[tuple[tuple[int, ...], np.dtype[Any]]]: ...
+    @property
+    def nleaves(self) -> int: ...
+    @property
+    def nother(self) -> int: ...
+    def __new__(cls, first: object) -> Self: ...
+    def gather(self, samples: list[Any]) -> TreeTable | int: ...
+
+class TreeTable:
+    @property
+    def n(self) -> int: ...
+    @property
+    def columns(self) -> list[list[Any]]: ...
+    def fill(self, buffer: Any, base_offset: int, offsets: list[int]) -> list[int]: ...
+    def fill_leaf(self, j: int, out: NDArray[Any]) -> int: ...
+
+def field_views(buffer: Any, base_offset: int, offsets: list[int],
+                fields: list[Any]) -> list[NDArray[Any]]: ...
 
 # ---------------------------------------------------------------- slab.pxi
 

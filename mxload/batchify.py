@@ -31,6 +31,7 @@ from ._collate.plan import (
     Batchify,
     BatchPlan,
     Planner,
+    TreeCache,
     collate,
     pad_column,
     plan_batch,
@@ -310,38 +311,54 @@ class _DefaultBatchify(Batchify):
         ((2, 2), [1, 2])
     """
 
+    def __init__(self) -> None:
+        self._trees = TreeCache()
+
     def plan(self, samples: Sequence[Any], path: str, planner: Planner) -> Node:
-        if isinstance(samples, GatheredSamples):
+        if type(samples) is list and type(samples[0]) in _TREE_TYPES:
+            # Plain dicts/tuples/lists: every sample checked and every array
+            # field filled in one compiled pass each; a batch it does not take
+            # (samples that differ) is planned the checked way below.
+            node = self._trees.plan(planner, samples, path, self._plan_checked)
+            if node is not None:
+                return node
+        elif isinstance(samples, GatheredSamples):
             node = samples.plan_columns(path, planner)
             if node is not None:
                 return node
+        return self._plan_checked(samples, path, planner)
+
+    def _plan_checked(self, samples: Sequence[Any], path: str, planner: Planner) -> Node:
+        """Plan field by field, checking every sample (with the errors that
+        name the field and the sample)."""
         first = samples[0]
         if isinstance(first, ARRAY_OR_SCALAR):
             return stack_column(planner, samples, path)
         if isinstance(first, tuple) and hasattr(first, "_fields"):  # namedtuple
             columns = _columns(samples, len(first), path, planner)
-            return layout.tuple_node(type(first), [self.plan(c, f"{path}.{name}", planner)
+            return layout.tuple_node(type(first), [self._plan_checked(c, f"{path}.{name}", planner)
                                                    for name, c in zip(first._fields, columns)])
         if type(first) in (tuple, list):
             columns = _columns(samples, len(first), path, planner)
             return layout.tuple_node(None if isinstance(first, tuple) else list,
-                                     [self.plan(c, f"{path}[{i}]", planner) for i, c in enumerate(columns)])
+                                     [self._plan_checked(c, f"{path}[{i}]", planner)
+                                      for i, c in enumerate(columns)])
         if type(first) is dict:
             keys, columns = _dict_columns(samples, path, planner)
-            return layout.dict_node(keys, [self.plan(c, f"{path}[{k!r}]", planner)
+            return layout.dict_node(keys, [self._plan_checked(c, f"{path}[{k!r}]", planner)
                                            for k, c in zip(keys, columns)])
         if isinstance(first, (str, bytes)):
             return planner.add_object(path, list(samples))
         if isinstance(first, Mapping):
             keys, columns = _dict_columns(samples, path, planner)
-            children = [self.plan(c, f"{path}[{k!r}]", planner) for k, c in zip(keys, columns)]
+            children = [self._plan_checked(c, f"{path}[{k!r}]", planner) for k, c in zip(keys, columns)]
             template = _mapping_template(first, keys)
             if template is None:
                 return layout.dict_node(keys, children)
             return layout.mapping_node(template, keys, children)
         if isinstance(first, Sequence):   # range, user sequences, list/tuple subclasses
             columns = _columns(samples, len(first), path, planner, kinds=(Sequence,))
-            children = [self.plan(c, f"{path}[{i}]", planner) for i, c in enumerate(columns)]
+            children = [self._plan_checked(c, f"{path}[{i}]", planner) for i, c in enumerate(columns)]
             template = _sequence_template(first)
             if template is None:
                 return layout.tuple_node(list, children)
@@ -362,6 +379,9 @@ class _DefaultBatchify(Batchify):
 
     def __repr__(self) -> str:
         return "default_batchify"
+
+
+_TREE_TYPES = (dict, tuple, list)
 
 
 def _travels(cls: type) -> bool:

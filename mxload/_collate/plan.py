@@ -32,9 +32,9 @@ from . import layout
 from .layout import Layout, Node
 
 __all__ = [
-    "Field", "StackField", "PadField", "PadEveryAxisField", "CopyField", "TakeField", "Planner", "Batchify",
-    "BatchPlan", "plan_batch", "collate", "collate_profiled", "allocate",
-    "stack_column", "pad_column", "gather_columns", "SCALAR_TYPES", "ARRAY_OR_SCALAR",
+    "Field", "StackField", "PadField", "PadEveryAxisField", "CopyField", "TakeField", "TreeStackField",
+    "Planner", "Batchify", "BatchPlan", "plan_batch", "collate", "collate_profiled", "allocate",
+    "stack_column", "pad_column", "gather_columns", "TreeCache", "SCALAR_TYPES", "ARRAY_OR_SCALAR",
 ]
 
 # Sample leaves that stack as numbers (numpy scalars included), and with
@@ -152,6 +152,24 @@ class TakeField(Field):
         return time.perf_counter_ns() - t0
 
 
+class TreeStackField(Field):
+    """Array leaf `leaf` of samples a SampleTree gathered (:class:`TreeCache`).
+    The gathered pointers live in the plan's TreeTable, which fills all its
+    leaves in one compiled call (BatchPlan.fill); the field itself holds no
+    per-batch data, so one object serves every batch of that shape."""
+
+    kernel = "stack"
+    __slots__ = ("leaf",)
+
+    def __init__(self, path: str, leaf: int, shape: tuple[int, ...], dtype: np.dtype[Any]):
+        Field.__init__(self, path, shape, dtype)
+        self.leaf = leaf
+
+    def fill(self, out: NDArray[Any]) -> int:
+        raise TypeError(f"field {self.path} is filled by its plan's TreeTable (BatchPlan.fill), "
+                        f"not on its own")
+
+
 class Planner:
     """Collects the fields of one batch while batchify functions walk its samples.
 
@@ -176,12 +194,17 @@ class Planner:
         [[2.0, 2.0], [0.0, 0.0]]
     """
 
-    __slots__ = ("batch_index", "_fields", "_objects")
+    __slots__ = ("batch_index", "_fields", "_objects", "_tables", "_placed")
 
     def __init__(self, batch_index: int | None = None):
         self.batch_index = batch_index
         self._fields: list[Field] = []
         self._objects: list[tuple[str, Any]] = []   # (path, value) passed through as objects
+        # (table, indices of its TreeStackFields): filled by one compiled call each
+        self._tables: list[tuple[_core.TreeTable, list[int]]] = []
+        # (number of fields, (offsets, total)) when a TreeCache planned them
+        # all and knew their layout; still good while no other field follows.
+        self._placed: tuple[int, tuple[list[int], int]] | None = None
 
     def plan(self, fn: Callable[..., Any], samples: Sequence[Any], path: str) -> Node:
         """Plan `samples` with batchify function `fn`: a :class:`Batchify`
@@ -272,6 +295,10 @@ class BatchPlan:
         root (tuple): the batch's structure node.
         fields (list): the planned fields.
         objects (list): (path, value) of Python objects passed through.
+        tables (list | None): (TreeTable, indices of its fields) of the
+            fields a SampleTree gathered, each table filled in one call.
+        placed (tuple | None): (offsets, total bytes) of `fields` when
+            known already (plan_layout's answer for them).
 
     Example:
         >>> import numpy as np
@@ -281,26 +308,40 @@ class BatchPlan:
         True
     """
 
-    __slots__ = ("root", "fields", "objects", "offsets", "nbytes")
+    __slots__ = ("root", "fields", "objects", "tables", "offsets", "nbytes")
 
-    def __init__(self, root: Node, fields: list[Field], objects: list[tuple[str, Any]]):
+    def __init__(self, root: Node, fields: list[Field], objects: list[tuple[str, Any]],
+                 tables: list[tuple[_core.TreeTable, list[int]]] | None = None,
+                 placed: tuple[list[int], int] | None = None):
         self.root = root
         self.fields = fields
         self.objects = objects
+        self.tables = tables or []
+        self.offsets: list[int]
+        if placed is not None:   # (offsets, total) the planner already knows for these fields
+            self.offsets = list(placed[0])
+            self.nbytes = placed[1]
+            return
         offsets, total = _core.plan_layout([f.nbytes for f in fields])
-        self.offsets: list[int] = offsets.tolist()
+        self.offsets = offsets.tolist()
         self.nbytes = int(total)
 
     def fill(self, buffer: Any, base_offset: int = 0) -> tuple[list[NDArray[Any]], list[int]]:
         """Collate every field into `buffer` (anything exporting a writable
         buffer) starting at `base_offset`.  Returns (views, per-field ns)."""
-        views = []
-        times = []
-        for field, off in zip(self.fields, self.offsets):
-            out = np.ndarray(field.shape, field.dtype, buffer=buffer, offset=base_offset + off)
-            ns = field.fill(out)
-            views.append(out)
-            times.append(ns)
+        fields, offsets = self.fields, self.offsets
+        if len(self.tables) == 1 and len(self.tables[0][1]) == len(fields):
+            # Every field from one table (a dict of arrays, say): one call each.
+            times = self.tables[0][0].fill(buffer, base_offset, offsets)
+            return _core.field_views(buffer, base_offset, offsets, fields), times
+        times = [0] * len(fields)
+        for table, indices in self.tables:   # every leaf of a table in one compiled call
+            for k, ns in zip(indices, table.fill(buffer, base_offset, [offsets[k] for k in indices])):
+                times[k] = ns
+        views = _core.field_views(buffer, base_offset, offsets, fields)
+        for k, field in enumerate(fields):
+            if type(field) is not TreeStackField:
+                times[k] = field.fill(views[k])
         return views, times
 
     def layout(self) -> Layout:
@@ -417,6 +458,154 @@ def gather_columns(planner: Planner, sources: Sequence[Any], indices: NDArray[np
     return nodes[0] if single else layout.tuple_node(None, nodes)
 
 
+class _TreeShape:
+    """Sample 0's structure as TreeCache keeps it between batches: the
+    compiled SampleTree, each array leaf's (path, shape, dtype), the
+    batch's layout root for a batch with no other leaf planned at field 0
+    on, and the array fields made for the batch sizes seen."""
+
+    __slots__ = ("tree", "path", "nodes", "arrays", "root0", "_fields", "_placed")
+
+    def __init__(self, first: Any, path: str):
+        self.tree = _core.SampleTree(first)
+        self.path = path
+        self.nodes = self.tree.nodes
+        self.arrays: list[tuple[str, tuple[int, ...], np.dtype[Any]]] = []
+        leaves = self.tree.leaves
+
+        def add_array(leaf_path: str) -> Node:
+            shape, dtype = leaves[len(self.arrays)]
+            self.arrays.append((leaf_path, shape, dtype))
+            return layout.field_node(len(self.arrays) - 1)
+
+        root = self.build(path, add_array, layout.object_node)
+        self.root0 = root if self.tree.nother == 0 else None
+        self._fields: dict[int, list[TreeStackField]] = {}
+        self._placed: dict[int, tuple[list[int], int]] = {}
+
+    def fields(self, n: int) -> list[TreeStackField]:
+        """The array fields of a batch of `n` samples (made once per n)."""
+        got = self._fields.get(n)
+        if got is None:
+            if len(self._fields) >= 8:   # batch sizes that keep changing: keep the latest
+                self._fields.clear()
+                self._placed.clear()
+            got = [TreeStackField(leaf_path, j, (n,) + shape, dtype)
+                   for j, (leaf_path, shape, dtype) in enumerate(self.arrays)]
+            offsets, total = _core.plan_layout([f.nbytes for f in got])
+            self._placed[n] = (offsets.tolist(), int(total))
+            self._fields[n] = got
+        return got
+
+    def placed(self, n: int) -> tuple[list[int], int] | None:
+        """(offsets, total bytes) of fields(n) in a buffer of their own."""
+        return self._placed.get(n)
+
+    def build(self, path: str, add_array: Callable[[str], Node], add_other: Callable[[str], Node]) -> Node:
+        """The layout node of the whole structure, calling add_array or
+        add_other (with its path) at each leaf, in preorder: the checked
+        path's order of fields and errors."""
+        nodes = self.nodes
+
+        def walk(k: int, path: str) -> tuple[Node, int]:
+            kind, nchildren, _ = nodes[k]
+            if kind == _core.TREE_ARRAY:
+                return add_array(path), k + 1
+            if kind == _core.TREE_OTHER:
+                return add_other(path), k + 1
+            children, keys = [], []
+            c = k + 1
+            for i in range(nchildren):
+                key = nodes[c][2]
+                child, c = walk(c, f"{path}[{key!r}]" if kind == _core.TREE_DICT else f"{path}[{i}]")
+                children.append(child)
+                keys.append(key)
+            if kind == _core.TREE_DICT:
+                return layout.dict_node(tuple(keys), children), c
+            return layout.tuple_node(None if kind == _core.TREE_TUPLE else list, children), c
+
+        return walk(0, path)[0]
+
+
+class TreeCache:
+    """default_batchify's fast path for samples that are plain dicts,
+    tuples and lists (nested or not) of arrays: sample 0's structure is
+    compiled once (a SampleTree, kept while batches keep it), every sample
+    is checked against it and its arrays' pointers gathered in one compiled
+    walk, and all the array fields are filled by one compiled call.  Other
+    leaves (numbers, strings, ...) are planned by `plan_other`, column by
+    column, as the checked path would.
+
+    :meth:`plan` returns None when a sample differs from sample 0 in any way
+    (structure, key order, type, dtype or shape of an array): the caller then
+    plans the batch the checked way, which either collates it (dict samples
+    with their keys in another order, say) or raises the error that names
+    the field and the sample.  The cache does not travel (pickling or copying
+    a batchify function starts it empty)."""
+
+    __slots__ = ("_shape",)
+
+    def __init__(self) -> None:
+        self._shape: _TreeShape | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (TreeCache, ())
+
+    def plan(self, planner: Planner, samples: Sequence[Any], path: str,
+             plan_other: Callable[[Sequence[Any], str, Planner], Node]) -> Node | None:
+        if type(samples) is not list:
+            samples = list(samples)
+        shape = self._shape
+        got: _core.TreeTable | int = 0
+        if shape is not None and shape.path == path:
+            got = shape.tree.gather(samples)
+        if shape is None or got == 0:
+            # No tree yet, or sample 0 differs from the cached one: its own.
+            shape = self._shape = _TreeShape(samples[0], path)
+            got = shape.tree.gather(samples)
+        if isinstance(got, int):
+            return None
+        fields = planner._fields
+        start = len(fields)
+        tree_fields = shape.fields(got.n)
+        if shape.root0 is not None:   # no other leaf: the fields in a row
+            fields.extend(tree_fields)
+            planner._tables.append((got, list(range(start, len(fields)))))
+            if start == 0:
+                placed = shape.placed(got.n)
+                planner._placed = None if placed is None else (len(fields), placed)
+                return shape.root0
+            return shape.build(path, _FieldAt(start), layout.object_node)
+        indices: list[int] = []
+        columns = iter(got.columns)
+        array_fields = iter(tree_fields)
+
+        def add_array(_: str) -> Node:
+            indices.append(len(fields))
+            return planner._add(next(array_fields))
+
+        def add_other(leaf_path: str) -> Node:
+            return plan_other(next(columns), leaf_path, planner)
+
+        root = shape.build(path, add_array, add_other)
+        if indices:
+            planner._tables.append((got, indices))
+        return root
+
+
+class _FieldAt:
+    """add_array for _TreeShape.build: field nodes numbered from `start`."""
+
+    __slots__ = ("next",)
+
+    def __init__(self, start: int):
+        self.next = start
+
+    def __call__(self, _: str) -> Node:
+        self.next += 1
+        return layout.field_node(self.next - 1)
+
+
 # ---------------------------------------------------------------------------
 # Plan and collate a batch
 
@@ -451,7 +640,9 @@ def plan_batch(batchify_fn: Callable[..., Any], samples: Sequence[Any],
         root = batchify_fn.plan(samples, "sample", planner)
     else:
         root = planner.add_value("batch", batchify_fn(samples))
-    return BatchPlan(root, planner._fields, planner._objects)
+    placed = planner._placed
+    return BatchPlan(root, planner._fields, planner._objects, planner._tables,
+                     placed[1] if placed is not None and placed[0] == len(planner._fields) else None)
 
 
 def collate(batchify_fn: Callable[..., Any], samples: Sequence[Any], batch_index: int | None = None) -> Any:
