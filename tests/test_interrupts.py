@@ -521,6 +521,19 @@ def take_all(it, n_expected):
         except Exception as e:
             return taken, f"{type(e).__name__}: {e}"
         taken.extend(int(x) for x in np.asarray(batch).ravel())
+
+
+def report_end(how, taken, expected, loader, helpers):
+    '''Print how the epoch ended and whether `taken` is `expected`; close the loader (the caller
+    dropped its iterator) and print the children of ours still alive 2 s later.'''
+    print("raised", raised[0], flush=True)
+    print("ended", how, flush=True)
+    print("in order", taken == expected, len(taken), flush=True)
+    loader.close()
+    deadline = time.monotonic() + 2
+    while set(children()) - helpers and time.monotonic() < deadline:
+        time.sleep(0.02)
+    print("children", sorted(set(children()) - helpers), flush=True)
 """
 
 
@@ -555,15 +568,8 @@ def test_an_exception_from_a_signal_handler_inside_next_leaves_the_epoch_going_o
         signal.setitimer(signal.ITIMER_REAL, first, every)
         taken, how = take_all(it, 1000)
         signal.setitimer(signal.ITIMER_REAL, 0, 0)
-        print("raised", raised[0], flush=True)
-        print("ended", how, flush=True)
-        print("in order", taken == list(range(1000)), len(taken), flush=True)
         del it
-        loader.close()
-        deadline = time.monotonic() + 2
-        while set(children()) - helpers and time.monotonic() < deadline:
-            time.sleep(0.02)
-        print("children", sorted(set(children()) - helpers), flush=True)
+        report_end(how, taken, list(range(1000)), loader, helpers)
     """), timeout=90)
     lines = out.split("\n")
     assert lines[1:4] == ["ended exhausted", "in order True 1000", "children []"], (seed, out, err, rc)
@@ -597,20 +603,13 @@ def test_a_signal_handler_raising_while_auto_adds_and_retires_workers_loses_noth
                          0.0002 + random.random() * 0.0004)
         rest, how = take_all(it, 1000 - len(taken))
         signal.setitimer(signal.ITIMER_REAL, 0, 0)
-        changes = loader.autotune["changes"]
-        print("raised", raised[0], flush=True)
-        print("ended", how, flush=True)
-        print("in order", taken + rest == list(range(1000)), len(taken + rest), flush=True)
-        print("added and retired", any(c[3] > c[2] for c in changes) and any(c[3] < c[2] for c in changes))
         del it
-        loader.close()
-        deadline = time.monotonic() + 2
-        while set(children()) - helpers and time.monotonic() < deadline:
-            time.sleep(0.02)
-        print("children", sorted(set(children()) - helpers), flush=True)
+        report_end(how, taken + rest, list(range(1000)), loader, helpers)
+        changes = loader.autotune["changes"]
+        print("added and retired", any(c[3] > c[2] for c in changes) and any(c[3] < c[2] for c in changes))
     """), timeout=90)
     lines = out.split("\n")
-    assert lines[1:5] == ["ended exhausted", "in order True 1000", "added and retired True", "children []"], \
+    assert lines[1:5] == ["ended exhausted", "in order True 1000", "children []", "added and retired True"], \
         (seed, out, err, rc)
     assert int(lines[0].split()[1]) > 0, out
     assert "Traceback" not in err and "Exception ignored" not in err, (seed, err)
