@@ -230,3 +230,17 @@ def test_the_profiler_report_says_what_auto_chose_and_why(three_cores, workers_w
     assert report.to_dict()["autotune"]["workers"] == 3
     assert "num_workers='auto': 3 workers, window 6 (of at most 3)" in str(report)
     assert "last choice: 3 workers predicted" in str(report)
+
+
+def test_after_workers_lose_the_tuner_waits_longer_each_time_before_trying_them_again():
+    tuner = autotune.AutoTuner(max_workers=4, cores=4, auto_window=True, fixed_window=8)
+    heavy = ([4_000_000] * 8, [0] * 7, [0] * 7)
+    picks = []
+    for epoch in range(8):
+        picks.append(tuner.choose(epoch, *heavy))
+        if picks[-1]:
+            tuner.handed_back(100.0)   # the workers lost again
+    # Workers, then in-process for 1, 2 and 4 epochs between the tries.
+    assert [bool(k) for k in picks] == [True, False, True, False, False, True, False, False]
+    assert "in-process for this and 0 more epoch(s)" in tuner.choices[1].reason
+    assert "(100 vs 250 batches/s)" in tuner.choices[1].reason

@@ -60,6 +60,7 @@ WINDOW_PER_WORKER = 2        # prefetch="auto": tasks in flight per worker takin
 PER_WORKER_CHOICES = (1, 2, 4, 8)
 MAIN_OVERHEAD_NS = 60_000    # the loop's own CPU per batch with workers (bench/main_cpu.py: 29-51 us)
 MAX_AUTO_WORKERS = 16
+MAX_INPROCESS_EPOCHS = 8     # after workers lost to in-process, epochs before trying them again (at most)
 
 
 def predict_ns(k: int, load_ns: float, step_ns: float, step_cpu_ns: float, cores: float) -> float:
@@ -106,10 +107,16 @@ class AutoTuner:
     _engine_rate: float | None = None
     _inprocess_rate: float | None = None
     _lost = False                # the last epoch's workers lost to in-process and handed back
+    # After workers lost: epochs to stay in-process before trying them again (1, 2, 4, ... up to
+    # MAX_INPROCESS_EPOCHS after each loss in a row), and how many are left.
+    _backoff = 0
+    _inprocess_epochs = 0
 
     def handed_back(self, rate: float) -> None:
         """Workers at `rate` batches/s lost to in-process: the epoch goes on in-process."""
         self._engine_rate, self._lost, self.settled = rate, True, None
+        self._backoff = min(max(1, self._backoff * 2), MAX_INPROCESS_EPOCHS)
+        self._inprocess_epochs = self._backoff
 
     def window(self, k: int, per_worker: int | None = None) -> int:
         per = self.per_worker if per_worker is None else per_worker
@@ -139,10 +146,12 @@ class AutoTuner:
         measured_rate, lost = self._engine_rate, self._lost
         inprocess_before, self._lost = self._inprocess_rate, False
         self._inprocess_rate = 1e9 / (step + load) if step + load > 0 else None
-        if workers and lost and measured_rate is not None:
-            reason = (f"the last epoch's workers reached {measured_rate:.0f} batches/s, below its in-process "
-                      f"{inprocess_before or 0:.0f}, and handed back: in-process (the model predicted "
-                      f"{workers} workers)")
+        if workers and self._inprocess_epochs > 0:
+            self._inprocess_epochs -= 1
+            detail = (f" ({measured_rate:.0f} vs {inprocess_before or 0:.0f} batches/s)"
+                      if lost and measured_rate is not None else "")
+            reason = (f"workers lost to in-process in an earlier epoch{detail}: in-process for this and "
+                      f"{self._inprocess_epochs} more epoch(s) (the model predicted {workers} workers)")
             workers = 0
         elif workers and measured_rate is not None and self._inprocess_rate is not None \
                 and measured_rate < self._inprocess_rate * (1 - TRY_GAIN):
@@ -176,6 +185,7 @@ class AutoTuner:
         if self.settled is None or self._engine_rate is None or self._inprocess_rate is None \
                 or self._engine_rate < self._inprocess_rate * (1 + TRY_GAIN):
             return 0
+        self._backoff = 0   # workers won
         workers = self.settled[0]
         self.counts["auto_workers"], self.counts["auto_window"] = workers, self.window(*self.settled)
         self._engine_rate = None
