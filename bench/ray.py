@@ -1,7 +1,7 @@
 """Local worker processes vs Ray actors (backend="ray") on the same cores.
 
     python bench/ray.py [--quick] [--repeats N] [--workloads jpeg images] [--workers 2]
-                        [--cycles 100] [--no-latency] [--deaths 5]
+                        [--cycles 100] [--no-latency] [--deaths 5] [--ray-log PATH]
 
 Starts one local Ray instance with as many CPUs as workers (``ray.init(num_cpus=W,
 include_dashboard=False)``), so actors and local processes get the same cores.
@@ -10,7 +10,8 @@ For each workload (mxload/synthetic.py: ``jpeg``, decode-bound, needs pillow;
 workers (start-up is not measured), round-robin, and report medians:
 
 * b/s: steady batches per second (after a warm-up epoch slice);
-* x local: Ray's b/s / local processes' (goal for jpeg: >= 0.8);
+* x local: Ray's b/s / local processes', round by round (each round runs
+  both, order alternating), as median [min-max] (goal for jpeg: >= 0.8);
 * trainer ms/b: CPU time of the training process per batch (its consumer,
   fetcher and, for Ray, the driver's Ray threads): the scaling model's
   main-process cost;
@@ -23,15 +24,20 @@ what is left afterwards in Ray (actors not DEAD, object references) and on
 this machine (LoaderActor processes, this process's descriptors).  Last,
 `--deaths` times: how long from killing an actor's process, or (on a
 simulated 2-node cluster) the node its actors run on, to the WorkerError.
+Ray's own output (its daemons, its loggers, its warnings) goes to `--ray-log`.
 """
 from __future__ import annotations
 
 import argparse
+import builtins
 import gc
+import logging
 import os
 import subprocess
 import sys
+import tempfile
 import time
+import traceback
 import warnings
 from typing import Any
 
@@ -80,6 +86,11 @@ def _run(loader: Any, batches: int) -> tuple[float, float, int]:
     return t1 - t0, c1 - c0, nbytes
 
 
+def _spread(values: list[float], fmt: str) -> str:
+    """median [min-max]"""
+    return f"{fmt.format(median(values))} [{fmt.format(min(values))}-{fmt.format(max(values))}]"
+
+
 def throughput(workloads: list[str], workers: int, repeats: int, quick: bool, ray_backend: Any) -> list:
     rows = []
     for name in workloads:
@@ -98,11 +109,15 @@ def throughput(workloads: list[str], workers: int, repeats: int, quick: bool, ra
                 results[key].append(_run(loaders[key], n))
         for loader in loaders.values():
             loader.close()
-        rate = {k: median([n / s for s, _, _ in v]) for k, v in results.items()}
+        rates = {k: [n / s for s, _, _ in v] for k, v in results.items()}
+        # Each round's ratio compares two runs seconds apart, so load that comes and goes on
+        # the machine shows as spread instead of moving one backend's median alone.
+        ratios = [remote / local for remote, local in zip(rates["ray"], rates["local"])]
         cpu = {k: median([c / n for _, c, _ in v]) for k, v in results.items()}
         nbytes = results["ray"][0][2]
         for key in loaders:
-            rows.append([name, key, f"{rate[key]:.1f}", f"{rate[key] / rate['local']:.2f}",
+            ratio = "1" if key == "local" else _spread(ratios, "{:.2f}")
+            rows.append([name, key, _spread(rates[key], "{:.1f}"), ratio,
                          f"{cpu[key] * 1e3:.1f}", f"{nbytes / 1e6:.2f}"])
     return rows
 
@@ -222,7 +237,7 @@ def deaths(repeats: int) -> list:
         "_system_config": {"health_check_period_ms": 200, "health_check_failure_threshold": 3,
                            "health_check_initial_delay_ms": 0}})
     try:
-        ray.init(address=cluster.address, log_to_driver=False)
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
         times = []
         for _ in range(repeats):
             node = cluster.add_node(num_cpus=2, resources={"bench_remote": 2})
@@ -239,6 +254,32 @@ def deaths(repeats: int) -> list:
     return rows
 
 
+def _ray_logs_to(path: str) -> tuple[Any, Any]:
+    """Send everything Ray says to `path`; return the terminal's (stdout, stderr) for our own.
+
+    Ray's daemons (GCS, raylet, workers) inherit descriptors 1 and 2 when ray.init starts
+    them and its C++ core writes to them; its driver threads print the cluster's errors
+    ("(raylet) ...") and notices to whatever sys.stdout and sys.stderr are at the time.
+    So descriptors 1 and 2 and sys.stdout/sys.stderr all become the file, Ray's Python
+    loggers and the warnings its modules raise go there too, and this script prints its
+    tables and its own errors to copies of the terminal's descriptors."""
+    log = open(path, "a", buffering=1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    err = os.fdopen(os.dup(2), "w", buffering=1)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = sys.stderr = log
+    handler = logging.StreamHandler(log)
+    for name in ("ray", "py.warnings"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.propagate = False
+    logging.captureWarnings(True)
+    return out, err
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -249,16 +290,29 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=100)
     parser.add_argument("--no-latency", action="store_true")
     parser.add_argument("--deaths", type=int, default=5, help="times to kill an actor, then a node (0: skip)")
+    parser.add_argument("--ray-log", default=os.path.join(tempfile.gettempdir(), "mxload-bench-ray.log"),
+                        help="where Ray's own output goes (default: %(default)s)")
     args = parser.parse_args()
+    out, err = _ray_logs_to(args.ray_log)
+    try:
+        _bench(args, out)
+    except BaseException:
+        traceback.print_exc(file=err)
+        raise SystemExit(1) from None
+
+
+def _bench(args: argparse.Namespace, out: Any) -> None:
+    def print(*what: Any) -> None:   # our output: the terminal, not Ray's log
+        builtins.print(*what, file=out)
     repeats = args.repeats or (3 if args.quick else 5)
     import ray
     t0 = time.perf_counter()
-    ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False, configure_logging=False)
     started = time.perf_counter() - t0
     backend = mxload.RayBackend(num_cpus_per_worker=1)
     print(header("bench/ray.py"))
     print(f"# {args.workers} workers; ray {ray.__version__} local instance with {args.workers} CPUs "
-          f"(started in {started:.1f} s); medians of {repeats}")
+          f"(started in {started:.1f} s); medians of {repeats} [min-max]; Ray's own logs: {args.ray_log}")
     try:
         if args.workloads:
             print(table(throughput(args.workloads, args.workers, repeats, args.quick, backend),
