@@ -183,6 +183,38 @@ def test_workers_slower_than_in_process_last_epoch_give_in_process_next_epoch():
     assert "last epoch's workers reached 150" in tuner.report()["last_choice"]["reason"]
 
 
+def test_a_measured_loss_makes_the_tuner_wait_longer_each_time_as_a_hand_back_does():
+    tuner = autotune.AutoTuner(max_workers=4, cores=4, auto_window=True, fixed_window=8)
+    heavy = ([4_000_000] * 8, [0] * 7, [0] * 7)
+    picks = []
+    for epoch in range(8):
+        picks.append(tuner.choose(epoch, *heavy))
+        if picks[-1]:
+            tuner.engine_rate(100.0)   # the epoch ended on workers that reached 100 batches/s
+    # The loss is seen at the next epoch's start: in-process for 1, then 2, then 4 epochs.
+    assert [bool(k) for k in picks] == [True, False, True, False, False, True, False, False]
+    assert "in-process for this and 1 more epoch(s)" in tuner.choices[3].reason
+
+
+def test_an_epoch_too_short_for_a_window_still_measures_its_workers(monkeypatch, three_cores):
+    """Fast batches in short epochs: no throughput window ends before the epoch does, and the
+    epoch's engine rate is what tells the next epoch whether its workers paid."""
+    monkeypatch.setattr(autotune, "predict_ns", lambda k, *_: 1e6 / (k + 1))
+    monkeypatch.setattr(autotune, "WINDOW_MIN_S", 1e3)
+    loader = mxload.DataLoader(Augmented(200), batch_size=4, num_workers="auto", persistent_workers=True)
+    try:
+        assert len(flat(loader)) == 50
+        tuner = loader._iterations.tuner
+        assert tuner.counts["auto_workers"] == 3 and not tuner.changes
+        assert tuner._engine_rate is not None and tuner._engine_rate > 0
+        # Workers slower than in-process (forced here): the next epoch's probe keeps it in-process.
+        tuner._engine_rate = 1.0
+        assert len(flat(loader)) == 50
+        assert tuner.choices[-1].workers == 0 and "workers reached 1 batches/s" in tuner.choices[-1].reason
+    finally:
+        loader.close()
+
+
 def test_one_core_affinity_picks_zero_or_one_worker():
     result = run("""
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})

@@ -12,8 +12,10 @@ meanwhile (/proc/stat): C.  A model
 (`predict_ns`) gives the time per batch with k workers; the tuner takes the
 fastest k, 0 included, asking a worker count to beat in-process loading by
 WORKERS_MARGIN (the model does not see page faults or wake-ups).  From the
-second epoch on, the throughput the workers really reached is compared with
-the in-process probe's, so a machine where workers lose gets 0 next time.
+second epoch on, the throughput the workers really reached (its best window,
+or over the whole engine phase where the epoch ended before a window's verdict)
+is compared with the in-process probe's: a machine where workers lose gets 0
+for the next 1, 2, 4 ... up to MAX_INPROCESS_EPOCHS epochs.
 
 With k >= 1 the rest of the epoch runs on the engine, whose `max_workers`
 processes exist but only k take tasks; the window (``prefetch="auto"``)
@@ -51,7 +53,7 @@ PROBE_MIN_S = 0.05           # ... for at least this long (/proc/stat counts in 
 PROBE_MAX_BATCHES = 64       # ... and at most this many
 MIN_ENGINE_BATCHES = 16      # fewer left after the probe: the epoch stays in-process
 WINDOW_BATCHES = 8           # a throughput measurement spans at least this many batches ...
-WINDOW_MIN_S = 0.1           # ... and this long
+WINDOW_MIN_S = 0.03          # ... and this long (an epoch of fast batches must still reach a verdict)
 TRY_EVERY = 4                # windows at a settled setting before the first try
 MAX_TRY_EVERY = 32           # ... and at most, after tries that did not pay
 TRY_GAIN = 0.05              # a tried count is kept if it was this much faster
@@ -155,8 +157,12 @@ class AutoTuner:
             workers = 0
         elif workers and measured_rate is not None and self._inprocess_rate is not None \
                 and measured_rate < self._inprocess_rate * (1 - TRY_GAIN):
+            # A loss as a hand-back is one: the same wait before workers are tried again.
+            self._backoff = min(max(1, self._backoff * 2), MAX_INPROCESS_EPOCHS)
+            self._inprocess_epochs = self._backoff - 1   # this epoch is the first of them
             reason = (f"the last epoch's workers reached {measured_rate:.0f} batches/s, in-process "
-                      f"{self._inprocess_rate:.0f}: in-process (the model predicted {workers} workers)")
+                      f"{self._inprocess_rate:.0f}: in-process for this and {self._inprocess_epochs} more "
+                      f"epoch(s) (the model predicted {workers} workers)")
             workers = 0
         if workers and self.settled is not None and self.settled[0] != workers:
             reason += f"; starting where the last epoch's adjustments settled: {self.settled[0]} workers"
@@ -251,6 +257,8 @@ class AutoBatches:
         # The climb on the engine.
         self._window_start = 0
         self._window_count = 0
+        self._engine_from = (0, 0)      # (ns, batches taken) when the engine took over
+        self._engine_last_ns = 0       # when the engine's latest batch was handed out
         self._windows = 0
         self._settled = (0, tuner.per_worker)   # (workers, tasks per worker) in force, unless a try runs
         self._trying: tuple[int, int] | None = None
@@ -284,6 +292,7 @@ class AutoBatches:
         if self.engine is not None and self._current is not self._inprocess and type(got) is tuple:
             self._taken += 1
             self._window_count += 1
+            self._engine_last_ns = time.perf_counter_ns()
             if self._window_count >= WINDOW_BATCHES and not self._draining \
                     and time.perf_counter_ns() - self._window_start >= WINDOW_MIN_S * 1e9:
                 self._window_done()
@@ -336,6 +345,7 @@ class AutoBatches:
         self._settled = self._tuner.settled = (workers, self._tuner.per_worker)
         self._window_start = time.perf_counter_ns()
         self._window_count = self._windows = 0
+        self._engine_from = (self._window_start, self._taken)
 
     def _adopt(self, producer: Any) -> None:
         """The engine's producer, taken before a Ctrl-C deferred while it started is raised.
@@ -416,7 +426,19 @@ class AutoBatches:
     def ended_by(self, error: BaseException) -> str | None:
         return self._current.ended_by(error)  # type: ignore[no-any-return]
 
+    def _rate_without_verdict(self) -> None:
+        """An epoch that ended on the engine before two windows (the first only fills the
+        pipeline) still tells the next epoch what the workers reached: every batch the engine
+        handed out over the time it took, pipeline fill included (a verdict the next probe acts
+        on, where otherwise short epochs of fast batches never get one)."""
+        start_ns, taken0 = self._engine_from
+        taken = self._taken - taken0
+        if self.engine is None or self._windows >= 2 or self._draining or taken < WINDOW_BATCHES:
+            return
+        self._tuner.engine_rate(taken * 1e9 / max(self._engine_last_ns - start_ns, 1))
+
     def end(self, release: bool) -> None:
+        self._rate_without_verdict()
         for producer in [*self._ended, self._current]:
             if producer is not self._inprocess and hasattr(producer, "persistent"):
                 producer.persistent = self.persistent
