@@ -164,6 +164,18 @@ def test_cheap_samples_and_a_cpu_bound_step_stay_in_process_on_one_core():
     assert "in-process" in tuner.report()["last_choice"]["reason"]
 
 
+def test_a_batch_cheap_to_gather_but_big_to_copy_stays_in_process(monkeypatch):
+    """bench/autotune.py's tabular-getitems: 0.08 ms to gather 1 MB in-process, which a worker
+    must also copy into shared memory: workers reached 0.4x of in-process there.  dict16 (0.85 ms
+    for 1 MB) gains from 2 workers."""
+    monkeypatch.setattr(autotune.os, "cpu_count", lambda: 2)
+    tuner = autotune.AutoTuner(max_workers=2, cores=2, auto_window=True, fixed_window=4)
+    mb = 1 << 20
+    assert tuner.choose(0, [82_000] * 8, [7_000] * 7, [7_000] * 7, batch_bytes=mb) == 0
+    assert tuner.report()["last_choice"]["batch_mb"] == 1.049
+    assert tuner.choose(1, [850_000] * 8, [56_000] * 7, [56_000] * 7, batch_bytes=mb) == 2
+
+
 def test_heavy_samples_on_many_cores_get_workers_and_the_fewest_that_keep_up(monkeypatch):
     monkeypatch.setattr(autotune.os, "cpu_count", lambda: 8)
     tuner = autotune.AutoTuner(max_workers=8, cores=8, auto_window=True, fixed_window=16)

@@ -61,19 +61,43 @@ WORKERS_MARGIN = 0.15        # workers must be predicted this much faster than i
 WINDOW_PER_WORKER = 2        # prefetch="auto": tasks in flight per worker taking tasks, at first
 PER_WORKER_CHOICES = (1, 2, 4, 8)
 MAIN_OVERHEAD_NS = 60_000    # the loop's own CPU per batch with workers (bench/main_cpu.py: 29-51 us)
+# What a worker pays per batch beyond loading it in-process: its copy into shared memory (page
+# faults on the slab included), the messages and wake-ups.  bench/autotune.py's sweep, 2 cores,
+# 2026-12-05: 0.35-0.4 ms for the 1 MB batches of tabular, tabular-getitems and dict16, 0.85 ms
+# for 9.6 MB of images; without it the model sent tabular-getitems (0.09 ms a batch in-process)
+# to workers that reached 0.4x of in-process.
+WORKER_BATCH_NS = 250_000
+WORKER_NS_PER_BYTE = 0.06
 MAX_AUTO_WORKERS = 16
 MAX_INPROCESS_EPOCHS = 8     # after workers lost to in-process, epochs before trying them again (at most)
 
 
-def predict_ns(k: int, load_ns: float, step_ns: float, step_cpu_ns: float, cores: float) -> float:
+def worker_cost_ns(batch_bytes: int) -> float:
+    """A worker's cost per batch beyond the load itself (WORKER_BATCH_NS)."""
+    return WORKER_BATCH_NS + WORKER_NS_PER_BYTE * batch_bytes
+
+
+def predict_ns(k: int, load_ns: float, step_ns: float, step_cpu_ns: float, cores: float,
+               batch_bytes: int = 0) -> float:
     """Predicted time per batch with k workers: in-process, the step and the
     load add up; with workers, a batch takes the longest of the loop's own
-    path (step plus its per-batch overhead), the workers' share of the load,
-    and the CPU time of both spread over the usable cores."""
+    path (step plus its per-batch overhead), the workers' share of the load
+    and of their own per-batch cost, and the CPU time of all of it spread over
+    the usable cores."""
     if k == 0:
         return step_ns + load_ns
     loop = step_ns + MAIN_OVERHEAD_NS
-    return max(loop, load_ns / k, (step_cpu_ns + MAIN_OVERHEAD_NS + load_ns) / cores)
+    work = load_ns + worker_cost_ns(batch_bytes)
+    return max(loop, work / k, (step_cpu_ns + MAIN_OVERHEAD_NS + work) / cores)
+
+
+def batch_nbytes(batch: Any) -> int:
+    """Bytes of the arrays in a batch (tuples, lists and dicts of them)."""
+    if isinstance(batch, (tuple, list)):
+        return sum(batch_nbytes(b) for b in batch)
+    if isinstance(batch, dict):
+        return sum(batch_nbytes(b) for b in batch.values())
+    return int(getattr(batch, "nbytes", 0))
 
 
 @dataclass
@@ -88,6 +112,7 @@ class Choice:
     free_cores: float            # the usable cores less those other processes kept busy
     predicted_ms: dict[int, float]
     reason: str
+    batch_mb: float = 0.0          # the probe's first batch (a worker copies it into shared memory)
 
 
 @dataclass
@@ -125,15 +150,16 @@ class AutoTuner:
         return max(1, per * k) if self.auto_window else self.fixed_window
 
     def choose(self, epoch: int, loads: list[int], steps: list[int], step_cpus: list[int],
-               others_busy: float = 0.0) -> int:
-        """The worker count for the rest of epoch `epoch`, from the probe's measurements (ns) and
-        the cores other processes kept busy meanwhile."""
+               others_busy: float = 0.0, batch_bytes: int = 0) -> int:
+        """The worker count for the rest of epoch `epoch`, from the probe's measurements (ns), the
+        cores other processes kept busy meanwhile and the bytes of one batch."""
         load = statistics.median(loads[1:] or loads)
         step = statistics.median(steps) if steps else 0.0
         step_cpu = min(statistics.median(step_cpus), step) if step_cpus else 0.0
         online = max(os.cpu_count() or 1, self.cores)
         free = max(1.0, min(float(self.cores), online - others_busy))
-        predicted = {k: predict_ns(k, load, step, step_cpu, free) for k in range(self.max_workers + 1)}
+        predicted = {k: predict_ns(k, load, step, step_cpu, free, batch_bytes)
+                     for k in range(self.max_workers + 1)}
         best = min(range(1, self.max_workers + 1), key=lambda k: (predicted[k], k), default=0)
         inprocess = predicted[0]
         if best and predicted[best] > inprocess * (1 - WORKERS_MARGIN):
@@ -170,7 +196,8 @@ class AutoTuner:
         if not workers:
             self.settled = None
         self.choices.append(Choice(epoch, workers, load / 1e6, step / 1e6, step_cpu / 1e6, self.cores,
-                                   round(free, 2), {k: v / 1e6 for k, v in predicted.items()}, reason))
+                                   round(free, 2), {k: v / 1e6 for k, v in predicted.items()}, reason,
+                                   round(batch_bytes / 1e6, 3)))
         self.counts["auto_workers"] = workers
         self.counts["auto_window"] = self.window(workers) if workers else 0
         self._engine_rate = None
@@ -247,6 +274,7 @@ class AutoBatches:
         self._step_cpus: list[int] = []
         self._returned_ns = 0
         self._returned_cpu_ns = 0
+        self._batch_bytes = 0           # of the probe's first batch
         self._probe_start: tuple[int, float | None, float] = (0, None, 0.0)
         resume = tuner.resume_workers()
         long_enough = len(plan.order) > PROBE_BATCHES + MIN_ENGINE_BATCHES
@@ -311,13 +339,15 @@ class AutoBatches:
         self._returned_cpu_ns = time.thread_time_ns()
         if type(got) is tuple:
             self._taken += 1
+            if not self._batch_bytes:
+                self._batch_bytes = batch_nbytes(got[1])
         n = len(self._loads)
         assert self._plan.order is not None
         if n >= PROBE_MAX_BATCHES or n >= len(self._plan.order) // 4 or (
                 n >= PROBE_BATCHES and self._returned_ns - self._probe_start[0] >= PROBE_MIN_S * 1e9):
             self._probing = False
             self._switch_to = self._tuner.choose(self._epoch, self._loads, self._steps, self._step_cpus,
-                                                 self._others_busy())
+                                                 self._others_busy(), self._batch_bytes)
         return got
 
     def _others_busy(self) -> float:
