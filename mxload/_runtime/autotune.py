@@ -24,7 +24,10 @@ WINDOW_BATCHES batches and WINDOW_MIN_S the tuner measures the loop's throughput
 few windows, tries a neighbour for one window, in turn: one worker more, one
 fewer, twice the tasks per worker, half: kept if it was faster by TRY_GAIN,
 else undone, and the next try waits twice as long (up to MAX_TRY_EVERY
-windows; a kept change resets it).  What the climb settled on carries over
+windows; a kept change resets it).  Workers hand the epoch back to in-process
+after LOSING_WINDOWS settled windows in a row below the probe's rate (the
+window that fills the pipeline, and the one after an undone try, get no
+verdict).  What the climb settled on carries over
 to the next epoch when the probe agrees that workers are worth it.  A
 retired worker takes no new task; the tasks it holds are delivered as usual,
 so no batch is lost, repeated or reordered, and which worker loads a batch
@@ -56,6 +59,7 @@ WINDOW_BATCHES = 8           # a throughput measurement spans at least this many
 WINDOW_MIN_S = 0.03          # ... and this long (an epoch of fast batches must still reach a verdict)
 TRY_EVERY = 4                # windows at a settled setting before the first try
 MAX_TRY_EVERY = 32           # ... and at most, after tries that did not pay
+LOSING_WINDOWS = 2           # settled windows in a row below in-process before handing back
 TRY_GAIN = 0.05              # a tried count is kept if it was this much faster
 WORKERS_MARGIN = 0.15        # workers must be predicted this much faster than in-process
 WINDOW_PER_WORKER = 2        # prefetch="auto": tasks in flight per worker taking tasks, at first
@@ -294,6 +298,8 @@ class AutoBatches:
         self._since_try = 0
         self._try_every = TRY_EVERY
         self._next_try = 0             # which neighbour comes next
+        self._refilling = False        # the window after an undone try: no verdict
+        self._losing = 0               # settled windows in a row below the in-process rate
 
     # The slot where the batch being handed out stays (EpochIterator._next): the current
     # producer's (an engine's is the engine's own).
@@ -420,12 +426,18 @@ class AutoBatches:
             else:
                 engine.set_active(self._settled[0], tuner.window(*self._settled))
                 self._try_every = min(self._try_every * 2, MAX_TRY_EVERY)
+                self._refilling = True
             return
         self._rate = rate
-        if self._windows == 1:
-            return   # the first window fills the pipeline: no verdict on it
+        if self._windows == 1 or self._refilling:
+            # The first window fills the pipeline, the one after an undone try refills it with
+            # the settled setting's tasks: no verdict on either.
+            self._refilling = False
+            return
         tuner.engine_rate(rate)
-        if tuner.losing_to_inprocess(rate):
+        # One slow window is not a loss (a wake-up missed, another program's burst): two in a row are.
+        self._losing = self._losing + 1 if tuner.losing_to_inprocess(rate) else 0
+        if self._losing >= LOSING_WINDOWS:
             tuner.changed(self._epoch, self._taken, self._settled, (0, self._settled[1]),
                           f"workers reached {rate:.0f} batches/s, below in-process: back to in-process")
             tuner.handed_back(rate)
