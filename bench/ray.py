@@ -52,18 +52,11 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
 
 import mxload  # noqa: E402
 from mxload import synthetic as D  # noqa: E402
+from mxload._runtime.autotune import batch_nbytes  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*worker processes in total.*")
 
 BATCHES = {"jpeg": (48, 16), "images": (60, 20)}
-
-
-def _bytes(batch: Any) -> int:
-    if isinstance(batch, (list, tuple)):
-        return sum(_bytes(b) for b in batch)
-    if isinstance(batch, dict):
-        return sum(_bytes(b) for b in batch.values())
-    return int(getattr(batch, "nbytes", 0))
 
 
 def _touch(batch: Any) -> None:
@@ -76,7 +69,7 @@ def _run(loader: Any, batches: int) -> tuple[float, float, int]:
     """(seconds, trainer CPU seconds, bytes of one batch) for `batches` batches."""
     it = iter(loader)
     first = next(it)
-    nbytes = _bytes(first)
+    nbytes = batch_nbytes(first)
     del first
     t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(batches):

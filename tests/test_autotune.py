@@ -195,19 +195,6 @@ def test_workers_slower_than_in_process_last_epoch_give_in_process_next_epoch():
     assert "last epoch's workers reached 150" in tuner.report()["last_choice"]["reason"]
 
 
-def test_a_measured_loss_makes_the_tuner_wait_longer_each_time_as_a_hand_back_does():
-    tuner = autotune.AutoTuner(max_workers=4, cores=4, auto_window=True, fixed_window=8)
-    heavy = ([4_000_000] * 8, [0] * 7, [0] * 7)
-    picks = []
-    for epoch in range(8):
-        picks.append(tuner.choose(epoch, *heavy))
-        if picks[-1]:
-            tuner.engine_rate(100.0)   # the epoch ended on workers that reached 100 batches/s
-    # The loss is seen at the next epoch's start: in-process for 1, then 2, then 4 epochs.
-    assert [bool(k) for k in picks] == [True, False, True, False, False, True, False, False]
-    assert "in-process for this and 1 more epoch(s)" in tuner.choices[3].reason
-
-
 def test_an_epoch_too_short_for_a_window_still_measures_its_workers(monkeypatch, three_cores):
     """Fast batches in short epochs: no throughput window ends before the epoch does, and the
     epoch's engine rate is what tells the next epoch whether its workers paid."""
@@ -276,15 +263,20 @@ def test_the_profiler_report_says_what_auto_chose_and_why(three_cores, workers_w
     assert "last choice: 3 workers predicted" in str(report)
 
 
-def test_after_workers_lose_the_tuner_waits_longer_each_time_before_trying_them_again():
+@pytest.mark.parametrize("how", ["handed back mid-epoch", "measured at the epoch's end"])
+def test_after_workers_lose_the_tuner_waits_longer_each_time_before_trying_them_again(how):
     tuner = autotune.AutoTuner(max_workers=4, cores=4, auto_window=True, fixed_window=8)
     heavy = ([4_000_000] * 8, [0] * 7, [0] * 7)
     picks = []
     for epoch in range(8):
         picks.append(tuner.choose(epoch, *heavy))
-        if picks[-1]:
-            tuner.handed_back(100.0)   # the workers lost again
-    # Workers, then in-process for 1, 2 and 4 epochs between the tries.
+        if picks[-1]:   # the workers lost again, at 100 batches/s
+            tuner.handed_back(100.0) if how == "handed back mid-epoch" else tuner.engine_rate(100.0)
+    # Workers, then in-process for 1, 2 and 4 epochs between the tries (a loss measured at the
+    # epoch's end is seen at the next epoch's start, which is the first of them).
     assert [bool(k) for k in picks] == [True, False, True, False, False, True, False, False]
-    assert "in-process for this and 0 more epoch(s)" in tuner.choices[1].reason
-    assert "(100 vs 250 batches/s)" in tuner.choices[1].reason
+    if how == "handed back mid-epoch":
+        assert "in-process for this and 0 more epoch(s)" in tuner.choices[1].reason
+        assert "(100 vs 250 batches/s)" in tuner.choices[1].reason
+    else:
+        assert "in-process for this and 1 more epoch(s)" in tuner.choices[3].reason
