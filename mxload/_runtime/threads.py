@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from . import messages as m
+from . import os_threads
 from .transport import Transport, TransportSetup, WorkerLoss
 from .worker import thread_worker_main
 
@@ -39,7 +40,7 @@ class ThreadTransport(Transport):
             self.start_thread(wid)
 
     def start_thread(self, worker_id: int) -> None:
-        self._threads[worker_id].start()
+        os_threads.start(self._threads[worker_id])
 
     def _deliver(self, worker_id: int, result: m.WorkerResult) -> None:
         assert isinstance(result, (m.Loaded, m.Failed, m.Exhausted, m.InitFailed))

@@ -41,7 +41,7 @@ from ..._core import (
 )
 from ...errors import SharedMemoryError, WorkerError
 from .. import messages as m
-from .. import wire
+from .. import os_threads, wire
 from ..shutdown import SHUTDOWN_DEADLINE_S
 from ..transport import Delivery, ResultSink
 from . import fds as _fds
@@ -167,7 +167,7 @@ class Fetcher:
                 return
             self._pause = False
             thread = threading.Thread(target=self._loop, name="mxload-fetcher", daemon=True)
-            thread.start()
+            os_threads.start(thread)
             self._thread = thread
 
     @property

@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from ..._core import watch_main_process
 from ...errors import WorkerError
 from .. import messages as m
-from .. import wire
+from .. import os_threads, wire
 from . import fds as _fds
 
 if TYPE_CHECKING:
@@ -312,36 +312,6 @@ class ZygoteWorker:
         _fds.close_fd(fd)
 
 
-# A thread that Python has joined (a stopped fetcher) may still be exiting in the
-# kernel for a moment; Python 3.12+ counts the kernel's threads when it decides to
-# warn about forking with threads alive.
-THREAD_EXIT_WAIT_S = 0.2
-
-
-def _os_thread_count() -> int | None:
-    try:
-        with open("/proc/self/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[17])   # field 20: num_threads
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _wait_for_exiting_threads() -> None:
-    """Before forking: give threads that were just joined time to leave the kernel's
-    count, so a fork with only the main thread alive draws no warning.  Native
-    threads Python does not know (e.g. BLAS) stay: stop once the count holds
-    steady for a few polls, and within THREAD_EXIT_WAIT_S in any case."""
-    deadline = time.monotonic() + THREAD_EXIT_WAIT_S
-    last, steady = _os_thread_count(), 0
-    while last is not None and last > threading.active_count() and steady < 3:
-        if time.monotonic() >= deadline:
-            return
-        time.sleep(0.002)
-        count = _os_thread_count()
-        steady = steady + 1 if count == last else 0
-        last = count
-
-
 class Zygote:
     """The main process's side of the zygote (see the module docstring)."""
 
@@ -350,12 +320,13 @@ class Zygote:
         worker it forks.  Call with SIGINT deferred (sigint_deferred)."""
         main_end, zygote_end = socket.socketpair()
         _fds.own(main_end)
-        _wait_for_exiting_threads()
+        os_threads.wait_for_ended_threads()
         with warnings.catch_warnings(record=True) as caught:
             # Python 3.12+ warns when forking with threads alive (a user's
             # thread: an honest warning).  Record it and re-issue it once the
             # zygote is accounted for, so an error filter cannot leak it.
             warnings.simplefilter("always", DeprecationWarning)
+            python_threads = threading.active_count()
             pid = os.fork()
         if pid == 0:
             _zygote_main(zygote_end, entry)
@@ -377,6 +348,8 @@ class Zygote:
         self._status: int | None = None   # the zygote's own exit code, once reaped
         try:
             for w in caught:
+                if os_threads.fork_warning_counted_ending_threads(w, python_threads):
+                    continue
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
         except BaseException:   # an error filter: the zygote must not outlive this
             self.close(time.monotonic() + 1.0)

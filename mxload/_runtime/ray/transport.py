@@ -40,6 +40,7 @@ import numpy as np
 from ..._collate.layout import views_from_layout
 from ...errors import WorkerError
 from .. import messages as m
+from .. import os_threads
 from ..local.launcher import process_state
 from ..transport import Transport, TransportSetup, WorkerLoss
 from .actor import LoaderActor
@@ -244,7 +245,7 @@ class RayTransport(Transport):
             for wid in range(len(self._actors)):
                 self._start_actor(wid, self._config.epoch)
         self._fetcher = threading.Thread(target=self._fetch_loop, name="mxload-ray-fetcher", daemon=True)
-        self._fetcher.start()
+        os_threads.start(self._fetcher)
         # Registered after Ray's own atexit hook (ray.init ran above), so it runs first.
         ref = weakref.ref(self)
 
