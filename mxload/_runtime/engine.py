@@ -248,6 +248,11 @@ class Engine:
         while True:
             taken = rb.handover   # a batch an exception kept from the last call
             if taken is None:
+                if self._in_flight < self.prefetch:
+                    # The dispatch after the last commit was cut short (an exception from a
+                    # signal handler): with nothing in flight, the wait below would wait for
+                    # a batch no worker was asked for.
+                    self._dispatch_more()
                 waited = self._wait_for_next()
                 if isinstance(waited, Marker):
                     return waited
