@@ -135,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [(rep["workers"], rep["window"]) for rep in reports]
         last = reports[-1]["last_choice"] if reports else None
         print(f"# auto chose (workers, window) per run, at the end of each: {chosen}")
+        # The cores its last probe of each run saw free (other programs' load subtracted): a
+        # choice made while the previous setting's workers were still ending shows here.
+        free = [rep["last_choice"]["free_cores"] for rep in reports if rep["last_choice"] is not None]
+        print(f"# cores free at each run's last probe: {free}")
         if last is not None:
             print(f"# its last choice: {last['reason']} (load {last['load_ms']:.3f} ms/batch, step "
                   f"{last['step_ms']:.3f} ms, cores {last['cores']}); adjustments in its runs: "

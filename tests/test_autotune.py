@@ -116,6 +116,18 @@ def test_workers_that_lose_to_in_process_hand_back_mid_epoch_and_the_next_epoch_
     assert [first, second] == reference
 
 
+def test_a_try_is_judged_on_the_window_after_its_switch(three_cores, workers_win, restless):
+    """The window in which a try switches settings flatters fewer workers (a retired worker still
+    answers what it holds) and penalises more: no verdict on it.  Every window tries (TRY_EVERY
+    1), so a kept try takes three windows: the settled one, the switch, the verdict."""
+    loader = mxload.DataLoader(Augmented(1600), batch_size=2, seed=3, num_workers="auto")
+    flat(loader)
+    taken = [c[1] for c in loader.autotune["changes"]]
+    assert len(taken) >= 4, taken
+    gaps = [b - a for a, b in zip(taken, taken[1:])]
+    assert min(gaps) >= 3 * autotune.WINDOW_BATCHES, gaps
+
+
 def test_in_order_false_with_auto_delivers_every_batch_once(three_cores, workers_win, restless):
     loader = mxload.DataLoader(Augmented(600), batch_size=2, seed=3, num_workers="auto", in_order=False)
     got = sorted(int(y[0]) for _, y in loader)

@@ -294,6 +294,7 @@ class AutoBatches:
         self._windows = 0
         self._settled = (0, tuner.per_worker)   # (workers, tasks per worker) in force, unless a try runs
         self._trying: tuple[int, int] | None = None
+        self._try_switching = False    # the try's first window: the switch, no verdict
         self._rate = 0.0               # the settled setting's last window
         self._since_try = 0
         self._try_every = TRY_EVERY
@@ -417,6 +418,12 @@ class AutoBatches:
         tuner, engine = self._tuner, self.engine
         assert engine is not None
         if self._trying is not None:
+            if self._try_switching:
+                # The switch's own window flatters fewer workers (a retired worker still
+                # answers its tasks in flight) and penalises more (a new one's pipeline fills):
+                # it drifted augment from 2 workers to 1.  The verdict is on the next window.
+                self._try_switching = False
+                return
             tried, self._trying = self._trying, None
             if rate > self._rate * (1 + TRY_GAIN):
                 tuner.changed(self._epoch, self._taken, self._settled, tried,
@@ -451,6 +458,7 @@ class AutoBatches:
         neighbours = self._neighbours()
         if neighbours:
             self._trying = neighbours[self._next_try % len(neighbours)]
+            self._try_switching = True
             self._next_try += 1
             engine.set_active(self._trying[0], tuner.window(*self._trying))
 
