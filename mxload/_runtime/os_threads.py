@@ -3,10 +3,11 @@
 Python 3.12+ warns when os.fork() runs in a process with more than one thread, and
 it counts the kernel's threads (/proc/self/stat), not Python's.  A thread that
 Python has joined (a stopped fetcher) still runs its last instructions in the
-kernel for a moment, longer on a busy machine: measured once in 200 zygote forks on
-2 busy cores, after a wait that only looked for the count to hold steady.  So
-every thread mxload starts is recorded by its native id, and before forking the
-zygote waits, with a deadline, until each one Python has seen end is gone from
+kernel for a moment, longer on a busy machine, and a wait that only looked for the
+count to hold steady (a few ms) could end before it was gone (CI warned once on
+3.13; not reproduced locally, so this rests on how the count works).  So every
+thread mxload starts is recorded by its native id, and before forking the zygote
+waits, with a deadline, until each one Python has seen end is gone from
 /proc/self/task.  Threads mxload did not start (a user's just-joined thread) get
 a bounded heuristic: wait while the kernel counts more threads than Python knows,
 until that count holds steady (a native pool such as BLAS never leaves).
@@ -31,6 +32,7 @@ OWN_EXIT_WAIT_S = 1.0
 # count must hold steady for.
 FOREIGN_EXIT_WAIT_S = 0.2
 FOREIGN_STEADY_POLLS = 3
+FOREIGN_POLL_S = 0.002
 POLL_S = 0.0005
 # After a fork that warned: how long the threads it counted may take to finish ending.
 ENDING_GRACE_S = 0.05
@@ -87,7 +89,7 @@ def _wait_for_foreign_threads() -> None:
     while last is not None and last > threading.active_count() and steady < FOREIGN_STEADY_POLLS:
         if time.monotonic() >= deadline:
             return
-        time.sleep(0.002)
+        time.sleep(FOREIGN_POLL_S)
         count = os_thread_count()
         steady = steady + 1 if count == last else 0
         last = count
