@@ -1,13 +1,16 @@
 """num_workers="auto" against a sweep of fixed settings, in one run.
 
     python bench/autotune.py [--quick] [--repeats N] [--workloads images dict16 ...]
-                             [--max-workers 4] [--step-us 0] [--batches N]
+                             [--max-workers 4] [--step-us 0] [--batches N] [--min-seconds S]
 
 For every workload (bench/loader.py's: mxload/synthetic.py, jpeg when pillow is installed),
 each repeat runs every configuration once, round-robin in rotating order so that drift on a
 noisy machine hits them alike: 0 workers, then 1..--max-workers workers with windows of 1, 2
 and 4 tasks per worker, then ``num_workers="auto"``.  A run is a fresh loader taking
---batches batches from the first ``iter()``, epoch after epoch with persistent workers, the
+--batches batches from the first ``iter()`` and going on until it has run --min-seconds
+(a training run, not its first fraction of a second: 300 batches of images take 0.2 s here,
+where one start of the workers or one hiccup of the machine moves a run's rate by 10-20%),
+epoch after epoch with persistent workers, the
 start (workers, the auto probe) included, each batch
 touched as bench/loader.py touches it and followed by a simulated training step of --step-us
 microseconds (a busy loop: CPU in the training thread, as a data-augmentation or CPU-model
@@ -51,20 +54,24 @@ def spin(us: float) -> None:
 
 
 def run_once(ds: Any, batch_size: int, workers: int | str, prefetch: int | None, n_batches: int,
-             step_us: float) -> tuple[float, dict[str, Any] | None]:
+             min_s: float, step_us: float) -> tuple[float, dict[str, Any] | None]:
     """(batches/s from the first iter() to the last batch, the auto report or None): a training
-    run of `n_batches` batches, epoch after epoch, with persistent workers."""
+    run of at least `n_batches` batches and `min_s` seconds, epoch after epoch, with persistent
+    workers."""
     loader = mxload.DataLoader(ds, batch_size=batch_size, num_workers=workers, prefetch=prefetch,
                                persistent_workers=workers != 0, last_batch="discard")
     t0 = time.perf_counter()
+    end = t0 + min_s
     taken = 0
-    while taken < n_batches:
+    done = False
+    while not done:
         it = iter(loader)
         for batch in it:
             touch(batch, False)
             spin(step_us)
             taken += 1
-            if taken == n_batches:
+            if taken >= n_batches and time.perf_counter() >= end:
+                done = True
                 break
         del batch
         close_iter(it)
@@ -73,7 +80,7 @@ def run_once(ds: Any, batch_size: int, workers: int | str, prefetch: int | None,
     report = loader.autotune
     loader.close()
     del loader
-    return n_batches / elapsed, report
+    return taken / elapsed, report
 
 
 def configurations(max_workers: int) -> list[tuple[str, int | str, int | None]]:
@@ -93,7 +100,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-workers", type=int, default=min(4, usable_cores()))
     p.add_argument("--step-us", type=float, default=0.0, help="simulated training step per batch (busy loop)")
     p.add_argument("--batches", type=int, default=None,
-                   help="batches per run, epoch after epoch (default 600, quick 300)")
+                   help="batches per run at least, epoch after epoch (default 600, quick 300)")
+    p.add_argument("--min-seconds", type=float, default=None,
+                   help="seconds per run at least (default 4, quick 2; 0: exactly --batches)")
     return p.parse_args(argv)
 
 
@@ -101,9 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     repeats = args.repeats if args.repeats is not None else (3 if args.quick else 5)
     scale = QUICK_SCALE if args.quick else 1.0
+    min_s = args.min_seconds if args.min_seconds is not None else (2.0 if args.quick else 4.0)
     print(header('num_workers="auto" vs a sweep of fixed settings'))
     print(f"# mxload {mxload.__version__}; usable cores {usable_cores()}; repeats {repeats}, "
-          f"scale {scale:g}, training step {args.step_us:g} us (busy loop)", flush=True)
+          f"scale {scale:g}, training step {args.step_us:g} us (busy loop), runs of at least "
+          f"{args.batches or (300 if args.quick else 600)} batches and {min_s:g} s", flush=True)
     datasets = build_datasets(args.workloads, scale)
     configs = configurations(args.max_workers)
     verdicts: list[bool] = []
@@ -118,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(repeats):
             k = r % len(configs)
             for label, workers, prefetch in configs[k:] + configs[:k]:
-                rate, report = run_once(ds, wl.batch_size, workers, prefetch, n_batches, args.step_us)
+                rate, report = run_once(ds, wl.batch_size, workers, prefetch, n_batches, min_s, args.step_us)
                 rates.setdefault(label, []).append(rate)
                 if report is not None:
                     reports.append(report)
@@ -129,12 +140,22 @@ def main(argv: list[str] | None = None) -> int:
         best_label = max(fixed, key=lambda label: fixed[label])
         best, zero, auto = fixed[best_label], med["0 workers"], med["auto"]
         rows = [[label, f"{v:.1f}", f"{v / best:.2f}"] for label, v in med.items()]
-        print(f"\n## {name}: {n_batches} batches of {wl.batch_size} per run ({epoch} per epoch), from iter() "
+        print(f"\n## {name}: {n_batches}+ batches of {wl.batch_size} per run ({epoch} per epoch), from "
+              f"iter() "
               f"({time.perf_counter() - t_start:.0f} s elapsed; machine busy {load:.2f} cores incl. this)")
         print(table(rows, ["setting", "b/s", "of best"]))
         chosen = [(rep["workers"], rep["window"]) for rep in reports]
         last = reports[-1]["last_choice"] if reports else None
         print(f"# auto chose (workers, window) per run, at the end of each: {chosen}")
+        # Per run: the workers each probe chose (one per epoch that did not resume the last one's
+        # workers), and the climb's changes (batch taken in
+        # its epoch, workers before -> after).
+        for rep in reports:
+            starts = "".join(str(w) for _, w in rep["choices"])
+            moves = ", ".join(f"e{e}@{taken}: {a}->{b}" for e, taken, a, b, _ in rep["changes"])
+            if len(starts) > 50:
+                starts = f"{starts[:15]}...{starts[-30:]} ({len(starts)} probes)"
+            print(f"#   probes chose {starts}; changes: {moves or 'none'}")
         # The cores its last probe of each run saw free (other programs' load subtracted): a
         # choice made while the previous setting's workers were still ending shows here.
         free = [rep["last_choice"]["free_cores"] for rep in reports if rep["last_choice"] is not None]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -65,6 +67,7 @@ def restless(monkeypatch):
     monkeypatch.setattr(autotune, "WINDOW_MIN_S", 0.0)
     monkeypatch.setattr(autotune, "TRY_EVERY", 1)
     monkeypatch.setattr(autotune, "TRY_GAIN", -1.0)
+    monkeypatch.setattr(autotune, "TRY_UNDO_LOSS", 1.0)   # never undone in the switch's window
 
 
 @pytest.mark.parametrize("persistent", [False, True])
@@ -188,6 +191,38 @@ def test_a_batch_cheap_to_gather_but_big_to_copy_stays_in_process(monkeypatch):
     assert tuner.choose(1, [850_000] * 8, [56_000] * 7, [56_000] * 7, batch_bytes=mb) == 2
 
 
+def test_a_close_call_is_measured_and_the_measurement_decides(monkeypatch):
+    """images on 2 cores: 0.58 ms to load 9.6 MB in-process; the model's estimates of a worker's
+    own costs put 2 workers within a few percent of in-process, which only a measurement can
+    settle.  Workers that then lose are not taken again at once."""
+    monkeypatch.setattr(autotune.os, "cpu_count", lambda: 2)
+    tuner = autotune.AutoTuner(max_workers=2, cores=2, auto_window=True, fixed_window=4)
+    images = ([576_000] * 8, [12_000] * 7, [12_000] * 7)
+    assert tuner.choose(0, *images, batch_bytes=9_633_792) == 2
+    assert tuner.report()["last_choice"]["reason"].startswith("a close call, measured: 2 workers")
+    tuner.engine_rate(1000.0)   # measured: in-process did 1700 batches/s
+    assert tuner.choose(1, *images, batch_bytes=9_633_792) == 0
+    assert "last epoch's workers reached 1000" in tuner.report()["last_choice"]["reason"]
+
+
+def test_one_slow_probe_does_not_make_losing_workers_look_faster(monkeypatch):
+    """tabular-getitems on 2 cores: one probe slowed by a hiccup (0.24 ms a batch, where
+    in-process does 0.097) made it a close call, and its workers (8460 batches/s, 0.82x of
+    in-process) were kept for the rest of the run because they beat that one probe."""
+    monkeypatch.setattr(autotune.os, "cpu_count", lambda: 2)
+    tuner = autotune.AutoTuner(max_workers=2, cores=2, auto_window=True, fixed_window=4)
+    mb = 1 << 20
+    fast = ([90_000] * 8, [7_000] * 7, [7_000] * 7)
+    slowed = ([223_000] * 8, [17_000] * 7, [17_000] * 7)
+    assert tuner.choose(0, *fast, batch_bytes=mb) == 0
+    assert tuner.choose(1, *slowed, batch_bytes=mb) == 2
+    assert "a close call" in tuner.choices[-1].reason
+    tuner.engine_rate(8460.0)
+    assert tuner.resume_workers() == 0
+    assert tuner.choose(2, *slowed, batch_bytes=mb) == 0
+    assert "workers reached 8460 batches/s, in-process 10309" in tuner.choices[-1].reason
+
+
 def test_heavy_samples_on_many_cores_get_workers_and_the_fewest_that_keep_up(monkeypatch):
     monkeypatch.setattr(autotune.os, "cpu_count", lambda: 8)
     tuner = autotune.AutoTuner(max_workers=8, cores=8, auto_window=True, fixed_window=16)
@@ -292,3 +327,100 @@ def test_after_workers_lose_the_tuner_waits_longer_each_time_before_trying_them_
         assert "(100 vs 250 batches/s)" in tuner.choices[1].reason
     else:
         assert "in-process for this and 1 more epoch(s)" in tuner.choices[3].reason
+
+
+class SwitchesOnly:
+    """An engine that records the settings the climb puts in force."""
+
+    def __init__(self):
+        self.active: list[tuple[int, int]] = []
+
+    def set_active(self, workers: int, window: int) -> None:
+        self.active.append((workers, window))
+
+
+def climbing(tuner: autotune.AutoTuner, settled=(2, 2)) -> autotune.AutoBatches:
+    """An epoch's AutoBatches past its switch to `settled` on SwitchesOnly, fed by window()."""
+    from mxload._runtime.epoch import EpochPlan
+    plan = EpochPlan([np.arange(1)] * 400, list(range(400)))
+    auto = autotune.AutoBatches(tuner, 0, plan, lambda part: SimpleNamespace(ready=None), None, None, True)
+    auto.engine, auto._settled, auto._switched = SwitchesOnly(), settled, True
+    tuner.settled = settled
+    return auto
+
+
+def window(auto: autotune.AutoBatches, rate: float) -> None:
+    """A window of 8 batches that ran at `rate` batches/s ends."""
+    auto._window_count = 8
+    auto._window_start = time.perf_counter_ns() - int(8e9 / rate)
+    auto._window_done()
+
+
+def two_cores(monkeypatch) -> autotune.AutoTuner:
+    """A tuner on 2 cores that chose 2 workers for decode-bound batches (40 ms each: 25 a second
+    in-process, below any rate the tests feed)."""
+    monkeypatch.setattr(autotune.os, "cpu_count", lambda: 2)
+    tuner = autotune.AutoTuner(max_workers=2, cores=2, auto_window=True, fixed_window=4)
+    assert tuner.choose(0, [40_000_000] * 8, [0] * 7, [0] * 7) == 2
+    return tuner
+
+
+def test_the_climb_tries_first_what_the_model_ranks_closest(monkeypatch):
+    """On 2 cores, with 2 workers settled, a worker fewer (predicted twice as slow) is tried
+    last, after the windows the model cannot rank."""
+    tuner = two_cores(monkeypatch)
+    auto = climbing(tuner)
+    assert auto._neighbours() == [(2, 4), (2, 1), (1, 2)]
+    tuner.choices[-1].predicted_ms[1] = 1.0   # a worker fewer predicted the fastest
+    assert auto._neighbours()[0] == (1, 2)
+
+
+def test_a_try_toward_less_that_loses_even_in_its_switch_window_is_undone_at_once(monkeypatch):
+    """jpeg on 2 cores: a try of 1 worker in place of 2 ran at 0.6x even in the window that
+    flatters it; waiting for its verdict window cost another window at half speed."""
+    tuner = two_cores(monkeypatch)
+    tuner.schedule.turn = 1   # the second neighbour: half the window
+    auto = climbing(tuner)
+    for rate in [50, 100, 100, 100, 100]:   # the pipeline's fill, then 4 settled windows
+        window(auto, rate)
+    assert auto.engine.active == [(2, 2)]
+    window(auto, 60)
+    assert auto.engine.active == [(2, 2), (2, 4)] and auto._trying is None
+    assert tuner.schedule.every == 2 * autotune.TRY_EVERY and not tuner.changes
+
+
+@pytest.mark.parametrize("turn, tried, switch_rate", [(1, (2, 1), 95), (0, (2, 4), 60)])
+def test_a_try_gets_its_verdict_after_the_switch_window_unless_it_lost_toward_less(
+        monkeypatch, turn, tried, switch_rate):
+    """A try toward less within TRY_UNDO_LOSS in its switch window, and any try toward more
+    (its switch window penalises it), waits for the next window's verdict."""
+    tuner = two_cores(monkeypatch)
+    tuner.schedule.turn = turn
+    auto = climbing(tuner)
+    for rate in [50, 100, 100, 100, 100]:
+        window(auto, rate)
+    window(auto, switch_rate)
+    assert auto._trying == tried and auto.engine.active == [(2, tuner.window(*tried))]
+    window(auto, 120)   # the verdict: faster by more than TRY_GAIN, kept
+    assert auto._trying is None and auto._settled == tuner.settled == tried
+    assert len(tuner.changes) == 1 and tuner.schedule.every == autotune.TRY_EVERY
+
+
+def test_the_wait_between_tries_that_did_not_pay_carries_over_to_the_next_epoch(monkeypatch):
+    """The try schedule is the tuner's: a settled setting whose tries lost is not tried again
+    at every epoch's start."""
+    tuner = two_cores(monkeypatch)
+    auto = climbing(tuner)
+    for rate in [50, 100, 100, 100, 100, 90, 90]:   # ... a try of a larger window that lost
+        window(auto, rate)
+    assert auto.engine.active == [(2, 8), (2, 4)] and tuner.schedule.every == 8
+    for settled_windows in (4, 3):   # two short epochs: no try is due in either
+        auto = climbing(tuner)
+        for rate in [50] + [100] * settled_windows:
+            window(auto, rate)
+        assert auto.engine.active == [], settled_windows
+    window(auto, 100)   # the 8th settled window since the try: the next neighbour, in turn
+    assert auto.engine.active == [(2, 2)]
+    # A fresh probe starts the climb over.
+    tuner.choose(3, [4_000_000] * 8, [0] * 7, [0] * 7)
+    assert tuner.schedule.every == autotune.TRY_EVERY and tuner.schedule.since == 0

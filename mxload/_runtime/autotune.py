@@ -11,23 +11,31 @@ may use (affinity and cgroup quota) less those other processes kept busy
 meanwhile (/proc/stat): C.  A model
 (`predict_ns`) gives the time per batch with k workers; the tuner takes the
 fastest k, 0 included, asking a worker count to beat in-process loading by
-WORKERS_MARGIN (the model does not see page faults or wake-ups).  From the
+WORKERS_MARGIN (the model does not see page faults or wake-ups); where only
+the per-batch costs it estimates make workers lose, by at most CLOSE_CALL,
+it measures them instead.  From the
 second epoch on, the throughput the workers really reached (its best window,
 or over the whole engine phase where the epoch ended before a window's verdict)
-is compared with the in-process probe's: a machine where workers lose gets 0
+is compared with the best in-process rate of the last INPROCESS_PROBES_KEPT
+probes: a machine where workers lose gets 0
 for the next 1, 2, 4 ... up to MAX_INPROCESS_EPOCHS epochs.
 
 With k >= 1 the rest of the epoch runs on the engine, whose `max_workers`
 processes exist but only k take tasks; the window (``prefetch="auto"``)
 starts at WINDOW_PER_WORKER tasks per worker taking tasks.  Every window of
 WINDOW_BATCHES batches and WINDOW_MIN_S the tuner measures the loop's throughput and, every
-few windows, tries a neighbour for one window, in turn: one worker more, one
-fewer, twice the tasks per worker, half: kept if it was faster by TRY_GAIN,
-else undone, and the next try waits twice as long (up to MAX_TRY_EVERY
-windows; a kept change resets it).  Workers hand the epoch back to in-process
-after LOSING_WINDOWS settled windows in a row below the probe's rate (the
-window that fills the pipeline, and the one after an undone try, get no
-verdict).  What the climb settled on carries over
+few windows, tries a neighbour, in turn: one worker more, one
+fewer, twice the tasks per worker, half.  A window that holds a switch (the
+engine's start, a try's, an undone try's) mixes two settings' pipelines and
+gets no verdict; a try is judged on the window after its switch: kept if it
+was faster by TRY_GAIN, else undone, and the next try waits twice as long (up
+to MAX_TRY_EVERY windows; a kept change resets it).  That schedule is the
+tuner's, not the epoch's: a setting whose tries did not pay is not tried again
+at every epoch's start.  A try toward less (a worker fewer, a smaller window)
+whose switch window, which flatters it, is already TRY_UNDO_LOSS below the
+settled rate is undone at once.  Workers hand the epoch back to in-process
+after LOSING_WINDOWS settled windows in a row below the probe's rate.  What
+the climb settled on carries over
 to the next epoch when the probe agrees that workers are worth it.  A
 retired worker takes no new task; the tasks it holds are delivered as usual,
 so no batch is lost, repeated or reordered, and which worker loads a batch
@@ -51,7 +59,7 @@ if TYPE_CHECKING:
     from .engine import Engine
     from .epoch import EpochPlan, InProcessBatches
 
-PROBE_BATCHES = 8            # loaded in-process at an epoch's start (the first one is a warm-up) ...
+PROBE_BATCHES = 4            # loaded in-process at an epoch's start (the first one is a warm-up) ...
 PROBE_MIN_S = 0.05           # ... for at least this long (/proc/stat counts in 10 ms ticks) ...
 PROBE_MAX_BATCHES = 64       # ... and at most this many
 MIN_ENGINE_BATCHES = 16      # fewer left after the probe: the epoch stays in-process
@@ -61,19 +69,22 @@ TRY_EVERY = 4                # windows at a settled setting before the first try
 MAX_TRY_EVERY = 32           # ... and at most, after tries that did not pay
 LOSING_WINDOWS = 2           # settled windows in a row below in-process before handing back
 TRY_GAIN = 0.05              # a tried count is kept if it was this much faster
-WORKERS_MARGIN = 0.15        # workers must be predicted this much faster than in-process
+TRY_UNDO_LOSS = 0.15         # a try toward less this much slower in its (flattering) switch window has lost
+WORKERS_MARGIN = 0.15        # workers must be predicted this much faster than in-process ...
+CLOSE_CALL = 0.3             # ... or, predicted at most this much slower, are tried and measured
 WINDOW_PER_WORKER = 2        # prefetch="auto": tasks in flight per worker taking tasks, at first
 PER_WORKER_CHOICES = (1, 2, 4, 8)
 MAIN_OVERHEAD_NS = 60_000    # the loop's own CPU per batch with workers (bench/main_cpu.py: 29-51 us)
 # What a worker pays per batch beyond loading it in-process: its copy into shared memory (page
 # faults on the slab included), the messages and wake-ups.  bench/autotune.py's sweep, 2 cores,
-# 2026-12-05: 0.35-0.4 ms for the 1 MB batches of tabular, tabular-getitems and dict16, 0.85 ms
-# for 9.6 MB of images; without it the model sent tabular-getitems (0.09 ms a batch in-process)
-# to workers that reached 0.4x of in-process.
-WORKER_BATCH_NS = 250_000
-WORKER_NS_PER_BYTE = 0.06
+# runs of 2 s (2026-12-06; the 300-batch runs of 0.2-0.4 s before charged the workers' start to
+# every batch): 2 workers' time per batch, less half the in-process load, came to 0.14-0.28 ms
+# for the 1 MB batches of tabular, tabular-getitems and dict16 and 0.40 ms for 9.6 MB of images.
+WORKER_BATCH_NS = 200_000
+WORKER_NS_PER_BYTE = 0.025
 MAX_AUTO_WORKERS = 16
 MAX_INPROCESS_EPOCHS = 8     # after workers lost to in-process, epochs before trying them again (at most)
+INPROCESS_PROBES_KEPT = 4    # workers are compared with the best in-process rate of this many last probes
 
 
 def worker_cost_ns(batch_bytes: int) -> float:
@@ -93,6 +104,14 @@ def predict_ns(k: int, load_ns: float, step_ns: float, step_cpu_ns: float, cores
     loop = step_ns + MAIN_OVERHEAD_NS
     work = load_ns + worker_cost_ns(batch_bytes)
     return max(loop, work / k, (step_cpu_ns + MAIN_OVERHEAD_NS + work) / cores)
+
+
+def optimistic_ns(k: int, load_ns: float, step_ns: float, step_cpu_ns: float, cores: float) -> float:
+    """predict_ns without the costs the model only estimates (the loop's and the workers' own per
+    batch): where even this does not beat in-process, k workers cannot."""
+    if k == 0:
+        return step_ns + load_ns
+    return max(step_ns, load_ns / k, (step_cpu_ns + load_ns) / cores)
 
 
 def batch_nbytes(batch: Any) -> int:
@@ -119,6 +138,35 @@ class Choice:
     batch_mb: float = 0.0          # the probe's first batch (a worker copies it into shared memory)
 
 
+class TrySchedule:
+    """When the climb tries a neighbour next.  Kept by the tuner across epochs, so a settled
+    setting whose tries did not pay is tried less and less often, not again at every epoch's
+    start (jpeg, 64 batches an epoch: a try of 1 worker in place of 2 cost every epoch a
+    quarter of its throughput)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.every = TRY_EVERY       # settled windows between two tries
+        self.since = 0               # settled windows since the last try
+        self.turn = 0                # which neighbour comes next
+
+    def due(self) -> bool:
+        """One more settled window: whether a try is due now."""
+        self.since += 1
+        if self.since < self.every:
+            return False
+        self.since = 0
+        return True
+
+    def undone(self) -> None:
+        self.every = min(self.every * 2, MAX_TRY_EVERY)
+
+    def kept(self) -> None:
+        self.every = TRY_EVERY
+
+
 @dataclass
 class AutoTuner:
     """The loader's tuner: its choices and adjustments across epochs."""
@@ -134,18 +182,27 @@ class AutoTuner:
     # What the climb settled on (workers, tasks per worker), kept for the next epoch.
     settled: tuple[int, int] | None = None
     per_worker: int = WINDOW_PER_WORKER
-    # The last epoch's measured throughput with workers, and its in-process probe's.
+    schedule: TrySchedule = field(default_factory=TrySchedule)
+    # The last epoch's measured throughput with workers, and the last probes' in-process ones.
     _engine_rate: float | None = None
-    _inprocess_rate: float | None = None
+    _inprocess_rates: list[float] = field(default_factory=list)
     _lost = False                # the last epoch's workers lost to in-process and handed back
     # After workers lost: epochs to stay in-process before trying them again (1, 2, 4, ... up to
     # MAX_INPROCESS_EPOCHS after each loss in a row), and how many are left.
     _backoff = 0
     _inprocess_epochs = 0
 
+    @property
+    def _inprocess_rate(self) -> float | None:
+        """In-process throughput to compare workers' with: the best of the last few probes (one
+        probe slowed by a hiccup made workers at 0.74x of in-process look 2x faster, and kept
+        them for the rest of the run)."""
+        return max(self._inprocess_rates) if self._inprocess_rates else None
+
     def handed_back(self, rate: float) -> None:
         """Workers at `rate` batches/s lost to in-process: the epoch goes on in-process."""
         self._engine_rate, self._lost, self.settled = rate, True, None
+        self.schedule.reset()
         self._backoff = min(max(1, self._backoff * 2), MAX_INPROCESS_EPOCHS)
         self._inprocess_epochs = self._backoff
 
@@ -165,19 +222,36 @@ class AutoTuner:
         predicted = {k: predict_ns(k, load, step, step_cpu, free, batch_bytes)
                      for k in range(self.max_workers + 1)}
         best = min(range(1, self.max_workers + 1), key=lambda k: (predicted[k], k), default=0)
+        # The fewest workers within 3% of the best prediction: more would only burn cores.
+        fewest = min((k for k in range(1, self.max_workers + 1) if predicted[k] <= predicted[best] * 1.03),
+                     default=0)
         inprocess = predicted[0]
-        if best and predicted[best] > inprocess * (1 - WORKERS_MARGIN):
+        if not best:
+            workers, reason = 0, "no worker allowed"
+        elif predicted[best] <= inprocess * (1 - WORKERS_MARGIN):
+            workers, reason = fewest, (f"{fewest} workers predicted {predicted[fewest] / 1e6:.3f} ms/batch "
+                                       f"vs {inprocess / 1e6:.3f} in-process")
+        elif predicted[best] <= inprocess * (1 + CLOSE_CALL) and \
+                optimistic_ns(best, load, step, step_cpu, free) < inprocess * (1 - WORKERS_MARGIN):
+            # Workers would win but for the costs the model only estimates, which are as large as
+            # their gain (images, 2 cores: 2 workers predicted 1.25x slower than in-process with
+            # the earlier estimates, measured 1.37x faster over 2 s runs).  They are measured: from
+            # the next epoch on, the measurement decides (losing workers back off as below).
+            workers, reason = fewest, (f"a close call, measured: {fewest} workers predicted "
+                                       f"{predicted[fewest] / 1e6:.3f} ms/batch vs {inprocess / 1e6:.3f} "
+                                       f"in-process")
+        else:
             workers, reason = 0, (f"in-process is as fast: {best} workers predicted "
                                   f"{predicted[best] / 1e6:.3f} ms/batch vs {inprocess / 1e6:.3f} in-process")
-        else:
-            # The fewest workers within 3% of the best prediction: more would only burn cores.
-            near_best = [k for k in range(1, self.max_workers + 1) if predicted[k] <= predicted[best] * 1.03]
-            workers = min(near_best, default=0)
-            reason = (f"{workers} workers predicted {predicted[workers] / 1e6:.3f} ms/batch vs "
-                      f"{inprocess / 1e6:.3f} in-process" if workers else "no worker allowed")
         measured_rate, lost = self._engine_rate, self._lost
         inprocess_before, self._lost = self._inprocess_rate, False
-        self._inprocess_rate = 1e9 / (step + load) if step + load > 0 else None
+        # The probe's own throughput: every batch after the warm-up, slow ones included (a page
+        # fault or a collection in-process is the in-process rate's too).
+        measured = loads[1:] or loads
+        probe_ns = sum(measured) + sum(steps[-len(measured):])
+        if probe_ns > 0:
+            rates = [*self._inprocess_rates, len(measured) * 1e9 / probe_ns]
+            self._inprocess_rates = rates[-INPROCESS_PROBES_KEPT:]
         if workers and self._inprocess_epochs > 0:
             self._inprocess_epochs -= 1
             detail = (f" ({measured_rate:.0f} vs {inprocess_before or 0:.0f} batches/s)"
@@ -199,6 +273,7 @@ class AutoTuner:
             workers = self.settled[0]
         if not workers:
             self.settled = None
+        self.schedule.reset()   # a fresh probe: the climb starts over
         self.choices.append(Choice(epoch, workers, load / 1e6, step / 1e6, step_cpu / 1e6, self.cores,
                                    round(free, 2), {k: v / 1e6 for k, v in predicted.items()}, reason,
                                    round(batch_bytes / 1e6, 3)))
@@ -212,6 +287,7 @@ class AutoTuner:
         """The climb kept `after` (workers, tasks per worker) in place of `before`."""
         self.changes.append((epoch, taken, before[0], after[0], why))
         self.settled, self.per_worker = (after if after[0] else None), after[1]
+        self.schedule.kept()
         self.counts["auto_workers"] = after[0]
         self.counts["auto_window"] = self.window(*after)
         self.counts["auto_changes"] += 1
@@ -242,6 +318,8 @@ class AutoTuner:
         return {"workers": self.counts["auto_workers"], "window": self.counts["auto_window"],
                 "max_workers": self.max_workers, "cores": self.cores,
                 "last_choice": last.__dict__ if last is not None else None,
+                # (epoch, workers) chosen at each epoch's start that probed
+                "choices": [(c.epoch, c.workers) for c in self.choices],
                 "changes": list(self.changes)}
 
 
@@ -294,12 +372,10 @@ class AutoBatches:
         self._windows = 0
         self._settled = (0, tuner.per_worker)   # (workers, tasks per worker) in force, unless a try runs
         self._trying: tuple[int, int] | None = None
-        self._try_switching = False    # the try's first window: the switch, no verdict
+        # The current window holds a switch of setting (the engine's start, a try's, an undone
+        # try's): it mixes two settings' pipelines and gets no verdict.
+        self._switched = False
         self._rate = 0.0               # the settled setting's last window
-        self._since_try = 0
-        self._try_every = TRY_EVERY
-        self._next_try = 0             # which neighbour comes next
-        self._refilling = False        # the window after an undone try: no verdict
         self._losing = 0               # settled windows in a row below the in-process rate
 
     # The slot where the batch being handed out stays (EpochIterator._next): the current
@@ -382,6 +458,7 @@ class AutoBatches:
         self._settled = self._tuner.settled = (workers, self._tuner.per_worker)
         self._window_start = time.perf_counter_ns()
         self._window_count = self._windows = 0
+        self._switched = True   # the first window fills the pipeline
         self._engine_from = (self._window_start, self._taken)
 
     def _adopt(self, producer: Any) -> None:
@@ -415,32 +492,15 @@ class AutoBatches:
         rate = self._window_count * 1e9 / max(now - self._window_start, 1)
         self._window_start, self._window_count = now, 0
         self._windows += 1
-        tuner, engine = self._tuner, self.engine
-        assert engine is not None
+        switched, self._switched = self._switched, False
         if self._trying is not None:
-            if self._try_switching:
-                # The switch's own window flatters fewer workers (a retired worker still
-                # answers its tasks in flight) and penalises more (a new one's pipeline fills):
-                # it drifted augment from 2 workers to 1.  The verdict is on the next window.
-                self._try_switching = False
-                return
-            tried, self._trying = self._trying, None
-            if rate > self._rate * (1 + TRY_GAIN):
-                tuner.changed(self._epoch, self._taken, self._settled, tried,
-                              f"{tried[0]} workers, window {tuner.window(*tried)}: {rate:.0f} batches/s vs "
-                              f"{self._rate:.0f}")
-                self._settled, self._rate, self._try_every = tried, rate, TRY_EVERY
-            else:
-                engine.set_active(self._settled[0], tuner.window(*self._settled))
-                self._try_every = min(self._try_every * 2, MAX_TRY_EVERY)
-                self._refilling = True
+            self._judge_try(rate, switched)
+            return
+        if switched:
             return
         self._rate = rate
-        if self._windows == 1 or self._refilling:
-            # The first window fills the pipeline, the one after an undone try refills it with
-            # the settled setting's tasks: no verdict on either.
-            self._refilling = False
-            return
+        tuner, engine = self._tuner, self.engine
+        assert engine is not None
         tuner.engine_rate(rate)
         # One slow window is not a loss (a wake-up missed, another program's burst): two in a row are.
         self._losing = self._losing + 1 if tuner.losing_to_inprocess(rate) else 0
@@ -451,27 +511,52 @@ class AutoBatches:
             engine.set_active(0, 1)   # nothing more is dispatched; what was is taken first
             self._draining = True
             return
-        self._since_try += 1
-        if self._since_try < self._try_every:
+        if not tuner.schedule.due():
             return
-        self._since_try = 0
         neighbours = self._neighbours()
         if neighbours:
-            self._trying = neighbours[self._next_try % len(neighbours)]
-            self._try_switching = True
-            self._next_try += 1
+            self._trying = neighbours[tuner.schedule.turn % len(neighbours)]
+            tuner.schedule.turn += 1
+            self._switched = True
             engine.set_active(self._trying[0], tuner.window(*self._trying))
 
+    def _judge_try(self, rate: float, switched: bool) -> None:
+        """The verdict on the try in force, from the window just ended (`switched`: the try's own
+        switch).  The switch's window flatters a try toward less (a retired worker still answers
+        the tasks it holds, a smaller window still drains the larger one's) and penalises one
+        toward more (a new worker's pipeline fills): it drifted augment from 2 workers to 1.  So
+        the verdict is on the next window, unless a try toward less loses even here."""
+        tried, settled, tuner, engine = self._trying, self._settled, self._tuner, self.engine
+        assert tried is not None and engine is not None
+        # (A neighbour differs from the settled setting in one of the two: tuples compare as "less".)
+        if switched and not (tried < settled and rate < self._rate * (1 - TRY_UNDO_LOSS)):
+            return
+        self._trying = None
+        if not switched and rate > self._rate * (1 + TRY_GAIN):
+            tuner.changed(self._epoch, self._taken, settled, tried,
+                          f"{tried[0]} workers, window {tuner.window(*tried)}: {rate:.0f} batches/s vs "
+                          f"{self._rate:.0f}")
+            self._settled, self._rate = tried, rate
+            return
+        engine.set_active(settled[0], tuner.window(*settled))
+        tuner.schedule.undone()
+        self._switched = True   # the settled setting's pipeline refills
+
     def _neighbours(self) -> list[tuple[int, int]]:
-        """The settings one step from the settled one: a worker more or fewer, and (prefetch="auto")
-        twice or half the tasks per worker."""
+        """The settings one step from the settled one: (prefetch="auto") twice or half the tasks
+        per worker, and a worker more or fewer, in the order the model ranks them (a window's
+        change, which it does not see, ranks as the settled count).  A short run thus tries the
+        likeliest first: on 2 cores, a worker fewer than 2 (predicted twice as slow on decode-bound
+        data) was the first try, and the dearest."""
         k, per = self._settled
-        most = self._tuner.max_workers
-        out = [(w, per) for w in (k + 1, k - 1) if 1 <= w <= most]
-        if self._tuner.auto_window:
+        tuner = self._tuner
+        out = []
+        if tuner.auto_window:
             i = PER_WORKER_CHOICES.index(per) if per in PER_WORKER_CHOICES else 1
             out += [(k, PER_WORKER_CHOICES[j]) for j in (i + 1, i - 1) if 0 <= j < len(PER_WORKER_CHOICES)]
-        return out
+        out += [(w, per) for w in (k + 1, k - 1) if 1 <= w <= tuner.max_workers]
+        predicted = tuner.choices[-1].predicted_ms if tuner.choices else {}
+        return sorted(out, key=lambda setting: predicted.get(setting[0], 0.0))
 
     def ended_by(self, error: BaseException) -> str | None:
         return self._current.ended_by(error)  # type: ignore[no-any-return]
