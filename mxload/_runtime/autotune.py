@@ -16,8 +16,8 @@ the per-batch costs it estimates make workers lose, by at most CLOSE_CALL,
 it measures them instead.  From the
 second epoch on, the throughput the workers really reached (its best window,
 or over the whole engine phase where the epoch ended before a window's verdict)
-is compared with the best in-process rate of the last INPROCESS_PROBES_KEPT
-probes: a machine where workers lose gets 0
+is compared with the in-process rate of the last INPROCESS_PROBES_KEPT probes
+(their upper median): a machine where workers lose gets 0
 for the next 1, 2, 4 ... up to MAX_INPROCESS_EPOCHS epochs.
 
 With k >= 1 the rest of the epoch runs on the engine, whose `max_workers`
@@ -27,13 +27,14 @@ WINDOW_BATCHES batches and WINDOW_MIN_S the tuner measures the loop's throughput
 few windows, tries a neighbour, in turn: one worker more, one
 fewer, twice the tasks per worker, half.  A window that holds a switch (the
 engine's start, a try's, an undone try's) mixes two settings' pipelines and
-gets no verdict; a try is judged on the window after its switch: kept if it
-was faster by TRY_GAIN, else undone, and the next try waits twice as long (up
+gets no verdict; a try is judged on the VERDICT_WINDOWS after its switch,
+against the settled setting's last SETTLED_WINDOWS: kept if it was faster by
+TRY_GAIN, else undone, and the next try waits twice as long (up
 to MAX_TRY_EVERY windows; a kept change resets it).  That schedule is the
 tuner's, not the epoch's: a setting whose tries did not pay is not tried again
-at every epoch's start.  A try toward less (a worker fewer, a smaller window)
-whose switch window, which flatters it, is already TRY_UNDO_LOSS below the
-settled rate is undone at once.  Workers hand the epoch back to in-process
+at every epoch's start.  A try TRY_UNDO_LOSS slower than the settled rate in
+a window that does not flatter it is undone at once (the switch's window
+flatters a try toward less: a worker fewer, a smaller window).  Workers hand the epoch back to in-process
 after LOSING_WINDOWS settled windows in a row below the probe's rate.  What
 the climb settled on carries over
 to the next epoch when the probe agrees that workers are worth it.  A
@@ -68,7 +69,9 @@ WINDOW_MIN_S = 0.03          # ... and this long (an epoch of fast batches must 
 TRY_EVERY = 4                # windows at a settled setting before the first try
 MAX_TRY_EVERY = 32           # ... and at most, after tries that did not pay
 LOSING_WINDOWS = 2           # settled windows in a row below in-process before handing back
-TRY_GAIN = 0.05              # a tried count is kept if it was this much faster
+TRY_GAIN = 0.05              # a tried setting is kept if it was this much faster ...
+VERDICT_WINDOWS = 2          # ... over this many windows after its switch (one alone: 8 batches' noise)
+SETTLED_WINDOWS = 4          # ... than the settled setting's last (at most) this many windows
 TRY_UNDO_LOSS = 0.15         # a try toward less this much slower in its (flattering) switch window has lost
 WORKERS_MARGIN = 0.15        # workers must be predicted this much faster than in-process ...
 CLOSE_CALL = 0.3             # ... or, predicted at most this much slower, are tried and measured
@@ -84,7 +87,7 @@ WORKER_BATCH_NS = 200_000
 WORKER_NS_PER_BYTE = 0.025
 MAX_AUTO_WORKERS = 16
 MAX_INPROCESS_EPOCHS = 8     # after workers lost to in-process, epochs before trying them again (at most)
-INPROCESS_PROBES_KEPT = 4    # workers are compared with the best in-process rate of this many last probes
+INPROCESS_PROBES_KEPT = 5    # workers are compared with the in-process rate of this many last probes
 
 
 def worker_cost_ns(batch_bytes: int) -> float:
@@ -194,10 +197,11 @@ class AutoTuner:
 
     @property
     def _inprocess_rate(self) -> float | None:
-        """In-process throughput to compare workers' with: the best of the last few probes (one
-        probe slowed by a hiccup made workers at 0.74x of in-process look 2x faster, and kept
-        them for the rest of the run)."""
-        return max(self._inprocess_rates) if self._inprocess_rates else None
+        """In-process throughput to compare workers' with: the upper median of the last few
+        probes' (one probe slowed by a hiccup made workers at 0.74x of in-process look 2x faster,
+        and kept them for the rest of the run; the best of them let one flattering probe send
+        workers that won by 1.6x back in-process)."""
+        return statistics.median_high(self._inprocess_rates) if self._inprocess_rates else None
 
     def handed_back(self, rate: float) -> None:
         """Workers at `rate` batches/s lost to in-process: the epoch goes on in-process."""
@@ -375,7 +379,8 @@ class AutoBatches:
         # The current window holds a switch of setting (the engine's start, a try's, an undone
         # try's): it mixes two settings' pipelines and gets no verdict.
         self._switched = False
-        self._rate = 0.0               # the settled setting's last window
+        self._rates: list[float] = []   # the settled setting's windows since its switch (the last few)
+        self._verdicts: list[float] = []   # the try's windows after its switch
         self._losing = 0               # settled windows in a row below the in-process rate
 
     # The slot where the batch being handed out stays (EpochIterator._next): the current
@@ -498,7 +503,7 @@ class AutoBatches:
             return
         if switched:
             return
-        self._rate = rate
+        self._rates = [*self._rates, rate][-SETTLED_WINDOWS:]
         tuner, engine = self._tuner, self.engine
         assert engine is not None
         tuner.engine_rate(rate)
@@ -517,26 +522,35 @@ class AutoBatches:
         if neighbours:
             self._trying = neighbours[tuner.schedule.turn % len(neighbours)]
             tuner.schedule.turn += 1
-            self._switched = True
+            self._switched, self._verdicts = True, []
             engine.set_active(self._trying[0], tuner.window(*self._trying))
 
     def _judge_try(self, rate: float, switched: bool) -> None:
         """The verdict on the try in force, from the window just ended (`switched`: the try's own
-        switch).  The switch's window flatters a try toward less (a retired worker still answers
-        the tasks it holds, a smaller window still drains the larger one's) and penalises one
-        toward more (a new worker's pipeline fills): it drifted augment from 2 workers to 1.  So
-        the verdict is on the next window, unless a try toward less loses even here."""
+        switch), against the settled setting's recent windows.  The switch's window flatters a
+        try toward less (a retired worker still answers the tasks it holds, a smaller window
+        still drains the larger one's) and penalises one toward more (a new worker's pipeline
+        fills): it drifted augment from 2 workers to 1.  So the verdict is on the
+        VERDICT_WINDOWS after it (one window of 8 batches varies by 15% here: jpeg kept a
+        window 0.93x as fast), unless a try loses by TRY_UNDO_LOSS where it is not flattered."""
         tried, settled, tuner, engine = self._trying, self._settled, self._tuner, self.engine
         assert tried is not None and engine is not None
+        base = statistics.fmean(self._rates)
+        hopeless = rate < base * (1 - TRY_UNDO_LOSS)
         # (A neighbour differs from the settled setting in one of the two: tuples compare as "less".)
-        if switched and not (tried < settled and rate < self._rate * (1 - TRY_UNDO_LOSS)):
+        if switched and not (hopeless and tried < settled):
             return
+        if not switched:
+            self._verdicts.append(rate)
+            if not hopeless and len(self._verdicts) < VERDICT_WINDOWS:
+                return
         self._trying = None
-        if not switched and rate > self._rate * (1 + TRY_GAIN):
+        verdict = statistics.fmean(self._verdicts) if self._verdicts else rate
+        if not hopeless and verdict > base * (1 + TRY_GAIN):
             tuner.changed(self._epoch, self._taken, settled, tried,
-                          f"{tried[0]} workers, window {tuner.window(*tried)}: {rate:.0f} batches/s vs "
-                          f"{self._rate:.0f}")
-            self._settled, self._rate = tried, rate
+                          f"{tried[0]} workers, window {tuner.window(*tried)}: {verdict:.0f} batches/s vs "
+                          f"{base:.0f}")
+            self._settled, self._rates = tried, self._verdicts
             return
         engine.set_active(settled[0], tuner.window(*settled))
         tuner.schedule.undone()
