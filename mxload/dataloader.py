@@ -309,7 +309,9 @@ class DataLoader(_Settings, Generic[_T_co]):
     def _start_iter(self) -> Any:
         self._run_seed.torch_draws(self)
         runs = self._iterations
-        if runs.engine is None:   # persistent workers already running were checked when they started
+        # Persistent workers already running were checked when they started; "auto" takes at most
+        # the usable cores (and its epochs in-process paid 0.33 ms each for the cgroup reads).
+        if runs.engine is None and not self._options.autotune:
             self._check_worker_count(stacklevel=5)   # the caller of iter()
         previous = runs.newest()
         if previous is not None and self.persistent_workers:

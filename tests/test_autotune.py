@@ -215,13 +215,14 @@ def test_one_slow_probe_does_not_make_losing_workers_look_faster(monkeypatch):
     fast = ([90_000] * 8, [7_000] * 7, [7_000] * 7)
     slowed = ([223_000] * 8, [17_000] * 7, [17_000] * 7)
     assert tuner.choose(0, *fast, batch_bytes=mb) == 0
-    assert tuner.choose(1, *slowed, batch_bytes=mb) == 2
-    assert "a close call" in tuner.choices[-1].reason
-    tuner.engine_rate(8460.0)
-    assert tuner.resume_workers() == 0   # the next epoch probes again ...
-    tuner.choose(2, *fast, batch_bytes=mb)
-    tuner._engine_rate = 8460.0         # ... and were its workers measured at 8460 once more,
-    assert tuner.resume_workers() == 0   # in-process (two probes of three) would still be faster
+    # Alone, the slowed probe's figures make a close call ...
+    alone = autotune.AutoTuner(max_workers=2, cores=2, auto_window=True, fixed_window=4)
+    assert alone.choose(0, *slowed, batch_bytes=mb) == 2 and "a close call" in alone.choices[-1].reason
+    # ... after a probe 2.5x faster, they are a hiccup.
+    assert tuner.choose(1, *slowed, batch_bytes=mb) == 0
+    # Workers measured at 8460 would not be resumed for beating the slowed probe either.
+    tuner.settled, tuner._engine_rate = (2, 2), 8460.0
+    assert tuner.resume_workers() == 0
 
 
 def test_heavy_samples_on_many_cores_get_workers_and_the_fewest_that_keep_up(monkeypatch):
@@ -445,3 +446,36 @@ def test_a_try_is_judged_on_its_verdict_windows_together(monkeypatch, verdicts, 
     assert auto._trying is None
     assert (tuner.settled == (2, 4)) is kept and len(tuner.changes) == int(kept)
     assert auto.engine.active == [(2, 8)] + ([] if kept else [(2, 4)])
+
+
+def test_a_probe_too_short_for_proc_stat_takes_the_last_load_it_could_measure(monkeypatch):
+    """A quarter of a short epoch of fast batches (2.4 ms for tabular-getitems) is shorter than
+    /proc/stat's 10 ms tick: one tick read as 4 cores busy and cut the workers the model could
+    use."""
+    tuner = two_cores(monkeypatch)
+    auto = climbing(tuner)
+    tuner.others_busy = 0.5
+    auto._probe_start = (time.perf_counter_ns(), 0.0, 0.0)   # nonsense counters: not read
+    assert auto._others_busy() == 0.5
+    from mxload._cpus import machine_busy_s, own_cpu_s
+    if machine_busy_s() is None:
+        pytest.skip("no /proc/stat")
+    auto._probe_start = (time.perf_counter_ns() - int(autotune.PROBE_MIN_S * 2e9), machine_busy_s(),
+                         own_cpu_s())
+    measured = auto._others_busy()
+    assert measured == tuner.others_busy and 0.0 <= measured <= 64
+
+
+def test_epochs_of_auto_do_not_read_the_cgroup_files_again(monkeypatch):
+    """The oversubscription check reads the cgroup's quota (0.33 ms): "auto" takes at most the
+    usable cores, so it is checked once, when the loader is built, not at every in-process
+    epoch's iter()."""
+    import mxload.dataloader
+    calls = []
+    monkeypatch.setattr(mxload.dataloader, "warn_if_oversubscribed", lambda *a: calls.append(a))
+    loader = mxload.DataLoader(Augmented(40), batch_size=4, num_workers="auto")
+    for _ in range(3):
+        assert len(flat(loader)) == 10
+    fixed = mxload.DataLoader(Augmented(40), batch_size=4, num_workers=0)
+    flat(fixed)
+    assert len(calls) == 1, calls

@@ -75,6 +75,7 @@ SETTLED_WINDOWS = 4          # ... than the settled setting's last (at most) thi
 TRY_UNDO_LOSS = 0.15         # a try toward less this much slower in its (flattering) switch window has lost
 WORKERS_MARGIN = 0.15        # workers must be predicted this much faster than in-process ...
 CLOSE_CALL = 0.3             # ... or, predicted at most this much slower, are tried and measured
+SLOWED_PROBE = 0.25          # ... unless the probe ran this much below the last ones' in-process rate
 WINDOW_PER_WORKER = 2        # prefetch="auto": tasks in flight per worker taking tasks, at first
 PER_WORKER_CHOICES = (1, 2, 4, 8)
 MAIN_OVERHEAD_NS = 60_000    # the loop's own CPU per batch with workers (bench/main_cpu.py: 29-51 us)
@@ -186,6 +187,8 @@ class AutoTuner:
     settled: tuple[int, int] | None = None
     per_worker: int = WINDOW_PER_WORKER
     schedule: TrySchedule = field(default_factory=TrySchedule)
+    others_busy: float = 0.0     # cores other processes kept busy, at the last probe long enough to tell
+    probe_s: float = PROBE_MIN_S   # how long the last probe took
     # The last epoch's measured throughput with workers, and the last probes' in-process ones.
     _engine_rate: float | None = None
     _inprocess_rates: list[float] = field(default_factory=list)
@@ -225,6 +228,16 @@ class AutoTuner:
         free = max(1.0, min(float(self.cores), online - others_busy))
         predicted = {k: predict_ns(k, load, step, step_cpu, free, batch_bytes)
                      for k in range(self.max_workers + 1)}
+        # The probe's own throughput: every batch after the warm-up, slow ones included (a page
+        # fault or a collection in-process is the in-process rate's too).
+        measured = loads[1:] or loads
+        probe_ns = sum(measured) + sum(steps[-len(measured):])
+        probe_rate = len(measured) * 1e9 / probe_ns if probe_ns > 0 else None
+        kept_rate = self._inprocess_rate
+        # A probe well below the last ones (a hiccup: tabular-getitems' 0.24 ms a batch where the
+        # others took 0.097) does not send workers to be measured as a close call.
+        slowed = probe_rate is not None and kept_rate is not None and \
+            probe_rate < kept_rate * (1 - SLOWED_PROBE)
         best = min(range(1, self.max_workers + 1), key=lambda k: (predicted[k], k), default=0)
         # The fewest workers within 3% of the best prediction: more would only burn cores.
         fewest = min((k for k in range(1, self.max_workers + 1) if predicted[k] <= predicted[best] * 1.03),
@@ -235,7 +248,7 @@ class AutoTuner:
         elif predicted[best] <= inprocess * (1 - WORKERS_MARGIN):
             workers, reason = fewest, (f"{fewest} workers predicted {predicted[fewest] / 1e6:.3f} ms/batch "
                                        f"vs {inprocess / 1e6:.3f} in-process")
-        elif predicted[best] <= inprocess * (1 + CLOSE_CALL) and \
+        elif predicted[best] <= inprocess * (1 + CLOSE_CALL) and not slowed and \
                 optimistic_ns(best, load, step, step_cpu, free) < inprocess * (1 - WORKERS_MARGIN):
             # Workers would win but for the costs the model only estimates, which are as large as
             # their gain (images, 2 cores: 2 workers predicted 1.25x slower than in-process with
@@ -248,14 +261,9 @@ class AutoTuner:
             workers, reason = 0, (f"in-process is as fast: {best} workers predicted "
                                   f"{predicted[best] / 1e6:.3f} ms/batch vs {inprocess / 1e6:.3f} in-process")
         measured_rate, lost = self._engine_rate, self._lost
-        inprocess_before, self._lost = self._inprocess_rate, False
-        # The probe's own throughput: every batch after the warm-up, slow ones included (a page
-        # fault or a collection in-process is the in-process rate's too).
-        measured = loads[1:] or loads
-        probe_ns = sum(measured) + sum(steps[-len(measured):])
-        if probe_ns > 0:
-            rates = [*self._inprocess_rates, len(measured) * 1e9 / probe_ns]
-            self._inprocess_rates = rates[-INPROCESS_PROBES_KEPT:]
+        inprocess_before, self._lost = kept_rate, False
+        if probe_rate is not None:
+            self._inprocess_rates = [*self._inprocess_rates, probe_rate][-INPROCESS_PROBES_KEPT:]
         if workers and self._inprocess_epochs > 0:
             self._inprocess_epochs -= 1
             detail = (f" ({measured_rate:.0f} vs {inprocess_before or 0:.0f} batches/s)"
@@ -415,16 +423,23 @@ class AutoBatches:
         return got  # type: ignore[no-any-return]
 
     def _probe(self) -> tuple[int, Any] | Marker:
-        called_ns, called_cpu_ns = time.perf_counter_ns(), time.thread_time_ns()
+        # The step's CPU time on its first PROBE_BATCHES only: thread_time_ns is a system call
+        # (2 us a call on this VM, 4% of tabular-getitems' 0.09 ms batches when on every one).
+        timing_cpu = len(self._loads) <= PROBE_BATCHES
+        called_ns, called_cpu_ns = time.perf_counter_ns(), time.thread_time_ns() if timing_cpu else 0
         if not self._loads:
-            self._probe_start = (called_ns, machine_busy_s(), own_cpu_s())
+            # /proc/stat costs 0.1 ms a read: not read where the last probe was too short to use it.
+            busy = machine_busy_s() if self._tuner.probe_s >= PROBE_MIN_S else None
+            self._probe_start = (called_ns, busy, own_cpu_s())
         if self._returned_ns:
             self._steps.append(called_ns - self._returned_ns)
-            self._step_cpus.append(called_cpu_ns - self._returned_cpu_ns)
+            if timing_cpu:
+                self._step_cpus.append(called_cpu_ns - self._returned_cpu_ns)
         got = self._inprocess.next_batch()
         self._returned_ns = time.perf_counter_ns()
         self._loads.append(self._returned_ns - called_ns)
-        self._returned_cpu_ns = time.thread_time_ns()
+        if timing_cpu:
+            self._returned_cpu_ns = time.thread_time_ns()
         if type(got) is tuple:
             self._taken += 1
             if not self._batch_bytes:
@@ -439,13 +454,19 @@ class AutoBatches:
         return got
 
     def _others_busy(self) -> float:
-        """Cores other processes kept busy during the probe (0 where /proc/stat is missing)."""
+        """Cores other processes kept busy during the probe (0 where /proc/stat is missing).  A
+        probe shorter than PROBE_MIN_S (a quarter of a short epoch of fast batches: 2.4 ms for
+        tabular-getitems) is too short for /proc/stat's 10 ms ticks, where one tick read as 4
+        cores busy: the last probe long enough to tell is taken instead."""
         start_ns, busy0, own0 = self._probe_start
-        busy = machine_busy_s()
-        if busy is None or busy0 is None:
-            return 0.0
         wall = (time.perf_counter_ns() - start_ns) / 1e9
-        return max(0.0, ((busy - busy0) - (own_cpu_s() - own0)) / wall) if wall > 0 else 0.0
+        tuner = self._tuner
+        tuner.probe_s = wall
+        busy = machine_busy_s() if wall >= PROBE_MIN_S and busy0 is not None else None
+        if busy is None or busy0 is None:
+            return tuner.others_busy
+        tuner.others_busy = max(0.0, ((busy - busy0) - (own_cpu_s() - own0)) / wall)
+        return tuner.others_busy
 
     def _rest(self, handed_out: int) -> EpochPlan:
         """The plan's batches after the first `handed_out` of those not yet used up."""
