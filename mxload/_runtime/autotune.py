@@ -118,6 +118,14 @@ def optimistic_ns(k: int, load_ns: float, step_ns: float, step_cpu_ns: float, co
     return max(step_ns, load_ns / k, (step_cpu_ns + load_ns) / cores)
 
 
+def probe_rate(loads: list[int], steps: list[int]) -> float | None:
+    """A probe's own throughput (batches/s): every batch after the warm-up, slow ones included (a
+    page fault or a collection in-process is the in-process rate's too)."""
+    measured = loads[1:] or loads
+    total_ns = sum(measured) + sum(steps[-len(measured):])
+    return len(measured) * 1e9 / total_ns if total_ns > 0 else None
+
+
 def batch_nbytes(batch: Any) -> int:
     """Bytes of the arrays in a batch (tuples, lists and dicts of them)."""
     if isinstance(batch, (tuple, list)):
@@ -228,42 +236,17 @@ class AutoTuner:
         free = max(1.0, min(float(self.cores), online - others_busy))
         predicted = {k: predict_ns(k, load, step, step_cpu, free, batch_bytes)
                      for k in range(self.max_workers + 1)}
-        # The probe's own throughput: every batch after the warm-up, slow ones included (a page
-        # fault or a collection in-process is the in-process rate's too).
-        measured = loads[1:] or loads
-        probe_ns = sum(measured) + sum(steps[-len(measured):])
-        probe_rate = len(measured) * 1e9 / probe_ns if probe_ns > 0 else None
+        rate = probe_rate(loads, steps)
         kept_rate = self._inprocess_rate
         # A probe well below the last ones (a hiccup: tabular-getitems' 0.24 ms a batch where the
         # others took 0.097) does not send workers to be measured as a close call.
-        slowed = probe_rate is not None and kept_rate is not None and \
-            probe_rate < kept_rate * (1 - SLOWED_PROBE)
-        best = min(range(1, self.max_workers + 1), key=lambda k: (predicted[k], k), default=0)
-        # The fewest workers within 3% of the best prediction: more would only burn cores.
-        fewest = min((k for k in range(1, self.max_workers + 1) if predicted[k] <= predicted[best] * 1.03),
-                     default=0)
-        inprocess = predicted[0]
-        if not best:
-            workers, reason = 0, "no worker allowed"
-        elif predicted[best] <= inprocess * (1 - WORKERS_MARGIN):
-            workers, reason = fewest, (f"{fewest} workers predicted {predicted[fewest] / 1e6:.3f} ms/batch "
-                                       f"vs {inprocess / 1e6:.3f} in-process")
-        elif predicted[best] <= inprocess * (1 + CLOSE_CALL) and not slowed and \
-                optimistic_ns(best, load, step, step_cpu, free) < inprocess * (1 - WORKERS_MARGIN):
-            # Workers would win but for the costs the model only estimates, which are as large as
-            # their gain (images, 2 cores: 2 workers predicted 1.25x slower than in-process with
-            # the earlier estimates, measured 1.37x faster over 2 s runs).  They are measured: from
-            # the next epoch on, the measurement decides (losing workers back off as below).
-            workers, reason = fewest, (f"a close call, measured: {fewest} workers predicted "
-                                       f"{predicted[fewest] / 1e6:.3f} ms/batch vs {inprocess / 1e6:.3f} "
-                                       f"in-process")
-        else:
-            workers, reason = 0, (f"in-process is as fast: {best} workers predicted "
-                                  f"{predicted[best] / 1e6:.3f} ms/batch vs {inprocess / 1e6:.3f} in-process")
+        slowed = rate is not None and kept_rate is not None and rate < kept_rate * (1 - SLOWED_PROBE)
+        workers, reason = self._pick(predicted, slowed,
+                                     lambda k: optimistic_ns(k, load, step, step_cpu, free))
         measured_rate, lost = self._engine_rate, self._lost
         inprocess_before, self._lost = kept_rate, False
-        if probe_rate is not None:
-            self._inprocess_rates = [*self._inprocess_rates, probe_rate][-INPROCESS_PROBES_KEPT:]
+        if rate is not None:
+            self._inprocess_rates = [*self._inprocess_rates, rate][-INPROCESS_PROBES_KEPT:]
         if workers and self._inprocess_epochs > 0:
             self._inprocess_epochs -= 1
             detail = (f" ({measured_rate:.0f} vs {inprocess_before or 0:.0f} batches/s)"
@@ -293,6 +276,28 @@ class AutoTuner:
         self.counts["auto_window"] = self.window(workers) if workers else 0
         self._engine_rate = None
         return workers
+
+    def _pick(self, predicted: dict[int, float], slowed: bool,
+              optimistic: Callable[[int], float]) -> tuple[int, str]:
+        """The model's pick (workers, why) from its predictions (ns per batch for 0..max_workers)."""
+        best = min(range(1, self.max_workers + 1), key=lambda k: (predicted[k], k), default=0)
+        if not best:
+            return 0, "no worker allowed"
+        # The fewest workers within 3% of the best prediction: more would only burn cores.
+        fewest = min(k for k in range(1, self.max_workers + 1) if predicted[k] <= predicted[best] * 1.03)
+        inprocess = predicted[0]
+        versus = f"{predicted[fewest] / 1e6:.3f} ms/batch vs {inprocess / 1e6:.3f} in-process"
+        if predicted[best] <= inprocess * (1 - WORKERS_MARGIN):
+            return fewest, f"{fewest} workers predicted {versus}"
+        if predicted[best] <= inprocess * (1 + CLOSE_CALL) and not slowed and \
+                optimistic(best) < inprocess * (1 - WORKERS_MARGIN):
+            # Workers would win but for the costs the model only estimates, which are as large as
+            # their gain (images, 2 cores: 2 workers predicted 1.25x slower than in-process with
+            # the earlier estimates, measured 1.37x faster over 2 s runs).  They are measured: from
+            # the next epoch on, the measurement decides (losing workers back off as in choose).
+            return fewest, f"a close call, measured: {fewest} workers predicted {versus}"
+        return 0, (f"in-process is as fast: {best} workers predicted {predicted[best] / 1e6:.3f} ms/batch vs "
+                   f"{inprocess / 1e6:.3f} in-process")
 
     def changed(self, epoch: int, taken: int, before: tuple[int, int], after: tuple[int, int],
                 why: str) -> None:
