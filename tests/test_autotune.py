@@ -479,3 +479,28 @@ def test_epochs_of_auto_do_not_read_the_cgroup_files_again(monkeypatch):
     fixed = mxload.DataLoader(Augmented(40), batch_size=4, num_workers=0)
     flat(fixed)
     assert len(calls) == 1, calls
+
+
+def test_epochs_that_stay_in_process_measure_their_whole_run(monkeypatch):
+    """The probe's first batches flatter in-process (images: 1350-1700 batches/s where whole
+    in-process runs made 1243): an epoch that stays in-process after its probe adds what its
+    run reached to the rates workers are compared with."""
+    monkeypatch.setattr(autotune, "predict_ns", lambda k, *_: 1e6 * (k + 1))   # in-process wins
+    loader = mxload.DataLoader(Augmented(), batch_size=4, num_workers="auto")
+    tuner = loader._iterations.tuner
+    for _ in range(2):
+        it = iter(loader)
+        assert len(flat(it)) == 100 and it.engine is None
+    assert [c.workers for c in tuner.choices] == [0, 0]
+    assert len(tuner._inprocess_rates) == 4 and min(tuner._inprocess_rates) > 0   # 2 probes, 2 runs
+
+
+def test_workers_faster_than_whole_in_process_runs_are_resumed_though_probes_flatter_in_process(monkeypatch):
+    tuner = two_cores(monkeypatch)   # its probe: 25 batches/s in-process
+    tuner.inprocess_measured(30.0)
+    tuner.settled, tuner._engine_rate = (2, 2), 27.0
+    assert tuner.resume_workers() == 0   # the probes' (upper median) rate: 30
+    for _ in range(2):
+        tuner.inprocess_measured(20.0)   # two whole in-process runs
+    tuner._engine_rate = 27.0
+    assert tuner.resume_workers() == 2

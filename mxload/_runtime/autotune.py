@@ -16,8 +16,9 @@ the per-batch costs it estimates make workers lose, by at most CLOSE_CALL,
 it measures them instead.  From the
 second epoch on, the throughput the workers really reached (its best window,
 or over the whole engine phase where the epoch ended before a window's verdict)
-is compared with the in-process rate of the last INPROCESS_PROBES_KEPT probes
-(their upper median): a machine where workers lose gets 0
+is compared with in-process's: the upper median of the last INPROCESS_RATES_KEPT
+measured (probes, and the runs of epochs that stayed in-process after theirs):
+a machine where workers lose gets 0
 for the next 1, 2, 4 ... up to MAX_INPROCESS_EPOCHS epochs.
 
 With k >= 1 the rest of the epoch runs on the engine, whose `max_workers`
@@ -88,7 +89,7 @@ WORKER_BATCH_NS = 200_000
 WORKER_NS_PER_BYTE = 0.025
 MAX_AUTO_WORKERS = 16
 MAX_INPROCESS_EPOCHS = 8     # after workers lost to in-process, epochs before trying them again (at most)
-INPROCESS_PROBES_KEPT = 5    # workers are compared with the in-process rate of this many last probes
+INPROCESS_RATES_KEPT = 5     # workers are compared with the last this many in-process rates measured
 
 
 def worker_cost_ns(batch_bytes: int) -> float:
@@ -209,10 +210,17 @@ class AutoTuner:
     @property
     def _inprocess_rate(self) -> float | None:
         """In-process throughput to compare workers' with: the upper median of the last few
-        probes' (one probe slowed by a hiccup made workers at 0.74x of in-process look 2x faster,
+        measured (one probe slowed by a hiccup made workers at 0.74x of in-process look 2x faster,
         and kept them for the rest of the run; the best of them let one flattering probe send
         workers that won by 1.6x back in-process)."""
         return statistics.median_high(self._inprocess_rates) if self._inprocess_rates else None
+
+    def inprocess_measured(self, rate: float) -> None:
+        """In-process reached `rate` batches/s: a probe, or the rest of an epoch after its probe
+        (which, as the workers' rate, pays for what the first batches do not: images' probes
+        said 1350-1700 batches/s where whole in-process runs made 1243, so workers at 1650 kept
+        losing to them and went back in-process every other epoch)."""
+        self._inprocess_rates = [*self._inprocess_rates, rate][-INPROCESS_RATES_KEPT:]
 
     def handed_back(self, rate: float) -> None:
         """Workers at `rate` batches/s lost to in-process: the epoch goes on in-process."""
@@ -246,7 +254,7 @@ class AutoTuner:
         measured_rate, lost = self._engine_rate, self._lost
         inprocess_before, self._lost = kept_rate, False
         if rate is not None:
-            self._inprocess_rates = [*self._inprocess_rates, rate][-INPROCESS_PROBES_KEPT:]
+            self.inprocess_measured(rate)
         if workers and self._inprocess_epochs > 0:
             self._inprocess_epochs -= 1
             detail = (f" ({measured_rate:.0f} vs {inprocess_before or 0:.0f} batches/s)"
@@ -381,6 +389,10 @@ class AutoBatches:
         self._switch_to = resume if long_enough else 0   # workers to start at the next call
         self._taken = 0
         self._draining = False         # back to in-process once the engine's dispatched batches are taken
+        # In-process after the probe: from when (ns), how many batches, the latest handed out when.
+        self._inprocess_from = 0
+        self._inprocess_taken = 0
+        self._inprocess_last_ns = 0
         # The climb on the engine.
         self._window_start = 0
         self._window_count = 0
@@ -418,7 +430,11 @@ class AutoBatches:
         if self._probing:
             return self._probe()
         got = self._current.next_batch()
-        if self.engine is not None and self._current is not self._inprocess and type(got) is tuple:
+        if self.engine is None:
+            if type(got) is tuple:
+                self._inprocess_taken += 1
+                self._inprocess_last_ns = time.perf_counter_ns()
+        elif self._current is not self._inprocess and type(got) is tuple:
             self._taken += 1
             self._window_count += 1
             self._engine_last_ns = time.perf_counter_ns()
@@ -454,6 +470,7 @@ class AutoBatches:
         if n >= PROBE_MAX_BATCHES or n >= len(self._plan.order) // 4 or (
                 n >= PROBE_BATCHES and self._returned_ns - self._probe_start[0] >= PROBE_MIN_S * 1e9):
             self._probing = False
+            self._inprocess_from = self._returned_ns
             self._switch_to = self._tuner.choose(self._epoch, self._loads, self._steps, self._step_cpus,
                                                  self._others_busy(), self._batch_bytes)
         return got
@@ -612,8 +629,16 @@ class AutoBatches:
             return
         self._tuner.engine_rate(taken * 1e9 / max(self._engine_last_ns - start_ns, 1))
 
+    def _inprocess_run_rate(self) -> None:
+        """An epoch that stayed in-process after its probe: what in-process reached over it."""
+        if self.engine is None and self._inprocess_from and self._inprocess_taken >= WINDOW_BATCHES:
+            span = max(self._inprocess_last_ns - self._inprocess_from, 1)
+            self._inprocess_from = 0   # once
+            self._tuner.inprocess_measured(self._inprocess_taken * 1e9 / span)
+
     def end(self, release: bool) -> None:
         self._rate_without_verdict()
+        self._inprocess_run_rate()
         for producer in [*self._ended, self._current]:
             if producer is not self._inprocess and hasattr(producer, "persistent"):
                 producer.persistent = self.persistent
