@@ -504,3 +504,13 @@ def test_workers_faster_than_whole_in_process_runs_are_resumed_though_probes_fla
         tuner.inprocess_measured(20.0)   # two whole in-process runs
     tuner._engine_rate = 27.0
     assert tuner.resume_workers() == 2
+
+
+def test_one_slow_epoch_on_workers_does_not_send_them_back(monkeypatch):
+    """An engine phase of 30 ms varies by 20%: tabular's workers (1.5x in-process) lost one epoch
+    in three to in-process and went back to it.  The last 3 epochs' upper median decides."""
+    tuner = two_cores(monkeypatch)   # in-process: 25 batches/s
+    tuner.settled = (2, 2)
+    for rate, workers in [(50.0, 2), (50.0, 2), (20.0, 2), (20.0, 0)]:
+        tuner.engine_rate(rate)
+        assert tuner.resume_workers() == workers, rate
