@@ -336,9 +336,13 @@ class SwitchesOnly:
 
     def __init__(self):
         self.active: list[tuple[int, int]] = []
+        self.taken = 0   # of the epoch's 400 batches
 
     def set_active(self, workers: int, window: int) -> None:
         self.active.append((workers, window))
+
+    def progress(self) -> tuple[int, int]:
+        return self.taken, self.taken
 
 
 def climbing(tuner: autotune.AutoTuner, settled=(2, 2)) -> autotune.AutoBatches:
@@ -514,3 +518,23 @@ def test_one_slow_epoch_on_workers_does_not_send_them_back(monkeypatch):
     for rate, workers in [(50.0, 2), (50.0, 2), (20.0, 2), (20.0, 0)]:
         tuner.engine_rate(rate)
         assert tuner.resume_workers() == workers, rate
+
+
+def test_no_try_starts_where_the_epoch_would_cut_it_short_and_a_cut_one_counts_as_lost(monkeypatch):
+    """A try needs its switch and VERDICT_WINDOWS more: near the epoch's end none starts (jpeg's
+    64-batch epochs ended in a try's switch window, and the unjudged try came back every epoch);
+    one an epoch's end cuts all the same is undone and waits twice as long."""
+    tuner = two_cores(monkeypatch)
+    auto = climbing(tuner)
+    auto.engine.taken = 400 - (autotune.VERDICT_WINDOWS + 1) * autotune.WINDOW_BATCHES + 1
+    for rate in [50, 100, 100, 100, 100, 100]:
+        window(auto, rate)
+    assert auto.engine.active == []   # due, but no room for it
+    auto.engine.taken = 0
+    window(auto, 100)
+    assert auto.engine.active == [(2, 8)]
+    auto._current = SimpleNamespace(persistent=True, end=lambda release: None)
+    auto._ended = []
+    auto.end(False)
+    assert auto._trying is None and tuner.schedule.every == 2 * autotune.TRY_EVERY
+    assert auto._neighbours() and climbing(tuner, settled=(0, 2))._neighbours() == []

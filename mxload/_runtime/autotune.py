@@ -167,10 +167,11 @@ class TrySchedule:
         self.since = 0               # settled windows since the last try
         self.turn = 0                # which neighbour comes next
 
-    def due(self) -> bool:
-        """One more settled window: whether a try is due now."""
+    def due(self, room: bool = True) -> bool:
+        """One more settled window: whether a try is due now (one due without `room` for it,
+        near an epoch's end, is due at the next window that has it)."""
         self.since += 1
-        if self.since < self.every:
+        if self.since < self.every or not room:
             return False
         self.since = 0
         return True
@@ -519,11 +520,16 @@ class AutoBatches:
         workers, self._switch_to = self._switch_to, 0
         rest = self._rest(self._inprocess.position)
         self._ended.append(self._inprocess)
-        self._start_engine(rest, workers, self._adopt)
+        # The climb's state first: a Ctrl-C deferred while the engine starts is raised out of
+        # _start_engine, after the engine was adopted, and the epoch may go on.
         self._settled = self._tuner.settled = (workers, self._tuner.per_worker)
-        self._window_start = time.perf_counter_ns()
         self._window_count = self._windows = 0
         self._switched = True   # the first window fills the pipeline
+        self._window_start = time.perf_counter_ns()
+        self._engine_from = (self._window_start, self._taken)
+        self._start_engine(rest, workers, self._adopt)
+        # The windows start once the engine has (the workers' start is not their throughput).
+        self._window_start = time.perf_counter_ns()
         self._engine_from = (self._window_start, self._taken)
 
     def _adopt(self, producer: Any) -> None:
@@ -570,13 +576,16 @@ class AutoBatches:
         # One slow window is not a loss (a wake-up missed, another program's burst): two in a row are.
         self._losing = self._losing + 1 if tuner.losing_to_inprocess(rate) else 0
         if self._losing >= LOSING_WINDOWS:
+            # Draining first: were the workers retired and an exception (a signal handler's) to
+            # land before it, nothing would dispatch the epoch's rest.
+            self._draining = True
             tuner.changed(self._epoch, self._taken, self._settled, (0, self._settled[1]),
                           f"workers reached {rate:.0f} batches/s, below in-process: back to in-process")
             tuner.handed_back(rate)
             engine.set_active(0, 1)   # nothing more is dispatched; what was is taken first
-            self._draining = True
             return
-        if not tuner.schedule.due():
+        # A try the epoch's end would cut short gets no verdict: none starts there.
+        if not tuner.schedule.due(room=self._batches_left() >= (VERDICT_WINDOWS + 1) * WINDOW_BATCHES):
             return
         neighbours = self._neighbours()
         if neighbours:
@@ -604,17 +613,19 @@ class AutoBatches:
             self._verdicts.append(rate)
             if not hopeless and len(self._verdicts) < VERDICT_WINDOWS:
                 return
-        self._trying = None
+        # The calls first, `_trying` cleared last in plain stores: an exception a signal handler
+        # raises in between leaves the try to be judged again at the next window.
         verdict = statistics.fmean(self._verdicts) if self._verdicts else rate
         if not hopeless and verdict > base * (1 + TRY_GAIN):
             tuner.changed(self._epoch, self._taken, settled, tried,
                           f"{tried[0]} workers, window {tuner.window(*tried)}: {verdict:.0f} batches/s vs "
                           f"{base:.0f}")
-            self._settled, self._rates = tried, self._verdicts
+            tuner.engine_rate(verdict)
+            self._settled, self._rates, self._trying = tried, self._verdicts, None
             return
         engine.set_active(settled[0], tuner.window(*settled))
         tuner.schedule.undone()
-        self._switched = True   # the settled setting's pipeline refills
+        self._switched, self._trying = True, None   # the settled setting's pipeline refills
 
     def _neighbours(self) -> list[tuple[int, int]]:
         """The settings one step from the settled one: (prefetch="auto") twice or half the tasks
@@ -624,6 +635,8 @@ class AutoBatches:
         data) was the first try, and the dearest."""
         k, per = self._settled
         tuner = self._tuner
+        if not k:
+            return []   # (in-process: no window to move)
         out = []
         if tuner.auto_window:
             i = PER_WORKER_CHOICES.index(per) if per in PER_WORKER_CHOICES else 1
@@ -646,6 +659,11 @@ class AutoBatches:
             return
         self._tuner.engine_rate(taken * 1e9 / max(self._engine_last_ns - start_ns, 1))
 
+    def _batches_left(self) -> int:
+        """The epoch's batches the engine has yet to hand out."""
+        assert self._plan.order is not None and self.engine is not None
+        return len(self._plan.order) - self._done - self.engine.progress()[0]
+
     def _inprocess_run_rate(self) -> None:
         """An epoch that stayed in-process after its probe: what in-process reached over it."""
         if self.engine is None and self._inprocess_from and self._inprocess_taken >= WINDOW_BATCHES:
@@ -656,6 +674,9 @@ class AutoBatches:
     def end(self, release: bool) -> None:
         self._rate_without_verdict()
         self._inprocess_run_rate()
+        if self._trying is not None:   # cut short (a window longer than its batches, a break)
+            self._trying = None
+            self._tuner.schedule.undone()
         for producer in [*self._ended, self._current]:
             if producer is not self._inprocess and hasattr(producer, "persistent"):
                 producer.persistent = self.persistent
