@@ -140,16 +140,15 @@ def main(argv: list[str] | None = None) -> int:
         best_label = max(fixed, key=lambda label: fixed[label])
         best, zero, auto = fixed[best_label], med["0 workers"], med["auto"]
         rows = [[label, f"{v:.1f}", f"{v / best:.2f}"] for label, v in med.items()]
+        elapsed = time.perf_counter() - t_start
         print(f"\n## {name}: {n_batches}+ batches of {wl.batch_size} per run ({epoch} per epoch), from "
-              f"iter() "
-              f"({time.perf_counter() - t_start:.0f} s elapsed; machine busy {load:.2f} cores incl. this)")
+              f"iter() ({elapsed:.0f} s elapsed; machine busy {load:.2f} cores incl. this)")
         print(table(rows, ["setting", "b/s", "of best"]))
         chosen = [(rep["workers"], rep["window"]) for rep in reports]
         last = reports[-1]["last_choice"] if reports else None
         print(f"# auto chose (workers, window) per run, at the end of each: {chosen}")
         # Per run: the workers each probe chose (one per epoch that did not resume the last one's
-        # workers), and the climb's changes (batch taken in
-        # its epoch, workers before -> after).
+        # workers), and the climb's changes (epoch@batch: workers before -> after).
         for rep in reports:
             starts = "".join(str(w) for _, w in rep["choices"])
             moves = ", ".join(f"e{e}@{taken}: {a}->{b}" for e, taken, a, b, _ in rep["changes"])

@@ -50,6 +50,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -203,9 +204,9 @@ class AutoTuner:
     probe_s: float = PROBE_MIN_S   # how long the last probe took
     # The last epoch's measured throughput with workers, and the last probes' in-process ones.
     _engine_rate: float | None = None
-    _engine_rates: list[float] = field(default_factory=list)   # the last epochs' (ENGINE_RATES_KEPT)
+    _engine_rates: deque[float] = field(default_factory=lambda: deque(maxlen=ENGINE_RATES_KEPT))
     _measured: float | None = None   # their upper median, until a choice uses it
-    _inprocess_rates: list[float] = field(default_factory=list)
+    _inprocess_rates: deque[float] = field(default_factory=lambda: deque(maxlen=INPROCESS_RATES_KEPT))
     _lost = False                # the last epoch's workers lost to in-process and handed back
     # After workers lost: epochs to stay in-process before trying them again (1, 2, 4, ... up to
     # MAX_INPROCESS_EPOCHS after each loss in a row), and how many are left.
@@ -225,7 +226,7 @@ class AutoTuner:
         (which, as the workers' rate, pays for what the first batches do not: images' probes
         said 1350-1700 batches/s where whole in-process runs made 1243, so workers at 1650 kept
         losing to them and went back in-process every other epoch)."""
-        self._inprocess_rates = [*self._inprocess_rates, rate][-INPROCESS_RATES_KEPT:]
+        self._inprocess_rates.append(rate)
 
     def handed_back(self, rate: float) -> None:
         """Workers at `rate` batches/s lost to in-process: the epoch goes on in-process."""
@@ -343,7 +344,7 @@ class AutoTuner:
         (an engine phase of 30 ms varies by 20%: tabular's workers, 1.5x in-process, lost one
         epoch in three to it and went back in-process)."""
         if self._engine_rate is not None:
-            self._engine_rates = [*self._engine_rates, self._engine_rate][-ENGINE_RATES_KEPT:]
+            self._engine_rates.append(self._engine_rate)
             self._measured = statistics.median_high(self._engine_rates)
             self._engine_rate = None
 
@@ -422,7 +423,7 @@ class AutoBatches:
         # The current window holds a switch of setting (the engine's start, a try's, an undone
         # try's): it mixes two settings' pipelines and gets no verdict.
         self._switched = False
-        self._rates: list[float] = []   # the settled setting's windows since its switch (the last few)
+        self._rates: deque[float] = deque(maxlen=SETTLED_WINDOWS)   # the settled setting's, since its switch
         self._verdicts: list[float] = []   # the try's windows after its switch
         self._losing = 0               # settled windows in a row below the in-process rate
 
@@ -569,7 +570,7 @@ class AutoBatches:
             return
         if switched:
             return
-        self._rates = [*self._rates, rate][-SETTLED_WINDOWS:]
+        self._rates.append(rate)
         tuner, engine = self._tuner, self.engine
         assert engine is not None
         tuner.engine_rate(rate)
@@ -615,13 +616,14 @@ class AutoBatches:
                 return
         # The calls first, `_trying` cleared last in plain stores: an exception a signal handler
         # raises in between leaves the try to be judged again at the next window.
-        verdict = statistics.fmean(self._verdicts) if self._verdicts else rate
-        if not hopeless and verdict > base * (1 + TRY_GAIN):
+        verdict = statistics.fmean(self._verdicts) if not hopeless else 0.0   # (all of them are in)
+        if verdict > base * (1 + TRY_GAIN):
             tuner.changed(self._epoch, self._taken, settled, tried,
                           f"{tried[0]} workers, window {tuner.window(*tried)}: {verdict:.0f} batches/s vs "
                           f"{base:.0f}")
             tuner.engine_rate(verdict)
-            self._settled, self._rates, self._trying = tried, self._verdicts, None
+            rates = deque(self._verdicts, maxlen=SETTLED_WINDOWS)
+            self._settled, self._rates, self._trying = tried, rates, None
             return
         engine.set_active(settled[0], tuner.window(*settled))
         tuner.schedule.undone()
