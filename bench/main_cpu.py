@@ -21,9 +21,11 @@ Two regimes, each a row per loader:
   loop that is not waiting for data.
 
 The training-bound mxload row runs again with prefetch 6 (3 per worker,
-where a worker's task waits for its next to share a message), twice: as
-mxload is, and with every task sent on its own (as before 678b56f), so the
-gain of two tasks per message is a ratio within one run.
+where a worker's task always waits for its next to share a message), and
+with the default window but every task sent on its own (as before
+678b56f; at the default window tasks pair only while the loop finds its
+batches ready), so the gain of two tasks per message is a ratio within one
+run.
 
 Each configuration keeps one loader (persistent workers), runs one warm-up
 epoch, then `repeats` times takes `epochs-per-repeat` whole epochs; the
@@ -165,7 +167,7 @@ def one_task_per_message() -> Iterator[None]:
 
     def single(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
-        self._coalesce = 1   # the transport's own policy, overridden: never hold a task
+        self._pairing, self._coalesce = processes.PAIR_NEVER, 1   # the transport's policy, overridden
     processes.ProcessTransport.__init__ = single  # type: ignore[method-assign]
     try:
         yield
@@ -307,8 +309,8 @@ def build(impls: list[str], rows: int, step_us: float) -> tuple[Any, list[Config
         configs.append(Config(f"mxload, 2 workers + {step_us:g} us step", mx(2), step_us))
         # prefetch 6 (3 per worker): deep enough that a worker's task waits for its next.
         configs.append(Config(f"mxload, 2 workers, prefetch 6 + {step_us:g} us step", mx(2, 6), step_us))
-        configs.append(Config("  same, one task per message (as before 678b56f)", mx(2, 6), step_us,
-                              single_tasks=True))
+        configs.append(Config(f"mxload, 2 workers + {step_us:g} us step, one task per message "
+                              "(as before 678b56f)", mx(2), step_us, single_tasks=True))
         if "torch" in impls:
             configs.append(Config(f"torch {torch.__version__}, 2 workers + {step_us:g} us step",
                                   TorchDataLoader(dataset, batch_size=BATCH, num_workers=2,
@@ -384,8 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     single = next((c for c in configs if c.single_tasks), None)
     if single is not None:
         two_step = next(c for c in configs if c.step_ns == single.step_ns and not c.single_tasks
-                        and "prefetch 6" in c.name)
-        print(f"# two tasks per message / one, same run, training-bound: main CPU "
+                        and "prefetch" not in c.name)
+        print(f"# default window, tasks paired while the loop is ahead / one per message, same run, "
+              f"training-bound: main CPU "
               f"{base[two_step.name] / base[single.name]:.2f}x")
     for c in configs:
         if c.name.startswith("mxload, 2 workers"):

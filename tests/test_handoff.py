@@ -298,17 +298,49 @@ def test_a_loop_waiting_for_its_workers_is_never_kept_waiting_by_a_held_task():
     assert took < 10, took   # 30 batches of ~4 ms on 2 workers: well under a second unstarved
 
 
-def test_at_the_default_window_every_task_goes_at_once():
-    """At 2 tasks per worker a held task would leave its worker idle once it
-    finishes the other (fewer batches/s where the workers are barely ahead
-    of the loop): each task goes in a message of its own, even to a loop
-    slower than its workers."""
+def test_at_the_default_window_tasks_pair_while_the_loop_finds_its_batches_ready():
+    """At 2 tasks per worker, a loop slower than its workers never waits
+    past its epoch's first window: each worker's task waits for its next
+    one and both go in one message (one wake-up of the worker, not two).
+    Every batch still arrives once, in order."""
     ds = mxload.ArrayDataset(np.arange(400, dtype=np.int64))
     with mxload.DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True) as loader:
-        for _batch in loader:
-            _step(0.002)
+        for epoch in range(2):
+            got = []
+            for batch in loader:
+                got.append(batch)
+                _step(0.003)
+            assert np.concatenate(got).tolist() == list(range(400)), epoch
+        del batch, got
         stats = loader.stats
-    assert stats["tasks_sent"] == stats["task_messages"] == 100, stats
+    assert stats["tasks_sent"] == 200
+    # 2.0 unless a starved machine made the loop wait (each wait sends what is held at once).
+    assert stats["tasks_sent"] / stats["task_messages"] >= 1.4, stats
+
+
+def test_at_the_default_window_a_waiting_loop_stops_the_pairing():
+    """Workers slower than the loop: the first time it would wait with a
+    task held (past the epoch's first window), that task goes at once and
+    the next PAIR_BACKOFF_TASKS tasks each go on their own, so a worker is
+    never left idle with its next task held; every batch arrives, in order."""
+    from mxload._runtime.local.transport import PAIR_BACKOFF_TASKS
+
+    class Slow(mxload.Dataset):
+        def __len__(self):
+            return 200
+
+        def __getitem__(self, i):
+            time.sleep(0.001)
+            return np.int64(i)
+
+    with mxload.DataLoader(Slow(), batch_size=2, num_workers=2, persistent_workers=True,
+                           timeout=20) as loader:
+        got = np.concatenate(list(loader)).tolist()
+        stats = loader.stats
+    assert got == list(range(200))
+    assert stats["tasks_sent"] == 100 < PAIR_BACKOFF_TASKS
+    assert stats["pairing_stops"] == 1, stats
+    assert stats["task_messages"] >= 90, stats   # paired only until the first wait: a window's few
 
 
 def test_early_ended_persistent_epochs_leave_no_task_behind():

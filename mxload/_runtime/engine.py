@@ -171,6 +171,7 @@ class Engine:
         with self.lock:
             self.roster.set_active(workers)
             self.prefetch = max(window, 1)
+            self.transport.set_window(self.prefetch, workers)
 
     def close_epoch(self) -> None:
         """The epoch's iterator is closed, the workers stay (persistent): a send waiting on a worker
@@ -310,12 +311,13 @@ class Engine:
                     return END
         idx = -1
         rb = self.buffer
+        filling = self._yielded < self.prefetch   # the epoch's first window: a wait is the workers' start
         try:
             if self.options.in_order:
                 idx = order[self._yielded] if order is not None else self._yielded
-                self.transport.next_result(rb, idx, False, self.options.timeout)
+                self.transport.next_result(rb, idx, False, self.options.timeout, filling)
             else:
-                self.transport.next_result(rb, 0, True, self.options.timeout)
+                self.transport.next_result(rb, 0, True, self.options.timeout, filling)
         except TimeoutError:
             raise self._own(timeout_error(self, idx)) from None
         except BufferClosedError:

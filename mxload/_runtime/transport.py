@@ -149,6 +149,12 @@ class Transport(ABC):
         second call sends what is left, never a task twice."""
         return None
 
+    def set_window(self, window: int, workers: int) -> None:
+        """num_workers="auto" moved to `window` tasks in flight over `workers`
+        workers taking tasks (engine lock held): a transport that holds tasks
+        back to share a message decides anew.  By default none is held."""
+        return None
+
     def flush(self) -> None:
         """Send every task dispatch() held back to go with a later one in
         one message (engine lock held).  By default none is held."""
@@ -166,9 +172,12 @@ class Transport(ABC):
         sends them again).  False if shutdown began meanwhile; raises if it
         cannot start one (engine lock held)."""
 
-    def next_result(self, buffer: ReorderBuffer, idx: int, any_index: bool, timeout: float | None) -> Any:
+    def next_result(self, buffer: ReorderBuffer, idx: int, any_index: bool, timeout: float | None,
+                    filling: bool = False) -> Any:
         """The consumer's wait: `buffer`'s item for batch `idx` (any_index:
-        (index, item) of the smallest index there).  By default another
+        (index, item) of the smallest index there); `filling`: the epoch's
+        first window is not taken yet, so a wait says nothing of whether the
+        workers keep ahead of the loop.  By default another
         thread delivers the results, and the consumer waits in the buffer; a
         transport whose consumer receives them itself overrides this."""
         return buffer.pop_next(timeout) if any_index else buffer.get(idx, timeout)

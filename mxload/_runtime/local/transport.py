@@ -19,11 +19,19 @@ from .launcher import Closing, Launcher, Process, ProcessHandle, describe_exit, 
 from .receiver import Fetcher, adopt_raw
 from .slabs import SlabPool
 
+# How tasks pair (two to a message), by the window per worker taking tasks.
+PAIR_NEVER = 0        # under 2 per worker: a held task would leave its worker idle
+PAIR_WHILE_AHEAD = 1  # 2 per worker (the default): while the loop finds its batches ready
+PAIR_ALWAYS = 2       # 3 or more per worker: a held task never leaves its worker idle
+# Adaptive pairing, after the loop would have waited for a batch with a task held: the tasks sent
+# one to a message before pairing is tried again.
+PAIR_BACKOFF_TASKS = 256
+
 # Slab descriptors the main process keeps for recycling (beyond this, kept
 # batches cost a mapping each, never a descriptor; see SlabPool).
 MAX_POOLED_SLABS = 64
 
-__all__ = ["MAX_POOLED_SLABS", "ProcessTransport"]
+__all__ = ["MAX_POOLED_SLABS", "PAIR_BACKOFF_TASKS", "ProcessTransport"]
 
 
 class ProcessTransport(Transport):
@@ -36,18 +44,20 @@ class ProcessTransport(Transport):
         # served from the buffer, and goes at once when it would wait
         # (next_result), when the epoch has no more tasks, or after a restart.
         # One message wakes a sleeping worker once for both: on this kind of
-        # machine that wake-up is most of what a batch costs the main process.
-        # Only where the window is deep enough that a held task does not leave
-        # its worker idle: at the default 2 per worker, holding cost ~10%
-        # batches/s where the workers were barely ahead of the loop (the loop
-        # slept 2.5-4x as often); at 3 per worker it cost nothing measurable.
-        self._coalesce = 2 if setup.prefetch >= 3 * setup.config.num_workers else 1
+        # machine that wake-up is most of what a batch costs the main process
+        # (a send that wakes a sleeping process: 6-12 us of CPU, against
+        # 20-27 us per batch in all).  See _pair_tasks for when.
+        self.counts = {"tasks_sent": 0, "task_messages": 0, "pairing_stops": 0}
+        self._coalesce = 1                          # tasks per message now: 1 or 2
+        self._pairing = PAIR_NEVER
+        self._pair_from = 0                         # adaptive: tasks_sent at which pairing resumes
+        self._filling = False                       # the consumer's wait is in its epoch's first window
+        self.set_window(setup.prefetch, setup.config.num_workers)
         self._holding: set[int] = set()            # ids of the workers with tasks held
         self._timeout = setup.timeout               # the loader's: also bounds a task's send
         self._stopping = False                      # the shutdown began: a send waiting on a worker gives up
         self._config = setup.config
         self.launcher = Launcher(setup.config, start_method, setup.dataset_type, owner=self)
-        self.counts = {"tasks_sent": 0, "task_messages": 0}
         self.pool = SlabPool(MAX_POOLED_SLABS)
         self._handles: list[ProcessHandle] = []
         self._fetcher: Fetcher | None = None
@@ -62,6 +72,27 @@ class ProcessTransport(Transport):
     def zygote_pid(self) -> int | None:
         """The pid of the process that forks the workers (start method fork)."""
         return self.launcher.zygote_pid
+
+    def set_window(self, window: int, workers: int) -> None:
+        """`window` tasks in flight over `workers` workers taking tasks: how tasks pair from now on.
+
+        At 3 or more per worker, always: a held task does not leave its
+        worker idle (measured: no cost).  At the default 2 per worker, only
+        while the training loop finds its batches ready: where the workers
+        were barely ahead of the loop, holding cost ~10% batches/s (the loop
+        slept 2.5-4x as often), while a loop that never waits pays 21 us per
+        batch paired against 28 us one to a message.  So a loop about to
+        wait with a task held (_flush_before_wait), past its epoch's first
+        window (the workers are just starting), stops the pairing for the
+        next PAIR_BACKOFF_TASKS tasks; a loader-bound loop so pays one late
+        task in that many."""
+        if workers <= 0 or window < 2 * workers:
+            self._pairing, self._coalesce = PAIR_NEVER, 1
+        elif window >= 3 * workers:
+            self._pairing, self._coalesce = PAIR_ALWAYS, 2
+        else:
+            self._pairing = PAIR_WHILE_AHEAD
+            self._coalesce = 2 if self.counts["tasks_sent"] >= self._pair_from else 1
 
     def start(self) -> None:
         self._handles = self.launcher.start_all(self._config.num_workers, self._config.epoch)
@@ -82,9 +113,11 @@ class ProcessTransport(Transport):
         if self._fetcher is not None:
             self._fetcher.start()
 
-    def next_result(self, buffer: ReorderBuffer, idx: int, any_index: bool, timeout: float | None) -> Any:
+    def next_result(self, buffer: ReorderBuffer, idx: int, any_index: bool, timeout: float | None,
+                    filling: bool = False) -> Any:
         if self._fetcher is None:
             return super().next_result(buffer, idx, any_index, timeout)
+        self._filling = filling
         return self._fetcher.next_result(idx, any_index, timeout,
                                          self._flush_before_wait if self._holding else None)
 
@@ -92,8 +125,13 @@ class ProcessTransport(Transport):
     def _flush_before_wait(self) -> None:
         """The consumer is about to sleep: what it waits for may be held.
         Whole, signals deferred: a send cut short by a signal handler's
-        exception would lose tasks (the consumer is about to sleep anyway)."""
+        exception would lose tasks (the consumer is about to sleep anyway).
+        Adaptive pairing stops a while: the held task may be what it waits for."""
         with self.lock:
+            if self._pairing == PAIR_WHILE_AHEAD and self._coalesce > 1 and not self._filling:
+                self._coalesce = 1
+                self._pair_from = self.counts["tasks_sent"] + PAIR_BACKOFF_TASKS
+                self.counts["pairing_stops"] += 1
             self.flush()
 
     def claim(self, raw: RawBatch) -> Any:
@@ -168,6 +206,9 @@ class ProcessTransport(Transport):
                 break  # the worker is dead; the fetcher reports it
             self.counts["tasks_sent"] += done
             self.counts["task_messages"] += messages
+            if self._coalesce == 1 and self._pairing == PAIR_WHILE_AHEAD \
+                    and self.counts["tasks_sent"] >= self._pair_from:
+                self._coalesce = 2
             if unsent is not None:
                 started = done - (left - len(tasks))   # the message's tasks, still first in `tasks`
                 self._finish_message(handle, tasks, started, unsent)
