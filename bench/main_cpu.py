@@ -311,6 +311,9 @@ def build(impls: list[str], rows: int, step_us: float) -> tuple[Any, list[Config
         configs.append(Config(f"mxload, 2 workers, prefetch 6 + {step_us:g} us step", mx(2, 6), step_us))
         configs.append(Config(f"mxload, 2 workers + {step_us:g} us step, one task per message "
                               "(as before 678b56f)", mx(2), step_us, single_tasks=True))
+        # The loop with no loader at all (a list of batches): what the loop and its measuring cost.
+        alone = list(mxload.DataLoader(dataset, batch_size=BATCH))
+        configs.append(Config(f"the loop alone + {step_us:g} us step (a list of batches)", alone, step_us))
         if "torch" in impls:
             configs.append(Config(f"torch {torch.__version__}, 2 workers + {step_us:g} us step",
                                   TorchDataLoader(dataset, batch_size=BATCH, num_workers=2,
@@ -371,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{fetch:.1f}" if fetch > 0 else "-", gil_s,
                      f"{messages:.2f}" if messages == messages else "-", f"{c.median('sleeps'):.2f}",
                      f"{c.median('bps'):.0f}",
-                     "-" if torch_main(c) is None else f"{torch_main(c) / c.median('main'):.1f}x",
+                     "-" if torch_main(c) is None or not c.name.startswith("mxload")
+                     else f"{torch_main(c) / c.median('main'):.1f}x",
                      f"{c.median('other'):.2f}"])
     print()
     print(table(rows, ["loader", "main CPU us/batch", "user", "sys", "consumer", "fetcher",
@@ -390,6 +394,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# default window, tasks paired while the loop is ahead / one per message, same run, "
               f"training-bound: main CPU "
               f"{base[two_step.name] / base[single.name]:.2f}x")
+    alone = next((c for c in configs if c.name.startswith("the loop alone")), None)
+    if alone is not None:
+        print(f"# the loop alone (a list of batches, the same step and clock reads): "
+              f"{base[alone.name]:.1f} us per batch of the '+ step' rows is the loop's and its "
+              f"measuring's, not the loader's")
     for c in configs:
         if c.name.startswith("mxload, 2 workers"):
             v = base[c.name]

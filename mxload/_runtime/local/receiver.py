@@ -51,6 +51,8 @@ from .zygote import block_sigint_in_this_thread
 
 __all__ = ["Fetcher", "take_result", "adopt_raw"]
 
+_EV_READY = _core.EV_READY   # (a global: the consumer's wait compares with it per batch)
+
 
 def _out_of_fds(error: OSError, doing: str) -> BaseException:
     """`error` as the error for running out of descriptors, if it is that."""
@@ -233,13 +235,14 @@ class Fetcher:
         is about to sleep.  Raises TimeoutError, or BufferClosedError once
         the epoch failed or the engine shuts down."""
         receiver = self.receiver
-        deadline = None if timeout is None else time.monotonic() + timeout
+        start = time.monotonic()
+        left = timeout
         while True:
-            event, slot, tag, item = receiver.get(
-                idx, any_index, None if deadline is None else max(0.0, deadline - time.monotonic()),
-                before_wait is not None)
-            if event == _core.EV_READY:
+            event, slot, tag, item = receiver.get(idx, any_index, left, before_wait is not None)
+            if event == _EV_READY:
                 return item
+            if timeout is not None:   # (not on the way of a batch that is there)
+                left = max(0.0, start + timeout - time.monotonic())
             if event == _core.EV_WOULD_WAIT:
                 assert before_wait is not None
                 before_wait()
