@@ -23,9 +23,10 @@ Two regimes, each a row per loader:
 The training-bound mxload row runs again with prefetch 6 (3 per worker,
 where a worker's task always waits for its next to share a message), and
 with the default window but every task sent on its own (as before
-678b56f; at the default window tasks pair only while the loop finds its
-batches ready), so the gain of two tasks per message is a ratio within one
-run.
+67ae932, from which tasks pair at the default window while the loop finds
+its batches ready), so the gain of two tasks per message is a ratio within
+one run.  A last row runs the same loop over a list of batches: what the
+loop and its measuring cost, which the loader rows include.
 
 Each configuration keeps one loader (persistent workers), runs one warm-up
 epoch, then `repeats` times takes `epochs-per-repeat` whole epochs; the
@@ -310,7 +311,7 @@ def build(impls: list[str], rows: int, step_us: float) -> tuple[Any, list[Config
         # prefetch 6 (3 per worker): deep enough that a worker's task waits for its next.
         configs.append(Config(f"mxload, 2 workers, prefetch 6 + {step_us:g} us step", mx(2, 6), step_us))
         configs.append(Config(f"mxload, 2 workers + {step_us:g} us step, one task per message "
-                              "(as before 678b56f)", mx(2), step_us, single_tasks=True))
+                              "(as before 67ae932)", mx(2), step_us, single_tasks=True))
         # The loop with no loader at all (a list of batches): what the loop and its measuring cost.
         alone = list(mxload.DataLoader(dataset, batch_size=BATCH))
         configs.append(Config(f"the loop alone + {step_us:g} us step (a list of batches)", alone, step_us))
