@@ -343,6 +343,30 @@ def test_at_the_default_window_a_waiting_loop_stops_the_pairing():
     assert stats["task_messages"] >= 90, stats   # paired only until the first wait: a window's few
 
 
+def test_a_window_change_sends_what_is_held():
+    """num_workers="auto" retiring a worker or narrowing the window: a task
+    held for a pair goes at once (a retired worker gets no next task to
+    pair with), and the epoch is whole, in order."""
+    ds = mxload.ArrayDataset(np.arange(400, dtype=np.int64))
+    with mxload.DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True) as loader:
+        it = iter(loader)
+        got = []
+        engine = loader._iterations.engine
+        assert engine is not None
+        for _ in range(40):   # a slow loop: the workers are ahead, a task waits for its pair
+            got.append(next(it))
+            _step(0.003)
+            if len(got) > 8 and engine.transport._holding:
+                break
+        assert engine.transport._holding, "no task was ever held for a pair"
+        engine.set_active(1, 2)
+        assert not engine.transport._holding
+        assert [len(h.held) for h in engine.transport._handles] == [0, 0]
+        got.extend(it)
+        assert np.concatenate(got).tolist() == list(range(400))
+        del got
+
+
 def test_early_ended_persistent_epochs_leave_no_task_behind():
     """Tasks held when an epoch is abandoned (break) are forgotten with it:
     nothing of theirs stays on the engine, and later epochs are whole."""

@@ -46,14 +46,14 @@ class ProcessTransport(Transport):
         # One message wakes a sleeping worker once for both: on this kind of
         # machine that wake-up is most of what a batch costs the main process
         # (a send that wakes a sleeping process: 6-12 us of CPU, against
-        # 20-27 us per batch in all).  See _pair_tasks for when.
+        # 20-27 us per batch in all).  See set_window for when.
         self.counts = {"tasks_sent": 0, "task_messages": 0, "pairing_stops": 0}
         self._coalesce = 1                          # tasks per message now: 1 or 2
         self._pairing = PAIR_NEVER
         self._pair_from = 0                         # adaptive: tasks_sent at which pairing resumes
         self._filling = False                       # the consumer's wait is in its epoch's first window
-        self.set_window(setup.prefetch, setup.config.num_workers)
         self._holding: set[int] = set()            # ids of the workers with tasks held
+        self.set_window(setup.prefetch, setup.config.num_workers)
         self._timeout = setup.timeout               # the loader's: also bounds a task's send
         self._stopping = False                      # the shutdown began: a send waiting on a worker gives up
         self._config = setup.config
@@ -93,6 +93,10 @@ class ProcessTransport(Transport):
         else:
             self._pairing = PAIR_WHILE_AHEAD
             self._coalesce = 2 if self.counts["tasks_sent"] >= self._pair_from else 1
+        if self._holding:
+            # (num_workers="auto") a retired worker gets no next task, nor one
+            # that no longer pairs: what is held goes now.
+            self.flush()
 
     def start(self) -> None:
         self._handles = self.launcher.start_all(self._config.num_workers, self._config.epoch)
