@@ -15,3 +15,4 @@ cdef class WorkerChannel:
         self.pending_drops = []
         self.slabs = {}
         self.layouts = {}
+        self.held = []

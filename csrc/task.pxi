@@ -124,6 +124,53 @@ def send_task(int sock, bytes prefix, int64_t epoch, int64_t batch_index, object
         PyMem_Free(head)
 
 
+@cython.final
+@cython.auto_pickle(False)
+cdef class TaskHold:
+    """The process transport's put_task, compiled: task (epoch, batch index,
+    indices, profiling) joins the tasks held on worker `wid`'s channel, and
+    `wid` the transport's set of workers holding some, in one call.  The
+    engine's dispatch makes it its last step, once the task is in its books:
+    a signal handler's exception (raised after any call made from Python)
+    finds the task in both or in neither.  True once the worker holds
+    `per_message` tasks: the transport's send_queued(wid) sends them."""
+    cdef list _channels
+    cdef set _holding
+    cdef public Py_ssize_t per_message
+
+    def __cinit__(self, list channels not None, set holding not None, Py_ssize_t per_message=1):
+        self._channels = channels
+        self._holding = holding
+        self.per_message = per_message
+
+    def __call__(self, Py_ssize_t wid, tuple task not None):
+        if wid < 0 or wid >= len(self._channels):   # (the module does not check bounds)
+            raise IndexError(f"no worker {wid}: there are {len(self._channels)}")
+        cdef WorkerChannel channel = <WorkerChannel?>self._channels[wid]
+        cdef list held = channel.held
+        self._holding.add(wid)
+        held.append(task)
+        return len(held) >= self.per_message
+
+
+@cython.final
+@cython.auto_pickle(False)
+cdef class QueuePut:
+    """A thread transport's put_task, compiled: task goes into worker `wid`'s
+    queue (its put wakes the thread) in one call.  Always False: nothing is
+    held back."""
+    cdef list _queues
+
+    def __cinit__(self, list queues not None):
+        self._queues = queues
+
+    def __call__(self, Py_ssize_t wid, tuple task not None):
+        if wid < 0 or wid >= len(self._queues):   # (the module does not check bounds)
+            raise IndexError(f"no worker {wid}: there are {len(self._queues)}")
+        self._queues[wid].put(task)
+        return False
+
+
 # A task frame's fixed part (header and fields before the dropped slabs and indices): the
 # Python side (wire.py) checks its own layout against it at import.
 TASK_FRAME_FIXED_SIZE = MXL_TASK_FIXED

@@ -8,7 +8,7 @@ monotonic_ns), slab.pxi (Slab, BatchOwner),
 receive.pxi (FrameReceiver, build_views, the frame constants), task.pxi
 (send_task, send_tasks) and handoff.pxi (ViewTemplate, claim_batch)."""
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal, Self, TypedDict, TypeVar, overload
+from typing import Any, Literal, Self, TypedDict, TypeVar, final, overload
 
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
@@ -212,7 +212,21 @@ class WorkerChannel:
     pending_drops: list[int]
     slabs: dict[tuple[int, int], Slab | None]
     layouts: dict[int, tuple[Any, Any]]
+    held: list[tuple[int, int, Any, bool]]
     def __new__(cls, *args: Any, **kwargs: Any) -> Self: ...
+
+@final
+class TaskHold:
+    """The process transport's put_task: a task joins its worker's held tasks in one call."""
+    per_message: int
+    def __new__(cls, channels: list[Any], holding: set[int], per_message: int = 1) -> Self: ...
+    def __call__(self, wid: int, task: tuple[int, int, Any, bool]) -> bool: ...
+
+@final
+class QueuePut:
+    """A thread transport's put_task: a task goes into its worker's queue in one call."""
+    def __new__(cls, queues: list[Any]) -> Self: ...
+    def __call__(self, wid: int, task: tuple[int, int, Any, bool]) -> bool: ...
 
 def send_tasks(handle: WorkerChannel, pool: Any, prefix: bytes,
                tasks: list[tuple[int, int, bytes | NDArray[Any] | None, bool]],

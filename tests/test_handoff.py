@@ -438,3 +438,35 @@ def test_the_compiled_send_and_claim_take_only_a_typed_worker_channel():
         _core.send_tasks(lookalike, None, wire.TASK_PREFIX, [])
     with pytest.raises(TypeError, match="WorkerChannel"):
         _core.claim_batch(_raw_batch(0, 1, 5, 64, 1), [lookalike], lambda slab: None)
+
+
+def test_task_hold_puts_a_task_and_says_when_a_message_is_due():
+    """The process transport's compiled put: the task joins its worker's
+    held tasks and the worker the holding set in one call; True once the
+    worker holds per_message tasks.  A bad worker id or task changes
+    nothing."""
+    channels = [_core.WorkerChannel(), _core.WorkerChannel()]
+    holding: set[int] = set()
+    put = _core.TaskHold(channels, holding, 2)
+    assert put(1, (0, 5, None, False)) is False
+    assert holding == {1} and channels[1].held == [(0, 5, None, False)] and channels[0].held == []
+    assert put(1, (0, 7, None, False)) is True
+    assert [t[1] for t in channels[1].held] == [5, 7]
+    put.per_message = 1
+    assert put(0, (0, 6, None, False)) is True and holding == {0, 1}
+    for wid in (2, -1):
+        with pytest.raises(IndexError, match=f"no worker {wid}"):
+            put(wid, (0, 8, None, False))
+    with pytest.raises(TypeError):
+        put(0, [0, 8, None, False])
+    assert [len(c.held) for c in channels] == [1, 2] and holding == {0, 1}
+
+
+def test_queue_put_puts_into_the_workers_queue():
+    import queue
+    queues: list[queue.SimpleQueue] = [queue.SimpleQueue(), queue.SimpleQueue()]
+    put = _core.QueuePut(queues)
+    assert put(1, (0, 3, None, True)) is False
+    assert queues[0].empty() and queues[1].get_nowait() == (0, 3, None, True)
+    with pytest.raises(IndexError, match="no worker 2"):
+        put(2, (0, 4, None, True))

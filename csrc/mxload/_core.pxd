@@ -12,3 +12,4 @@ cdef class WorkerChannel:
     cdef public list pending_drops       # slab ids the worker should forget (retired)
     cdef public dict slabs               # (epoch, batch index) -> the Slab its task fills, or None
     cdef public dict layouts             # layout id -> (layout, ViewTemplate): layouts it named
+    cdef public list held                # tasks waiting to go with the next one (TaskHold)

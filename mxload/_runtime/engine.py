@@ -186,6 +186,7 @@ class Engine:
         transport = self.transport
         roster, in_order = self.roster, self.options.in_order
         profiling = self.profiler is not None
+        put = transport.put_task
         with self.lock:
             while self._in_flight < self.prefetch and self.state == RUNNING:
                 n = self._next_dispatch
@@ -204,10 +205,9 @@ class Engine:
                 # This runs in the training loop's thread, where a signal
                 # handler may raise after any call made from Python.  So the
                 # task enters the books by plain stores, and the worker's
-                # queue by one compiled call, last: an exception finds it in
-                # both or in neither, never sent twice nor lost.  What was
-                # put is sent now or by a later send_queued/flush.
-                put = transport.task_putter(wid)
+                # queue by one compiled call (put_task), last: an exception
+                # finds it in both or in neither, never sent twice nor lost.
+                # What was put is sent now or by a later send_queued/flush.
                 if put is None:   # (Ray) no such queue: a cut here aborts the epoch
                     self.torn = f"the dispatch of batch {idx}'s task"
                     self.send(wid, idx, indices)
@@ -219,8 +219,8 @@ class Engine:
                 roster.workers[wid].outstanding[(epoch, idx)] = indices
                 self._next_dispatch = n + 1
                 self._in_flight += 1
-                put((epoch, idx, indices, profiling))
-                transport.send_queued(wid)
+                if put(wid, (epoch, idx, indices, profiling)):
+                    transport.send_queued(wid)
 
     def send(self, wid: int, idx: int, indices: np.ndarray | None) -> None:
         self.roster.workers[wid].outstanding[(self.epoch, idx)] = indices

@@ -6,11 +6,11 @@ import dataclasses
 import queue
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from .._core import QueuePut
 from . import messages as m
 from . import os_threads
 from .transport import Transport, TransportSetup, WorkerLoss
@@ -28,6 +28,7 @@ class ThreadTransport(Transport):
         configs = [dataclasses.replace(template, worker_id=wid) for wid in range(template.num_workers)]
         self._queues: list[queue.SimpleQueue[tuple[int, int, Any, bool] | m.Stop]] = [
             queue.SimpleQueue() for _ in configs]
+        self.put_task = QueuePut(self._queues)   # compiled (SimpleQueue.put wakes the thread too)
         # Every thread exists before any runs: one may report (a failed
         # worker_init_fn) as soon as it starts.
         self._threads = [
@@ -60,9 +61,6 @@ class ThreadTransport(Transport):
     def dispatch(self, worker_id: int, epoch: int, batch_index: int, indices: np.ndarray | None,
                  profiling: bool) -> None:
         self._queues[worker_id].put((epoch, batch_index, indices, profiling))
-
-    def task_putter(self, worker_id: int) -> Callable[[tuple[int, int, Any, bool]], None]:
-        return self._queues[worker_id].put   # compiled (SimpleQueue): it wakes the thread too
 
     def restart(self, worker_id: int, epoch: int) -> bool:
         raise AssertionError("thread workers are never restarted")

@@ -107,6 +107,16 @@ class Transport(ABC):
     #: A send was given up half way: a worker's stream is cut, so this
     #: transport serves no further epoch (the engine is not reused).
     stream_cut: bool = False
+    #: A compiled callable, ``put_task(worker_id, (epoch, batch index,
+    #: indices, profiling))``, that takes a task for `worker_id` in one step,
+    #: to be sent by send_queued(worker_id) or flush(), whichever comes
+    #: first (engine lock held); True when send_queued(worker_id) is due.
+    #: The engine's dispatch in the training loop's thread puts a task with
+    #: it as its last step, so that a signal handler's exception (raised
+    #: after any call made from Python) finds the task either put and in the
+    #: engine's books, or neither.  None: this transport has none (the engine
+    #: uses dispatch(), and such an exception aborts the epoch).
+    put_task: Callable[[int, tuple[int, int, Any, bool]], bool] | None = None
 
     def __init__(self, setup: TransportSetup):
         self.sink = setup.sink
@@ -132,19 +142,8 @@ class Transport(ABC):
         """Whether these workers can serve another epoch (no stream cut)."""
         return not self.stream_cut
 
-    def task_putter(self, worker_id: int) -> Callable[[tuple[int, int, Any, bool]], None] | None:
-        """A compiled callable that takes one task, (epoch, batch index,
-        indices, profiling), for `worker_id` in one step, to be sent by
-        send_queued(worker_id) or flush(), whichever comes first (engine lock
-        held).  The engine's dispatch in the training loop's thread puts a
-        task with it as its last step, so that a signal handler's exception
-        (raised after any call made from Python) finds the task either put
-        and in the engine's books, or neither.  None: this transport has none
-        (the engine uses dispatch(), and such an exception aborts the epoch)."""
-        return None
-
     def send_queued(self, worker_id: int) -> None:
-        """Send what task_putter(worker_id) took, unless held for the next
+        """Send what put_task took for `worker_id`, unless held for the next
         task (engine lock held).  Retry-safe: cut short by an exception, a
         second call sends what is left, never a task twice."""
         return None

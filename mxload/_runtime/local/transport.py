@@ -4,12 +4,11 @@ path and the watcher thread (receiver.py), lives managed by the launcher (launch
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..._core import RawBatch, ReorderBuffer, defer_sigint, send_tasks
+from ..._core import RawBatch, ReorderBuffer, TaskHold, defer_sigint, send_tasks
 from ...errors import SHARED_MEMORY_ADVICE, LoaderTimeoutError, SharedMemoryError
 from .. import messages as m
 from .. import wire
@@ -48,18 +47,20 @@ class ProcessTransport(Transport):
         # (a send that wakes a sleeping process: 6-12 us of CPU, against
         # 20-27 us per batch in all).  See set_window for when.
         self.counts = {"tasks_sent": 0, "task_messages": 0, "pairing_stops": 0}
-        self._coalesce = 1                          # tasks per message now: 1 or 2
+        self._handles: list[ProcessHandle] = []    # by worker id (restarts replace one in place)
+        self._holding: set[int] = set()            # ids of the workers with tasks held
+        # Its per_message: the tasks that go in one message now, 1 or 2.
+        self._hold = TaskHold(self._handles, self._holding)
+        self.put_task = self._hold
         self._pairing = PAIR_NEVER
         self._pair_from = 0                         # adaptive: tasks_sent at which pairing resumes
         self._filling = False                       # the consumer's wait is in its epoch's first window
-        self._holding: set[int] = set()            # ids of the workers with tasks held
         self.set_window(setup.prefetch, setup.config.num_workers)
         self._timeout = setup.timeout               # the loader's: also bounds a task's send
         self._stopping = False                      # the shutdown began: a send waiting on a worker gives up
         self._config = setup.config
         self.launcher = Launcher(setup.config, start_method, setup.dataset_type, owner=self)
         self.pool = SlabPool(MAX_POOLED_SLABS)
-        self._handles: list[ProcessHandle] = []
         self._fetcher: Fetcher | None = None
         self._ending: list[Process] | None = None   # what refuse_starts left to end
 
@@ -86,20 +87,21 @@ class ProcessTransport(Transport):
         window (the workers are just starting), stops the pairing for the
         next PAIR_BACKOFF_TASKS tasks; a loader-bound loop so pays one late
         task in that many."""
+        hold = self._hold
         if workers <= 0 or window < 2 * workers:
-            self._pairing, self._coalesce = PAIR_NEVER, 1
+            self._pairing, hold.per_message = PAIR_NEVER, 1
         elif window >= 3 * workers:
-            self._pairing, self._coalesce = PAIR_ALWAYS, 2
+            self._pairing, hold.per_message = PAIR_ALWAYS, 2
         else:
             self._pairing = PAIR_WHILE_AHEAD
-            self._coalesce = 2 if self.counts["tasks_sent"] >= self._pair_from else 1
+            hold.per_message = 2 if self.counts["tasks_sent"] >= self._pair_from else 1
         if self._holding:
             # (num_workers="auto") a retired worker gets no next task, nor one
             # that no longer pairs: what is held goes now.
             self.flush()
 
     def start(self) -> None:
-        self._handles = self.launcher.start_all(self._config.num_workers, self._config.epoch)
+        self._handles[:] = self.launcher.start_all(self._config.num_workers, self._config.epoch)
         self._fetcher = Fetcher(self.sink, self.lock, self.pool, self._buffer, self._config.num_workers,
                                 lambda: self._handles, self._on_death)
         self._fetcher.sync()
@@ -132,8 +134,8 @@ class ProcessTransport(Transport):
         exception would lose tasks (the consumer is about to sleep anyway).
         Adaptive pairing stops a while: the held task may be what it waits for."""
         with self.lock:
-            if self._pairing == PAIR_WHILE_AHEAD and self._coalesce > 1 and not self._filling:
-                self._coalesce = 1
+            if self._pairing == PAIR_WHILE_AHEAD and self._hold.per_message > 1 and not self._filling:
+                self._hold.per_message = 1
                 self._pair_from = self.counts["tasks_sent"] + PAIR_BACKOFF_TASKS
                 self.counts["pairing_stops"] += 1
             self.flush()
@@ -161,17 +163,12 @@ class ProcessTransport(Transport):
 
     def dispatch(self, worker_id: int, epoch: int, batch_index: int, indices: np.ndarray | None,
                  profiling: bool) -> None:
-        self.task_putter(worker_id)((epoch, batch_index, indices, profiling))
+        self._hold(worker_id, (epoch, batch_index, indices, profiling))
         self.send_queued(worker_id)
-
-    def task_putter(self, worker_id: int) -> Callable[[tuple[int, int, Any, bool]], None]:
-        handle = self._handles[worker_id]
-        self._holding.add(worker_id)   # flush() sends what is put (nothing: harmless)
-        return handle.held.append
 
     def send_queued(self, worker_id: int) -> None:
         handle = self._handles[worker_id]
-        if len(handle.held) >= self._coalesce:
+        if len(handle.held) >= self._hold.per_message:
             self._send_held(handle)
 
     def flush(self) -> None:
@@ -210,9 +207,9 @@ class ProcessTransport(Transport):
                 break  # the worker is dead; the fetcher reports it
             self.counts["tasks_sent"] += done
             self.counts["task_messages"] += messages
-            if self._coalesce == 1 and self._pairing == PAIR_WHILE_AHEAD \
+            if self._pairing == PAIR_WHILE_AHEAD and self._hold.per_message == 1 \
                     and self.counts["tasks_sent"] >= self._pair_from:
-                self._coalesce = 2
+                self._hold.per_message = 2
             if unsent is not None:
                 started = done - (left - len(tasks))   # the message's tasks, still first in `tasks`
                 self._finish_message(handle, tasks, started, unsent)
