@@ -1,0 +1,73 @@
+"""A worker process keeps the memory it frees (mxload/_runtime/local/heap.py)."""
+from __future__ import annotations
+
+import os
+import resource
+
+import numpy as np
+import pytest
+
+import mxload
+from mxload._runtime.local import heap
+
+glibc = pytest.mark.skipif(not os.confstr("CS_GNU_LIBC_VERSION"), reason="glibc's malloc only")
+
+BLOCKS, BLOCK_BYTES = 16, 1 << 20
+
+
+class _FaultsPerSample(mxload.Dataset):
+    """Each sample allocates and writes 16 blocks of 1 MiB and frees them, as
+    decoding a batch of images does, and is the number of page faults that
+    took in the worker."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> np.int64:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        blocks = [np.ones(BLOCK_BYTES // 8) for _ in range(BLOCKS)]
+        del blocks
+        return np.int64(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+
+
+def _faults(**kwargs: object) -> list[int]:
+    with mxload.DataLoader(_FaultsPerSample(), batch_size=1, num_workers=1, **kwargs) as loader:
+        return [int(b[0]) for b in loader]
+
+
+@glibc
+def test_a_worker_reuses_what_it_freed():
+    """The first sample faults its 16 MiB in; the next ones reuse them (a
+    page is 4 KiB: 4096 faults for 16 MiB)."""
+    faults = _faults()
+    assert faults[0] >= BLOCKS * BLOCK_BYTES // 4096 // 2, faults
+    assert max(faults[2:]) < 200, faults
+
+
+@glibc
+def test_the_system_policy_is_kept_on_request(monkeypatch):
+    """MXLOAD_WORKER_MALLOC=system: glibc's own thresholds, under which the
+    freed blocks go back to the kernel and every sample faults them in again
+    (what the test above would see without the fix)."""
+    monkeypatch.setenv("MXLOAD_WORKER_MALLOC", "system")
+    faults = _faults()
+    assert min(faults[2:]) > 1000, faults
+
+
+def test_nothing_is_done_on_request_or_without_glibc(monkeypatch):
+    monkeypatch.setenv("MXLOAD_WORKER_MALLOC", "System ")
+    assert heap.keep_freed_memory() is False
+    monkeypatch.delenv("MXLOAD_WORKER_MALLOC")
+    monkeypatch.setattr(os, "confstr", lambda name: None)
+    assert heap.keep_freed_memory() is False
+
+
+def test_thread_workers_leave_the_main_process_policy_alone(monkeypatch):
+    """Thread workers share the training process's heap: its policy is the
+    program's, never changed by mxload."""
+    from mxload._runtime import worker
+    calls = []
+    monkeypatch.setattr(worker, "keep_freed_memory", lambda: calls.append(1) or True)
+    with mxload.DataLoader(_FaultsPerSample(), batch_size=1, num_workers=2, thread_pool=True) as loader:
+        assert len(list(loader)) == 8
+    assert calls == []
