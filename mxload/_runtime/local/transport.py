@@ -49,7 +49,7 @@ class ProcessTransport(Transport):
         self.counts = {"tasks_sent": 0, "task_messages": 0, "pairing_stops": 0}
         self._handles: list[ProcessHandle] = []    # by worker id (restarts replace one in place)
         self._holding: set[int] = set()            # ids of the workers with tasks held
-        # Its per_message: the tasks that go in one message now, 1 or 2.
+        # put_task, compiled; its per_message is how many tasks go in one message now (1 or 2).
         self._hold = TaskHold(self._handles, self._holding)
         self.put_task = self._hold
         self._pairing = PAIR_NEVER
