@@ -168,7 +168,7 @@ def one_task_per_message() -> Iterator[None]:
 
     def single(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
-        self._pairing, self._hold.per_message = processes.PAIR_NEVER, 1   # policy overridden
+        self._pairing, self.put_task.per_message = processes.PAIR_NEVER, 1   # policy overridden
     processes.ProcessTransport.__init__ = single  # type: ignore[method-assign]
     try:
         yield

@@ -28,7 +28,7 @@ class ThreadTransport(Transport):
         configs = [dataclasses.replace(template, worker_id=wid) for wid in range(template.num_workers)]
         self._queues: list[queue.SimpleQueue[tuple[int, int, Any, bool] | m.Stop]] = [
             queue.SimpleQueue() for _ in configs]
-        self.put_task = QueuePut(self._queues)   # compiled (SimpleQueue.put wakes the thread too)
+        self.put_task: QueuePut = QueuePut(self._queues)   # compiled (SimpleQueue.put wakes the thread too)
         # Every thread exists before any runs: one may report (a failed
         # worker_init_fn) as soon as it starts.
         self._threads = [
@@ -60,7 +60,7 @@ class ThreadTransport(Transport):
 
     def dispatch(self, worker_id: int, epoch: int, batch_index: int, indices: np.ndarray | None,
                  profiling: bool) -> None:
-        self._queues[worker_id].put((epoch, batch_index, indices, profiling))
+        self.put_task(worker_id, (epoch, batch_index, indices, profiling))
 
     def restart(self, worker_id: int, epoch: int) -> bool:
         raise AssertionError("thread workers are never restarted")

@@ -50,8 +50,7 @@ class ProcessTransport(Transport):
         self._handles: list[ProcessHandle] = []    # by worker id (restarts replace one in place)
         self._holding: set[int] = set()            # ids of the workers with tasks held
         # put_task, compiled; its per_message is how many tasks go in one message now (1 or 2).
-        self._hold = TaskHold(self._handles, self._holding)
-        self.put_task = self._hold
+        self.put_task: TaskHold = TaskHold(self._handles, self._holding)
         self._pairing = PAIR_NEVER
         self._pair_from = 0                         # adaptive: tasks_sent at which pairing resumes
         self._filling = False                       # the consumer's wait is in its epoch's first window
@@ -87,7 +86,7 @@ class ProcessTransport(Transport):
         window (the workers are just starting), stops the pairing for the
         next PAIR_BACKOFF_TASKS tasks; a loader-bound loop so pays one late
         task in that many."""
-        hold = self._hold
+        hold = self.put_task
         if workers <= 0 or window < 2 * workers:
             self._pairing, hold.per_message = PAIR_NEVER, 1
         elif window >= 3 * workers:
@@ -134,8 +133,8 @@ class ProcessTransport(Transport):
         exception would lose tasks (the consumer is about to sleep anyway).
         Adaptive pairing stops a while: the held task may be what it waits for."""
         with self.lock:
-            if self._pairing == PAIR_WHILE_AHEAD and self._hold.per_message > 1 and not self._filling:
-                self._hold.per_message = 1
+            if self._pairing == PAIR_WHILE_AHEAD and self.put_task.per_message > 1 and not self._filling:
+                self.put_task.per_message = 1
                 self._pair_from = self.counts["tasks_sent"] + PAIR_BACKOFF_TASKS
                 self.counts["pairing_stops"] += 1
             self.flush()
@@ -163,12 +162,12 @@ class ProcessTransport(Transport):
 
     def dispatch(self, worker_id: int, epoch: int, batch_index: int, indices: np.ndarray | None,
                  profiling: bool) -> None:
-        self._hold(worker_id, (epoch, batch_index, indices, profiling))
+        self.put_task(worker_id, (epoch, batch_index, indices, profiling))
         self.send_queued(worker_id)
 
     def send_queued(self, worker_id: int) -> None:
         handle = self._handles[worker_id]
-        if len(handle.held) >= self._hold.per_message:
+        if len(handle.held) >= self.put_task.per_message:
             self._send_held(handle)
 
     def flush(self) -> None:
@@ -207,9 +206,9 @@ class ProcessTransport(Transport):
                 break  # the worker is dead; the fetcher reports it
             self.counts["tasks_sent"] += done
             self.counts["task_messages"] += messages
-            if self._pairing == PAIR_WHILE_AHEAD and self._hold.per_message == 1 \
+            if self._pairing == PAIR_WHILE_AHEAD and self.put_task.per_message == 1 \
                     and self.counts["tasks_sent"] >= self._pair_from:
-                self._hold.per_message = 2
+                self.put_task.per_message = 2
             if unsent is not None:
                 started = done - (left - len(tasks))   # the message's tasks, still first in `tasks`
                 self._finish_message(handle, tasks, started, unsent)
