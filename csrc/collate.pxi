@@ -410,6 +410,11 @@ def monotonic_ns():
 # Deeper structures are left to the checked path (and its recursion limit).
 TREE_MAX_DEPTH = 32
 
+# Array leaves whose memory a flat dict's gather requests at once (see _gather_flat_dict).
+DEF GATHER_AHEAD = 16
+# Rows ahead of the copy whose lines TreeTable.fill requests.
+DEF FILL_AHEAD = 2
+
 
 cdef class TreeTable
 
@@ -574,23 +579,40 @@ cdef class SampleTree:
     cdef Py_ssize_t _gather_flat_dict(self, list samples, TreeTable t) except -2:
         """gather() for the commonest shape, a dict of arrays only: the same
         checks as _walk with the node bookkeeping left out.  Returns the
-        index of the first sample that differs, or -1."""
-        cdef Py_ssize_t n = t.n, nl = self._nleaves, i, c, pos
+        index of the first sample that differs, or -1.
+
+        Bound by memory latency, not by the checks: each array object and
+        its dims are a miss of their own (dims live in a separate
+        allocation).  So a sample's leaves go in chunks of GATHER_AHEAD, in
+        three passes that each request the next pass's memory for the whole
+        chunk: the misses overlap instead of queueing one behind another."""
+        cdef Py_ssize_t n = t.n, nl = self._nleaves, i, c, c0, cn, pos
         cdef PyObject *obj
         cdef PyObject *key
         cdef PyObject *value
+        cdef PyObject *values[GATHER_AHEAD]
         cdef mxl_tree_node *nodes = self._nodes + 1   # the leaves, in order
         for i in range(n):
             obj = mxl_list_item(<PyObject *>samples, i)
+            if i + 1 < n:
+                mxl_prefetch(mxl_list_item(<PyObject *>samples, i + 1))
             if not mxl_dict_check_exact(obj) or mxl_dict_size(obj) != nl:
                 return i
             pos = 0
-            for c in range(nl):
-                mxl_dict_next(obj, &pos, &key, &value)
-                if key != nodes[c].key and not _same_key(key, nodes[c].key):
-                    return i
-                if not _tree_leaf(&self._leaves[c], value, i, c * n + i, t):
-                    return i
+            for c0 in range(0, nl, GATHER_AHEAD):
+                cn = min(GATHER_AHEAD, nl - c0)
+                for c in range(cn):
+                    mxl_dict_next(obj, &pos, &key, &value)
+                    if key != nodes[c0 + c].key and not _same_key(key, nodes[c0 + c].key):
+                        return i
+                    values[c] = value
+                    mxl_prefetch(value)
+                for c in range(cn):
+                    if mxl_array_check_exact(values[c]):
+                        mxl_prefetch(mxl_array_dims(<cnp.PyArrayObject *>values[c]))
+                for c in range(cn):
+                    if not _tree_leaf(&self._leaves[c0 + c], values[c], i, (c0 + c) * n + i, t):
+                        return i
         return -1
 
     cdef int _walk(self, Py_ssize_t k, PyObject *obj, Py_ssize_t i, TreeTable t) except -1:
@@ -750,6 +772,10 @@ cdef class TreeTable:
                         dst = <char *>view.buf + at[j]
                         t0 = mxl_monotonic_ns()
                         for i in range(n):
+                            # The rows are scattered over the heap: ask for row i + 2's
+                            # lines while row i is copied.
+                            if i + FILL_AHEAD < n:
+                                mxl_prefetch_span(srcs[j * n + i + FILL_AHEAD], leaf.row_bytes)
                             if strides[j * n + i] is NULL:
                                 memcpy(dst, srcs[j * n + i], leaf.row_bytes)
                             else:

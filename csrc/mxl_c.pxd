@@ -7,6 +7,8 @@ cdef extern from "mxl_copy.h" nogil:
     ctypedef ptrdiff_t mxl_ssize_t
     enum: MXL_MAX_DIMS
     int64_t mxl_monotonic_ns()
+    void mxl_prefetch(const void *p)
+    void mxl_prefetch_span(const char *p, mxl_ssize_t nbytes)
     void mxl_copy_nd(char *dst, const mxl_ssize_t *dst_strides,
                      const char *src, const mxl_ssize_t *src_strides,
                      const mxl_ssize_t *shape, int ndim, mxl_ssize_t itemsize)

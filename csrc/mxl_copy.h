@@ -4,7 +4,11 @@
  *   mxl_monotonic_ns             the clock of the collation kernels' own timings
  *                                and of the ReorderBuffer's wait deadlines;
  *   mxl_copy_nd, mxl_fill_nd     strided n-d copy and pattern fill: the inner
- *                                loops of stack_fill, pad_fill and copy_into.
+ *                                loops of stack_fill, pad_fill and copy_into;
+ *   mxl_prefetch, mxl_prefetch_span
+ *                                ask for memory before a loop needs it: the
+ *                                many-small-fields paths are bound by the latency
+ *                                of samples scattered over the heap, not by copying.
  *
  * mxl_copy_nd and mxl_fill_nd keep their odometer (one index per dimension) in
  * a stack array of MXL_MAX_DIMS entries, as pad_fill does its pad shape: their
@@ -31,6 +35,28 @@ static inline int64_t mxl_monotonic_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000LL + (int64_t)ts.tv_nsec;
+}
+
+/* A hint that `p`'s cache line is read soon; never faults, whatever `p` is. */
+static inline void mxl_prefetch(const void *p)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(p, 0, 3);
+#else
+    (void)p;
+#endif
+}
+
+/* The same for the lines of [p, p + nbytes), up to MXL_PREFETCH_MAX_BYTES: a
+ * longer span's sequential reads are the hardware prefetcher's to follow. */
+#define MXL_PREFETCH_MAX_BYTES 1024
+static inline void mxl_prefetch_span(const char *p, mxl_ssize_t nbytes)
+{
+    mxl_ssize_t off;
+    if (nbytes > MXL_PREFETCH_MAX_BYTES)
+        nbytes = MXL_PREFETCH_MAX_BYTES;
+    for (off = 0; off < nbytes; off += 64)
+        mxl_prefetch(p + off);
 }
 
 /* Copy `count` elements of `itemsize` bytes with arbitrary strides.  Fixed

@@ -269,6 +269,31 @@ def test_cached_plan_errors_equal_the_checked_path(change, expected, where):
         assert expected in ref[1] and f"sample {where} " in ref[1]
 
 
+@pytest.mark.parametrize("change", [
+    lambda s: s.__setitem__("k37", s["k37"][:5]),                   # a leaf in the last chunk
+    lambda s: s.__setitem__("k16", s["k16"].astype(np.float64)),    # the second chunk's first leaf
+    lambda s: s.update({"k15": s.pop("k15")}),                       # key order across chunks
+    lambda s: None,                                                  # unchanged
+])
+def test_wide_dicts_check_every_chunk_of_leaves(change):
+    """Flat dicts are gathered GATHER_AHEAD leaves at a time (collate.pxi):
+    a sample differing in any chunk is caught as in the first."""
+    keys = [f"k{i:02d}" for i in range(40)]
+    rng = np.random.default_rng(7)
+    fn = DefaultBatchify()
+    make = lambda: [{k: rng.standard_normal(6, dtype=np.float32) for k in keys} for _ in range(9)]  # noqa: E731
+    collate(fn, make())                    # caches the structure
+    samples = make()
+    change(samples[6])
+    try:
+        ref = error_of(CHECKED, samples, batch_index=2)
+    except pytest.fail.Exception:          # the checked path collates it: so must the fast one
+        assert_like_checked(samples, fn)
+        return
+    assert error_of(fn, samples, batch_index=2) == ref
+    assert "sample 6 " in ref[1]
+
+
 def test_not_a_dict_in_a_dict_batch():
     fn = DefaultBatchify()
     collate(fn, dict16(n=4))
