@@ -321,13 +321,15 @@ def test_at_the_default_window_tasks_pair_while_the_loop_finds_its_batches_ready
 def test_at_the_default_window_a_waiting_loop_stops_the_pairing():
     """Workers slower than the loop: the first time it would wait with a
     task held (past the epoch's first window), that task goes at once and
-    the next PAIR_BACKOFF_TASKS tasks each go on their own, so a worker is
-    never left idle with its next task held; every batch arrives, in order."""
-    from mxload._runtime.local.transport import PAIR_BACKOFF_TASKS
+    the next tasks each go on their own, so a worker is never left idle with
+    its next task held; each stop that follows its resumption at once
+    doubles the next one's length, so such a loop pairs only a few tasks in
+    all; every batch arrives, in order."""
+    from mxload._runtime.local.transport import PAIR_BACKOFF_MIN_TASKS
 
     class Slow(mxload.Dataset):
         def __len__(self):
-            return 200
+            return 400
 
         def __getitem__(self, i):
             time.sleep(0.001)
@@ -337,10 +339,43 @@ def test_at_the_default_window_a_waiting_loop_stops_the_pairing():
                            timeout=20) as loader:
         got = np.concatenate(list(loader)).tolist()
         stats = loader.stats
-    assert got == list(range(200))
-    assert stats["tasks_sent"] == 100 < PAIR_BACKOFF_TASKS
-    assert stats["pairing_stops"] == 1, stats
-    assert stats["task_messages"] >= 90, stats   # paired only until the first wait: a window's few
+    assert got == list(range(400))
+    assert stats["tasks_sent"] == 200
+    # Stops after 16, 32, 64 tasks sent one to a message (then 128 more): at most 4 in 200 tasks.
+    assert 1 <= stats["pairing_stops"] <= 200 // PAIR_BACKOFF_MIN_TASKS // 3, stats
+    assert stats["task_messages"] >= 180, stats   # paired only for a few tasks after each stop
+
+
+def test_pairing_backs_off_briefly_after_a_long_paired_run_and_longer_when_stops_recur():
+    """The backoff's rule itself, on the transport: a stop after a long
+    paired run is the shortest; one soon after pairing resumed doubles the
+    last; never beyond PAIR_BACKOFF_MAX_TASKS."""
+    from mxload._runtime.local import transport as T
+
+    ds = mxload.ArrayDataset(np.arange(8, dtype=np.int64))
+    with mxload.DataLoader(ds, batch_size=1, num_workers=2, persistent_workers=True) as loader:
+        assert len(list(loader)) == 8
+        engine = loader._iterations.engine
+        assert engine is not None
+        tr = engine.transport
+        lengths = []
+
+        def stop_at(sent):
+            with engine.lock:
+                tr.counts["tasks_sent"] = sent
+                tr.put_task.per_message = 2
+                tr._filling = False
+                tr._flush_before_wait()
+                lengths.append(tr._pair_from - sent)
+                assert tr.put_task.per_message == 1
+
+        stop_at(5000)                        # long after the last resumption: the shortest
+        for _ in range(8):                   # each at once after pairing resumed: doubled, capped
+            stop_at(tr._pair_from + 1)
+        stop_at(tr._pair_from + 5000)        # a long paired run again: back to the shortest
+        tr.counts["tasks_sent"] = tr.counts["task_messages"] = 0   # (what the test set is not stats)
+    assert lengths == [T.PAIR_BACKOFF_MIN_TASKS, 32, 64, 128, 256, 512, 1024, 1024, 1024,
+                       T.PAIR_BACKOFF_MIN_TASKS], lengths
 
 
 def test_a_window_change_sends_what_is_held():

@@ -23,14 +23,17 @@ PAIR_NEVER = 0        # under 2 per worker: a held task would leave its worker i
 PAIR_WHILE_AHEAD = 1  # 2 per worker (the default): while the loop finds its batches ready
 PAIR_ALWAYS = 2       # 3 or more per worker: a held task never leaves its worker idle
 # Adaptive pairing, after the loop would have waited for a batch with a task held: the tasks sent
-# one to a message before pairing is tried again.
-PAIR_BACKOFF_TASKS = 256
+# one to a message before pairing is tried again.  The first stop after a long paired run (a
+# passing stall on a busy machine) backs off the least; each stop that follows its resumption
+# sooner than its own backoff (the workers are not ahead: the loop keeps waiting) doubles it.
+PAIR_BACKOFF_MIN_TASKS = 16
+PAIR_BACKOFF_MAX_TASKS = 1024
 
 # Slab descriptors the main process keeps for recycling (beyond this, kept
 # batches cost a mapping each, never a descriptor; see SlabPool).
 MAX_POOLED_SLABS = 64
 
-__all__ = ["MAX_POOLED_SLABS", "PAIR_BACKOFF_TASKS", "ProcessTransport"]
+__all__ = ["MAX_POOLED_SLABS", "PAIR_BACKOFF_MAX_TASKS", "PAIR_BACKOFF_MIN_TASKS", "ProcessTransport"]
 
 
 class ProcessTransport(Transport):
@@ -53,6 +56,7 @@ class ProcessTransport(Transport):
         self.put_task: TaskHold = TaskHold(self._handles, self._holding)
         self._pairing = PAIR_NEVER
         self._pair_from = 0                         # adaptive: tasks_sent at which pairing resumes
+        self._backoff = PAIR_BACKOFF_MIN_TASKS      # adaptive: the last stop's length, in tasks
         self._filling = False                       # the consumer's wait is in its epoch's first window
         self.set_window(setup.prefetch, setup.config.num_workers)
         self._timeout = setup.timeout               # the loader's: also bounds a task's send
@@ -84,8 +88,10 @@ class ProcessTransport(Transport):
         batch paired against 28 us one to a message.  So a loop about to
         wait with a task held (_flush_before_wait), past its epoch's first
         window (the workers are just starting), stops the pairing for the
-        next PAIR_BACKOFF_TASKS tasks; a loader-bound loop so pays one late
-        task in that many."""
+        next tasks: PAIR_BACKOFF_MIN_TASKS after a long paired run (a stall
+        of a busy machine), twice the last stop's where pairing lasted less
+        than that, up to PAIR_BACKOFF_MAX_TASKS; a loader-bound loop so pays
+        one late task in that many."""
         hold = self.put_task
         if workers <= 0 or window < 2 * workers:
             self._pairing, hold.per_message = PAIR_NEVER, 1
@@ -135,7 +141,12 @@ class ProcessTransport(Transport):
         with self.lock:
             if self._pairing == PAIR_WHILE_AHEAD and self.put_task.per_message > 1 and not self._filling:
                 self.put_task.per_message = 1
-                self._pair_from = self.counts["tasks_sent"] + PAIR_BACKOFF_TASKS
+                sent = self.counts["tasks_sent"]
+                if sent - self._pair_from < self._backoff:   # paired for less than the last stop lasted
+                    self._backoff = min(2 * self._backoff, PAIR_BACKOFF_MAX_TASKS)
+                else:
+                    self._backoff = PAIR_BACKOFF_MIN_TASKS
+                self._pair_from = sent + self._backoff
                 self.counts["pairing_stops"] += 1
             self.flush()
 
