@@ -1,8 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 # cython: initializedcheck=False
 """mxload's compiled core: reorder buffer, collation kernels, layout planner,
-shared-memory slabs, the fetcher's receive path, the per-batch task send
-and hand-off,
+shared-memory slabs, the fetcher's receive path, the per-batch task send,
+hand-off and the engine's window,
 Ctrl-C deferral and the workers' parent watchdog.  C declarations live in
 mxl_c.pxd, the typed fields of its own extension types in mxload/_core.pxd; the code is
 split by job into the .pxi files included below."""
@@ -38,6 +38,7 @@ include "receive.pxi"
 include "channel.pxi"
 include "task.pxi"
 include "handoff.pxi"
+include "window.pxi"
 include "watchdog.pxi"
 
 cdef extern from *:

@@ -36,6 +36,8 @@ cdef extern from "<pthread.h>" nogil:
     int pthread_cond_destroy(pthread_cond_t *c)
     int pthread_cond_broadcast(pthread_cond_t *c)
     int pthread_cond_timedwait(pthread_cond_t *c, pthread_mutex_t *m, const timespec *abstime)
+    int pthread_atfork(void (*prepare)() noexcept nogil, void (*parent)() noexcept nogil,
+                       void (*child)() noexcept nogil)
 
 cdef extern from "mxl_watchdog.h" nogil:
     int mxl_start_watchdog(int fd)

@@ -228,6 +228,39 @@ class QueuePut:
     def __new__(cls, queues: list[Any]) -> Self: ...
     def __call__(self, wid: int, task: tuple[int, int, Any, bool]) -> bool: ...
 
+@final
+class EngineWindow:
+    """One engine's prefetch window and hand-over (window.pxi): Engine owns one."""
+    engine: Any
+    lock: Any
+    roster: Any
+    buffer: ReorderBuffer
+    supervisor: Any
+    counts: dict[str, int]
+    transport: Any
+    prefetch: int
+    in_flight: int
+    next_dispatch: int
+    yielded: int
+    discard: int
+    state: Any
+    epoch: Any
+    order: list[int] | None
+    batches: list[Any] | None
+    in_order: bool
+    profiling: bool
+    timeout: float | None
+    ready: tuple[int, Any] | None
+    own_error: BaseException | None
+    torn: str | None
+    def __new__(cls, engine: Any, lock: Any, roster: Any, buffer: ReorderBuffer, supervisor: Any,
+                counts: dict[str, int], markers: tuple[Any, ...]) -> Self: ...
+    @property
+    def forked(self) -> bool: ...
+    def next_batch(self) -> Any: ...
+    def claim(self, raw: RawBatch) -> Any: ...
+    def dispatch_more(self) -> None: ...
+
 def send_tasks(handle: WorkerChannel, pool: Any, prefix: bytes,
                tasks: list[tuple[int, int, bytes | NDArray[Any] | None, bool]],
                consume: bool = False) -> tuple[int, int, tuple[bytes, int] | None]: ...

@@ -714,33 +714,44 @@ def test_a_raising_handler_during_start_up_reaches_the_loop_once(where, signum):
     assert rc == 0, err
 
 
+@pytest.mark.parametrize("where", ["pick", "send_queued"])
 @pytest.mark.parametrize("workers,window", [(1, 1), (2, 2)])
-def test_an_exception_cutting_the_dispatch_after_a_commit_short_stalls_nothing(monkeypatch, workers, window):
+def test_an_exception_cutting_the_dispatch_after_a_commit_short_stalls_nothing(monkeypatch, workers, window,
+                                                                               where):
     """A signal handler's exception inside the dispatch that follows a batch's commit: the batch
     is kept for the next call, and that call sends the task that was not sent before it waits.
     (With a window of one task per worker nothing else was in flight, and the next wait hung
-    until the loader's timeout: the auto climb's "1 worker, window 1", 7 hangs in 100 runs.)"""
+    until the loader's timeout: the auto climb's "1 worker, window 1", 7 hangs in 100 runs.)
+    The dispatch (EngineWindow.dispatch_more) calls Python code at two points where such an
+    exception can land: the roster's pick, before the task is in the books (here on every
+    task: the roster's takers are never cached), and the transport's send_queued, once it is
+    in the books and its worker's queue."""
     import numpy as np
 
     import mxload
     from mxload._runtime import roster
+    from mxload._runtime.local.transport import ProcessTransport
 
     class Cut(Exception):
         pass
 
-    original, calls, cuts = roster.Roster.pick, [0], []
+    owner = roster.Roster if where == "pick" else ProcessTransport
+    original, calls, cuts = getattr(owner, where), [0], []
 
-    def pick(self, idx, in_order):
+    def cut(self, *args):
         calls[0] += 1
         if calls[0] % 7 == 0:
-            cuts.append(idx)
-            raise Cut(f"dispatch of batch {idx} cut short")
-        return original(self, idx, in_order)
+            cuts.append(args[0])
+            raise Cut(f"{where}({args[0]}) cut short")
+        return original(self, *args)
 
     loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(60)), batch_size=1, num_workers=workers,
                                prefetch=window, timeout=10)
     it = iter(loader)
-    monkeypatch.setattr(roster.Roster, "pick", pick)
+    monkeypatch.setattr(owner, where, cut)
+    if where == "pick":
+        monkeypatch.setattr(roster.Roster, "_takers", property(lambda self: None, lambda self, value: None),
+                            raising=False)
     taken = []
     while True:
         try:

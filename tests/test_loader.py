@@ -367,7 +367,7 @@ def test_prefetch_bounds_in_flight_batches():
     it = iter(loader)
     next(it)
     engine = it.engine
-    assert engine._in_flight <= 3
+    assert engine.window.in_flight <= 3
     it.close()
 
 

@@ -5,8 +5,9 @@ layout) define a format that crosses processes.
 
     epoch.py       start_epoch, EpochPlan (which batches; resumed or not) and the
                    one EpochIterator, for 0 workers (InProcessBatches) or N (the engine)
-    engine.py      Engine: prefetch window, dispatch (round-robin by batch index),
-                   consume from the ReorderBuffer, failure record, restart policy
+    engine.py      Engine: epochs, failure record, restart policy; its prefetch window,
+                   dispatch (round-robin by batch index) and consumption from the
+                   ReorderBuffer run per batch, compiled (csrc/window.pxi: EngineWindow)
     transport.py   the seam: Transport (how tasks reach workers, results come back,
                    shutdown phases) and ResultSink (the engine, as a transport sees it)
     shutdown.py    the numbered shutdown sequence and its one deadline
@@ -34,17 +35,19 @@ layout) define a format that crosses processes.
 One batch with worker processes:
 
     DataLoader.__iter__ -> epoch.start_epoch: the batch sampler's indices -> EpochPlan
-      -> Engine.begin_epoch -> Engine._dispatch_more -> Task -> ProcessTransport.dispatch
-         (attaches a pooled slab) -> wire.send over the worker's socket
+      -> Engine.begin_epoch -> _core.EngineWindow.dispatch_more (compiled, as all of the
+         consumer's per-batch path) -> the transport's put_task: TaskHold holds it for a pair,
+         _core.send_tasks packs and sends (a pooled slab with each) over the worker's socket
     worker process: worker.serve -> source.SampleSource.samples -> plan + fill the slab
       -> Batch (or NewSlab with its descriptor, Failed, Exhausted) -> wire.send
-    training loop: EpochIterator.__next__ -> Engine.next_batch -> transport.next_result:
+    training loop: EpochIterator.__next__ -> _core.EngineWindow.next_batch -> transport.next_result:
       the batch is in the ReorderBuffer, or the consumer receives it itself
       (receiver.Fetcher.next_result -> _core.FrameReceiver.get, GIL released: reads the workers'
       sockets, a BatchRef (layout named before) goes into the ReorderBuffer as a C struct;
       any other frame: wire.decode -> receiver.take_result (adopt the slab; numpy views
       owned by a BatchOwner) -> Loaded -> Engine.deliver -> ReorderBuffer.put)
-      -> a raw one becomes views through the transport's claim -> (batch index, batch)
+      -> a raw one becomes views through the transport's claim (_core.claim_batch)
+      -> (batch index, batch), and dispatch_more refills the window
       -> progress.taken(index) -> the batch
     fetcher thread (FrameReceiver.watch): asleep on the workers' sentinels; when one
       ends it takes what that worker sent and reports the loss (restart) at once

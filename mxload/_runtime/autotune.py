@@ -428,7 +428,7 @@ class AutoBatches:
         self._losing = 0               # settled windows in a row below the in-process rate
 
     # The slot where the batch being handed out stays (EpochIterator._next): the current
-    # producer's (an engine's is the engine's own).
+    # producer's (an engine's is its window's).
     @property
     def ready(self) -> tuple[int, Any] | None:
         return self._slot.ready  # type: ignore[no-any-return]
@@ -538,7 +538,7 @@ class AutoBatches:
         Plain stores (no signal handler runs between them), `adopted` last: an exception that
         lands before it leaves the epoch in-process and the engine ended."""
         self.engine, self._current, self._slot, producer.adopted = \
-            producer.engine, producer, producer.engine, True
+            producer.engine, producer, producer.engine.window, True
 
     def _engine_drained(self) -> bool:
         """Every task sent to the workers has its batch taken (the engine's own count, which a

@@ -25,16 +25,16 @@ import os
 import sys
 import threading
 from multiprocessing import util as mp_util
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .._core import BufferClosedError, RawBatch, ReorderBuffer, defer_sigint
+from .._core import EngineWindow, RawBatch, ReorderBuffer, defer_sigint
 from ..backends import workers_backend
 from ..errors import WorkerError
 from . import wire
 from .engine_errors import aborted_error, forked_child_error, timeout_error
-from .results import CLOSED_BY_OTHER, END, EXHAUSTED, BatchFailure, Marker, Supervisor
+from .results import CLOSED_BY_OTHER, END, EXHAUSTED, BatchFailure, Supervisor
 from .roster import Roster
 from .shutdown import CLOSED, RUNNING, SHUTTING_DOWN, shutdown_sequence
 from .transport import Transport, TransportSetup
@@ -44,12 +44,6 @@ if TYPE_CHECKING:
     from .._options import LoaderOptions
     from ..profiler import Profiler
     from .epoch import EpochPlan
-
-# Forks of this process so far, as seen in the child: a batch is taken only in
-# the process that made the engine, and comparing this costs nothing per batch
-# where os.getpid() is a system call (glibc caches no pid).
-_forks = 0
-
 
 # loader.stats always has these, whatever the transport counts.
 REPORTED_COUNTERS = ("batches", "slabs_created", "slabs_reused", "slabs_retired", "worker_restarts", "epochs")
@@ -62,46 +56,39 @@ def merge_counters(counters: list[dict[str, int]]) -> dict[str, int]:
     return merged
 
 
-def _count_fork() -> None:
-    global _forks
-    _forks += 1
-
-
-os.register_at_fork(after_in_child=_count_fork)
-
-
 class Engine:
-    """Workers, reorder buffer and failure record for one loader."""
+    """Workers, reorder buffer and failure record for one loader.  What runs
+    once per batch in the training loop's thread (the prefetch window, the
+    wait, the claim and hand-over of each batch) is compiled: `window`, an
+    EngineWindow (csrc/window.pxi), whose next_batch is this engine's."""
 
     def __init__(self, options: LoaderOptions, epoch: int):
         self.options = options
-        self.prefetch = max(options.prefetch, 1)
         self.counts = {"batches": 0, "worker_restarts": 0, "epochs": 0}
-        self.state = RUNNING
-        self.epoch = epoch
         self.profiler: Profiler | None = None
         self._pid = os.getpid()                 # only this process may end the workers
-        self._forks = _forks
         self.lock = threading.RLock()           # dispatch, results, the roster
         self._shutdown_lock = threading.Lock()
         self.buffer = ReorderBuffer()
-        self.buffer.keep_handover = True   # see next_batch
+        self.buffer.keep_handover = True   # see EngineWindow.next_batch
         self.roster = Roster(options.num_workers)
         self.supervisor = Supervisor(self)
         self._plan: EpochPlan | None = None
-        # The consumer's hand-over (next_batch): the batch handed out last,
-        # until the iterator has returned it; what the engine raised last;
-        # what a signal handler's exception cut short (the epoch is aborted).
-        self.ready: tuple[int, Any] | None = None
-        self.own_error: BaseException | None = None
-        self.torn: str | None = None
-        self._discard = 0
-        self._next_dispatch = self._yielded = self._in_flight = 0
+        # The window and the consumer's hand-over (compiled: they run once per batch).
+        self.window = EngineWindow(self, self.lock, self.roster, self.buffer, self.supervisor, self.counts,
+                                   (END, CLOSED_BY_OTHER, EXHAUSTED, BatchFailure, wire.ProtocolError))
+        window = self.window
+        window.prefetch = max(options.prefetch, 1)
+        window.in_order = options.in_order
+        window.timeout = options.timeout
+        window.epoch = epoch
+        self.next_batch = window.next_batch
         self._finalizer: mp_util.Finalize | None = None
         backend = workers_backend(options.backend, options.thread_pool, options.start_method)
         self.transport: Transport = backend.make_transport(TransportSetup(
             self.supervisor, self.lock, WorkerConfig.first(options, epoch), self.buffer,
-            type(options.dataset).__name__, self.prefetch, options.timeout))
+            type(options.dataset).__name__, window.prefetch, options.timeout))
+        window.transport = self.transport
         try:
             self.transport.start()
         except BaseException:
@@ -110,13 +97,33 @@ class Engine:
         # Runs at interpreter exit before multiprocessing's own teardown.
         self._finalizer = mp_util.Finalize(None, self.shutdown, exitpriority=100)
 
+    # What the window holds that the rest of the runtime reads (or shutdown sets).
+    @property
+    def state(self) -> str:
+        """RUNNING -> SHUTTING_DOWN -> CLOSED."""
+        return self.window.state  # type: ignore[no-any-return]
+
+    @state.setter
+    def state(self, value: str) -> None:
+        self.window.state = value
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being served."""
+        return self.window.epoch  # type: ignore[no-any-return]
+
+    @property
+    def prefetch(self) -> int:
+        """Tasks in flight at most."""
+        return self.window.prefetch
+
     @property
     def usable(self) -> bool:
         """Able to serve another epoch: running, not failed, every worker's
         stream whole, and in the process that created it (a forked child's
         copy is inert)."""
         return (self.state == RUNNING and self.supervisor.failure is None and self.transport.reusable()
-                and os.getpid() == self._pid)
+                and not self.window.forked)
 
     def began(self, epoch: int) -> bool:
         """Whether this engine already began epoch `epoch` (an iter() that a Ctrl-C interrupted once
@@ -139,10 +146,11 @@ class Engine:
 
     def begin_epoch(self, epoch: int, plan: EpochPlan, profiler: Profiler | None) -> None:
         """Start delivering `plan` (the batches of epoch `epoch`)."""
+        window = self.window
         with self.lock:
             if self.state != RUNNING:
                 raise RuntimeError(f"the loader's workers are {self.state}")
-            self.epoch = epoch
+            window.epoch = epoch
             self.profiler = profiler
             self.counts["epochs"] += 1
             self.transport.epoch_closed = False
@@ -151,199 +159,83 @@ class Engine:
             stale = self.buffer.start_epoch(epoch)
             for item in stale.values():
                 if isinstance(item, RawBatch):
-                    self._claim(item)   # of the epoch before: its slab returns to the pool
+                    window.claim(item)   # of the epoch before: its slab returns to the pool
                     self.roster.workers[item.slot].outstanding.pop((item.epoch, item.idx), None)
             self.roster.new_epoch()
             self._plan = plan
-            self.ready = self.own_error = self.torn = None
-            self._discard = plan.discard
-            self._next_dispatch = self._yielded = self._in_flight = 0
-            self._dispatch_more()
+            window.order, window.batches, window.profiling = plan.order, plan.batches, profiler is not None
+            window.ready = window.own_error = window.torn = None
+            window.discard = plan.discard
+            window.next_dispatch = window.yielded = window.in_flight = 0
+            window.dispatch_more()
         del stale  # recycled slabs of the previous epoch, released outside the lock
 
     def progress(self) -> tuple[int, int]:
         """(batches taken, tasks dispatched) of this epoch's plan."""
-        return self._yielded, self._next_dispatch
+        return self.window.yielded, self.window.next_dispatch
 
     def set_active(self, workers: int, window: int) -> None:
         """num_workers="auto": `workers` take tasks (a retired one answers what it holds), `window`
         in flight."""
         with self.lock:
             self.roster.set_active(workers)
-            self.prefetch = max(window, 1)
-            self.transport.set_window(self.prefetch, workers)
+            self.window.prefetch = max(window, 1)
+            self.transport.set_window(self.window.prefetch, workers)
 
     def close_epoch(self) -> None:
         """The epoch's iterator is closed, the workers stay (persistent): a send waiting on a worker
         that is not reading gives up now.  Without the engine lock, which that send's thread holds."""
         self.transport.epoch_closed = True
 
-    def _dispatch_more(self) -> None:
-        """Fill the prefetch window with the plan's next tasks."""
-        plan = self._plan
-        assert plan is not None
-        order, batches = plan.order, plan.batches
-        transport = self.transport
-        roster, in_order = self.roster, self.options.in_order
-        profiling = self.profiler is not None
-        put = transport.put_task
-        with self.lock:
-            while self._in_flight < self.prefetch and self.state == RUNNING:
-                n = self._next_dispatch
-                if order is not None:
-                    if n >= len(order):
-                        transport.flush()   # the epoch's last tasks: none waits for another
-                        return
-                    idx = order[n]
-                    assert batches is not None
-                    indices = batches[idx]
-                else:
-                    idx, indices = n, None
-                wid = roster.pick(idx, in_order)
-                if wid is None:
-                    return
-                # This runs in the training loop's thread, where a signal
-                # handler may raise after any call made from Python.  So the
-                # task enters the books by plain stores, and the worker's
-                # queue by one compiled call (put_task), last: an exception
-                # finds it in both or in neither, never sent twice nor lost.
-                # What was put is sent now or by a later send_queued/flush.
-                if put is None:   # (Ray) no such queue: a cut here aborts the epoch
-                    self.torn = f"the dispatch of batch {idx}'s task"
-                    self.send(wid, idx, indices)
-                    self._next_dispatch = n + 1
-                    self._in_flight += 1
-                    self.torn = None
-                    continue
-                epoch = self.epoch
-                roster.workers[wid].outstanding[(epoch, idx)] = indices
-                self._next_dispatch = n + 1
-                self._in_flight += 1
-                if put(wid, (epoch, idx, indices, profiling)):
-                    transport.send_queued(wid)
-
     def send(self, wid: int, idx: int, indices: np.ndarray | None) -> None:
         self.roster.workers[wid].outstanding[(self.epoch, idx)] = indices
         self.transport.dispatch(wid, self.epoch, idx, indices, self.profiler is not None)
 
     # ------------------------------------------------------------------ consumer
+    #
+    # next_batch is the window's (EngineWindow.next_batch, compiled): the
+    # consumer's wait, the claim of the batch (views of its slab), the commit
+    # and the window's refill.  The batch is also left in `window.ready`
+    # until the caller sets it back to None: a signal handler may raise
+    # whenever Python code runs (a program's SIGALRM step timeout, Ctrl-C
+    # caught as "skip to validation"), and the loop that catches it and goes
+    # on must get every batch once, in order.  So the hand-over is a
+    # sequence of slots, each moved to the next by plain stores: the
+    # buffer's `handover` (filled by the wait itself), then `ready`.  What is
+    # not retry-safe (a dispatch without put_task) marks the epoch `torn`
+    # while it runs.  The methods below are the window's ways out: the
+    # errors that end the epoch, and the dispatch of a transport without
+    # put_task.
 
-    def next_batch(self) -> tuple[int, Any] | Marker:
-        """(batch index, batch or BatchFailure), END, or CLOSED_BY_OTHER.
-        Raises what ended the epoch (recorded in `own_error`).
-
-        The batch is also left in `ready` until the caller sets it back to
-        None: a signal handler may raise between any two bytecodes here or in
-        the caller (a program's SIGALRM step timeout, Ctrl-C caught as "skip
-        to validation"), and the loop that catches it and goes on must get
-        every batch once, in order.  So the hand-over is a sequence of slots,
-        each moved to the next by plain stores (no handler runs between them):
-        the buffer's `handover` (filled by the wait itself), then `ready`.
-        What is not retry-safe (a dispatch) marks the epoch `torn` while it
-        runs."""
-        if _forks != self._forks:
-            raise self._own(forked_child_error(self._pid))
-        if self.torn is not None:
-            raise self._own(aborted_error(self.torn))
-        rb = self.buffer
-        while True:
-            taken = rb.handover   # a batch an exception kept from the last call
-            if taken is None:
-                if self._in_flight < self.prefetch:
-                    # The dispatch after the last commit was cut short (an exception from a
-                    # signal handler): with nothing in flight, the wait below would wait for
-                    # a batch no worker was asked for.
-                    self._dispatch_more()
-                waited = self._wait_for_next()
-                if isinstance(waited, Marker):
-                    return waited
-                taken = waited
-            idx, item = taken
-            with self.lock:
-                if type(item) is RawBatch:
-                    key = (item.epoch, item.idx)
-                    outstanding = self.roster.workers[item.slot].outstanding
-                    try:
-                        item = self._claim(item)   # claimed again if a call before was cut short
-                    except wire.ProtocolError as e:
-                        err = WorkerError(f"mxload could not take batch {idx} in the main process: {e}",
-                                          None, None, None, idx)
-                        self.supervisor.fail(err)
-                        raise self._own(self.supervisor.failure or err) from None
-                    if item is None:
-                        if key[0] != self.epoch:
-                            outstanding.pop(key, None)   # of an abandoned epoch
-                        rb.handover = None
-                        continue   # its worker died meanwhile: the task was dispatched again
-                    del outstanding[key]   # (the commit below is plain stores)
-                skip = item is EXHAUSTED or self._discard > 0
-                counted = not skip and type(item) is not BatchFailure
-                # The commit: plain stores, no call, so no signal handler runs
-                # until the batch has moved from the buffer's slot to `ready`.
-                self._yielded += 1
-                self._in_flight -= 1
-                if skip:
-                    if item is not EXHAUSTED:
-                        self._discard -= 1   # replayed stream batch, already seen before the checkpoint
-                else:
-                    self.ready = (idx, item)
-                    if counted:
-                        self.counts["batches"] += 1
-                rb.handover = None
-                self._dispatch_more()
-            if skip:
-                continue
-            return idx, item
-
-    def _wait_for_next(self) -> tuple[int, Any] | Marker:
-        """Wait for the next batch (in order: the next of the plan; else any)
-        and return what the wait left in the buffer's hand-over slot; END or
-        CLOSED_BY_OTHER.  Nothing is committed here: an exception leaves the
-        batch in the slot for the next call."""
-        plan = self._plan
-        order = plan.order if plan is not None else None
-        if order is not None:
-            if self._yielded >= len(order):   # only the consumer moves _yielded
-                return END
-        else:
-            with self.lock:   # a stream: every worker's ended, and no task is out
-                if self._in_flight == 0 and self.roster.all_done():
-                    return END
-        idx = -1
-        rb = self.buffer
-        filling = self._yielded < self.prefetch   # the epoch's first window: a wait is the workers' start
-        try:
-            if self.options.in_order:
-                idx = order[self._yielded] if order is not None else self._yielded
-                self.transport.next_result(rb, idx, False, self.options.timeout, filling)
-            else:
-                self.transport.next_result(rb, 0, True, self.options.timeout, filling)
-        except TimeoutError:
-            raise self._own(timeout_error(self, idx)) from None
-        except BufferClosedError:
-            if self.supervisor.failure is not None:
-                raise self._own(self.supervisor.failure) from None
-            return CLOSED_BY_OTHER
-        taken: tuple[int, Any] | None = rb.handover
-        assert taken is not None, "a wait that returned left its batch in the hand-over slot"
-        return taken
+    def _dispatch_unqueued(self, wid: int, idx: int, indices: np.ndarray | None) -> None:
+        """The window's dispatch for a transport without put_task (Ray): a
+        signal handler's exception meanwhile aborts the epoch."""
+        window = self.window
+        window.torn = f"the dispatch of batch {idx}'s task"
+        self.send(wid, idx, indices)
+        window.next_dispatch += 1
+        window.in_flight += 1
+        window.torn = None
 
     def _own(self, error: BaseException) -> BaseException:
         """`error`, recorded as one that ends the epoch (next_batch raises it)."""
-        self.own_error = error
+        self.window.own_error = error
         return error
 
-    def _claim(self, raw: RawBatch) -> Any:
-        """The batch the receive path stored raw, with its task's slab taken
-        (the same batch for a RawBatch claimed before); None if the task is
-        gone or of an abandoned epoch (engine lock held).  The caller removes
-        the task from `outstanding`."""
-        batch = self.transport.claim(raw)
-        if batch is None:
-            return None
-        if (raw.epoch, raw.idx) not in self.roster.workers[raw.slot].outstanding or raw.epoch != self.epoch:
-            return None   # dropping the batch returns its slab to the pool
-        return batch
+    def _forked_error(self) -> BaseException:
+        return self._own(forked_child_error(self._pid))
+
+    def _aborted_error(self) -> BaseException:
+        return self._own(aborted_error(self.window.torn or "a step of the epoch"))
+
+    def _timed_out(self, idx: int) -> BaseException:
+        return self._own(timeout_error(self, idx))
+
+    def _claim_failed(self, idx: int, error: Exception) -> BaseException:
+        err = WorkerError(f"mxload could not take batch {idx} in the main process: {error}",
+                          None, None, None, idx)
+        self.supervisor.fail(err)
+        return self._own(self.supervisor.failure or err)
 
     # ------------------------------------------------------------------ shutdown
 
@@ -356,7 +248,7 @@ class Engine:
         Ctrl-C meanwhile is raised once the sequence is complete."""
         if self.state == CLOSED:
             return
-        if os.getpid() != self._pid:
+        if self.window.forked:
             self.state = CLOSED   # local/fds.py closed the inherited descriptors at fork
             return
         if sys.is_finalizing():

@@ -92,7 +92,7 @@ class InProcessBatches:
         uses that batch up, so a loop that catches it goes on with the next
         one.  A BaseException that is no Exception (a Ctrl-C) leaves the
         epoch where it was.  The result is also left in `ready` (see
-        Engine.next_batch)."""
+        EngineWindow.next_batch)."""
         order = self._plan.order
         if order is not None and self._position >= len(order):
             return END
@@ -161,13 +161,13 @@ class _EngineBatches:
         self.next_batch = engine.next_batch   # one call less per batch
 
     def ended_by(self, error: BaseException) -> str | None:
-        engine = self.engine
-        own, engine.own_error = engine.own_error, None   # (it holds the error's traceback: a cycle)
+        window = self.engine.window
+        own, window.own_error = window.own_error, None   # (it holds the error's traceback: a cycle)
         if own is error:
             return ""   # a worker's death, a timeout: the engine's own error
         # Another exception (a signal handler's): the epoch goes on, unless
         # it cut short a step that cannot be retried.
-        return engine.torn
+        return window.torn
 
     @property
     def total_batches(self) -> int | None:
@@ -191,7 +191,7 @@ class EpochIterator:
                  length: Callable[[], int]):
         self._producer: _Producer = producer
         # Where next_batch leaves the batch it hands out (handing_next clears it).
-        self._ready_in: _Ready = producer.engine if isinstance(producer, _EngineBatches) else producer
+        self._ready_in: _Ready = producer.engine.window if isinstance(producer, _EngineBatches) else producer
         self._progress = progress
         self._length = length
         self._closed = False

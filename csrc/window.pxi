@@ -1,0 +1,226 @@
+# The engine's consumer side, compiled: the prefetch window and the hand-over of each batch,
+# which the training loop's thread runs once per batch (mxload/_runtime/engine.py owns one
+# EngineWindow; the Python engine keeps everything that happens once per epoch or on failure).
+
+cdef extern from *:
+    """
+    /* Forks of this process so far, as the child counts them (pthread_atfork): a batch is
+     * taken only in the process that made the engine, and comparing this costs nothing per
+     * batch where getpid() is a system call (glibc caches no pid). */
+    static long mxl_fork_generation = 0;
+    static void mxl_count_fork(void) { mxl_fork_generation++; }
+    """
+    long mxl_fork_generation
+    void mxl_count_fork() noexcept nogil
+
+if pthread_atfork(NULL, NULL, mxl_count_fork) != 0:
+    raise OSError("pthread_atfork failed: mxload could not count forks")
+
+
+@cython.final
+@cython.auto_pickle(False)
+cdef class EngineWindow:
+    """One engine's prefetch window and hand-over, compiled: next_batch (the
+    consumer's call per batch: wait, claim, commit, refill) and
+    dispatch_more (the window's refill), one call each instead of a chain
+    of Python frames.  The engine (engine.py) sets every field; what happens
+    once per epoch, or on a failure, it does in Python, called from here.
+
+    The hand-over (see Engine's docstring): the batch taken goes from the
+    buffer's `handover` slot to `ready` by plain stores.  A signal
+    handler's exception (a program's SIGALRM step timeout, Ctrl-C caught
+    and ignored) is raised only by a call into Python code; here those are
+    the transport's (next_result, claim, send_queued, flush: each
+    retry-safe or whole), the roster's pick when its takers changed, and a
+    transport without put_task's dispatch (which marks the epoch torn).
+    What such an exception interrupts leaves the batch in its slot, and the
+    next call goes on from there."""
+
+    cdef readonly object engine       # the Python engine: its failure paths
+    cdef readonly object lock         # the engine's RLock: dispatch, results, the roster
+    cdef readonly object roster
+    cdef readonly ReorderBuffer buffer
+    cdef readonly object supervisor
+    cdef readonly dict counts         # the engine's counters ("batches")
+    cdef public object transport
+    cdef public Py_ssize_t prefetch        # tasks in flight at most
+    cdef public Py_ssize_t in_flight       # dispatched and not yet taken
+    cdef public Py_ssize_t next_dispatch   # the position in the plan's order of the next task
+    cdef public Py_ssize_t yielded         # the plan's batches taken (or skipped)
+    cdef public Py_ssize_t discard         # stream batches still to drop (a resumed stream)
+    cdef public object state               # shutdown.RUNNING ("running"), SHUTTING_DOWN, CLOSED
+    cdef public object epoch               # the epoch being served
+    cdef public list order                 # the plan's batch indices to deliver; None: a stream
+    cdef public list batches               # the plan's batches of indices; None: a stream
+    cdef public bint in_order
+    cdef public bint profiling             # a profiler times the epoch's tasks
+    cdef public object timeout             # the loader's, for a batch's wait
+    # The hand-over's last slot: the (idx, batch) handed out last, until the iterator returned
+    # it; what the engine raised last; what a signal handler's exception cut short.
+    cdef public object ready
+    cdef public object own_error
+    cdef public object torn
+    cdef long _forks
+    cdef object _end, _closed_by_other, _exhausted, _failure_type, _protocol_error
+
+    def __cinit__(self, engine, lock, roster, ReorderBuffer buffer not None, supervisor,
+                  dict counts not None, tuple markers not None):
+        """`markers`: (END, CLOSED_BY_OTHER, EXHAUSTED, BatchFailure, wire.ProtocolError)."""
+        self.engine = engine
+        self.lock = lock
+        self.roster = roster
+        self.buffer = buffer
+        self.supervisor = supervisor
+        self.counts = counts
+        self._end, self._closed_by_other, self._exhausted, self._failure_type, self._protocol_error = markers
+        self.state = "running"
+        self.prefetch = 1
+        self.in_order = True
+        self._forks = mxl_fork_generation
+
+    @property
+    def forked(self):
+        """Whether this is a forked child's copy (the workers are the parent's)."""
+        return mxl_fork_generation != self._forks
+
+    def next_batch(self):
+        """(batch index, batch or BatchFailure), END, or CLOSED_BY_OTHER;
+        raises what ended the epoch (recorded in `own_error`).  The batch is
+        also left in `ready` until the caller sets it back to None."""
+        cdef ReorderBuffer rb = self.buffer
+        cdef RawBatch raw
+        cdef bint skip
+        engine = self.engine
+        if mxl_fork_generation != self._forks:
+            raise engine._forked_error()
+        if self.torn is not None:
+            raise engine._aborted_error()
+        while True:
+            taken = rb.handover   # a batch an exception kept from the last call
+            if taken is None:
+                if self.in_flight < self.prefetch:
+                    # The dispatch after the last commit was cut short: with nothing in
+                    # flight, the wait below would wait for a batch no worker was asked for.
+                    self.dispatch_more()
+                taken = self._wait_for_next()
+                if type(taken) is not tuple:
+                    return taken   # END, CLOSED_BY_OTHER
+            idx, item = <tuple>taken
+            with self.lock:
+                if type(item) is RawBatch:
+                    raw = <RawBatch>item
+                    key = (raw.epoch, raw.idx)
+                    outstanding = self.roster.workers[raw.slot].outstanding
+                    try:
+                        item = self.claim(raw)   # claimed again if a call before was cut short
+                    except self._protocol_error as e:
+                        raise engine._claim_failed(idx, e) from None
+                    if item is None:
+                        if raw.epoch != self.epoch:
+                            outstanding.pop(key, None)   # of an abandoned epoch
+                        rb.handover = None
+                        continue   # its worker died meanwhile: the task was dispatched again
+                    del outstanding[key]
+                skip = item is self._exhausted or self.discard > 0
+                # The commit: no call into Python until the batch has moved from the
+                # buffer's slot to `ready`.
+                self.yielded += 1
+                self.in_flight -= 1
+                if skip:
+                    if item is not self._exhausted:
+                        self.discard -= 1   # replayed stream batch, already seen before the checkpoint
+                else:
+                    self.ready = (idx, item)
+                    if type(item) is not self._failure_type:
+                        self.counts["batches"] += 1
+                rb.handover = None
+                self.dispatch_more()
+            if not skip:
+                return self.ready
+
+    cdef object _wait_for_next(self):
+        """Wait for the next batch (in order: the next of the plan; else any)
+        and return what the wait left in the buffer's hand-over slot; END or
+        CLOSED_BY_OTHER.  Nothing is committed here."""
+        cdef Py_ssize_t idx = -1
+        cdef bint filling
+        if self.order is not None:
+            if self.yielded >= len(self.order):   # only the consumer moves `yielded`
+                return self._end
+        else:
+            with self.lock:   # a stream: every worker's ended, and no task is out
+                if self.in_flight == 0 and self.roster.all_done():
+                    return self._end
+        filling = self.yielded < self.prefetch   # the epoch's first window: a wait is the workers' start
+        try:
+            if self.in_order:
+                idx = self.order[self.yielded] if self.order is not None else self.yielded
+                self.transport.next_result(self.buffer, idx, False, self.timeout, filling)
+            else:
+                self.transport.next_result(self.buffer, 0, True, self.timeout, filling)
+        except TimeoutError:
+            raise self.engine._timed_out(idx) from None
+        except BufferClosedError:
+            if self.supervisor.failure is not None:
+                raise self.engine._own(self.supervisor.failure) from None
+            return self._closed_by_other
+        taken = self.buffer.handover
+        if taken is None:
+            raise AssertionError("a wait that returned left its batch in the hand-over slot")
+        return taken
+
+    cpdef object claim(self, RawBatch raw):
+        """The batch the receive path stored raw, with its task's slab taken
+        (the same batch for a RawBatch claimed before); None if the task is
+        gone or of an abandoned epoch (engine lock held).  The caller removes
+        the task from `outstanding`."""
+        batch = self.transport.claim(raw)
+        if batch is None:
+            return None
+        if (raw.epoch, raw.idx) not in self.roster.workers[raw.slot].outstanding or raw.epoch != self.epoch:
+            return None   # dropping the batch returns its slab to the pool
+        return batch
+
+    def dispatch_more(self):
+        """Fill the window with the plan's next tasks (the engine lock taken
+        here).  The task enters the books by stores no exception cuts short,
+        and its worker's queue by put_task, last: an exception finds it in
+        both or in neither, never sent twice nor lost.  What was put is sent
+        now or by a later send_queued/flush."""
+        cdef list order = self.order
+        cdef list batches = self.batches
+        cdef list live
+        cdef Py_ssize_t n, idx
+        transport = self.transport
+        put = transport.put_task
+        with self.lock:
+            while self.in_flight < self.prefetch and self.state == "running":
+                n = self.next_dispatch
+                if order is not None:
+                    if n >= len(order):
+                        transport.flush()   # the epoch's last tasks: none waits for another
+                        return
+                    idx = order[n]
+                    if idx < 0 or idx >= len(batches):   # (the module does not check bounds)
+                        raise IndexError(f"the plan's batch {idx} is not among its {len(batches)}")
+                    indices = batches[idx]
+                else:
+                    idx, indices = n, None
+                # Round-robin by batch index: the roster's pick, from its cached takers
+                # while they stand; anything else is the roster's to decide.
+                live = self.roster._takers
+                if live is not None and len(live) > 0 and (self.in_order or len(live) == 1):
+                    wid = live[idx % len(live)]
+                else:
+                    wid = self.roster.pick(idx, self.in_order)
+                    if wid is None:
+                        return
+                if put is None:   # (Ray) no such queue: its dispatch marks the epoch torn meanwhile
+                    self.engine._dispatch_unqueued(wid, idx, indices)
+                    continue
+                epoch = self.epoch
+                self.roster.workers[wid].outstanding[(epoch, idx)] = indices
+                self.next_dispatch = n + 1
+                self.in_flight += 1
+                if put(wid, (epoch, idx, indices, self.profiling)):
+                    transport.send_queued(wid)
