@@ -98,3 +98,47 @@ cdef class BatchOwner:
                 # A finalizer must not raise; a pool that is gone simply
                 # lets the slab be unmapped.
                 pass
+
+
+@cython.final
+@cython.auto_pickle(False)
+cdef class FreeSlabs:
+    """The free slabs of the main process's pool (mxload._runtime.local.slabs.SlabPool),
+    compiled: the task send takes one per task (acquire) and each batch's last view gives
+    its slab back (release, from BatchOwner's finalizer, on any thread), so both run once
+    per batch.  Each is one C call with the GIL held: atomic without a lock, so a finalizer
+    can never deadlock against the dispatch.  Only a slab still pooled (`pooled`, the
+    pool's dict by slab id) is handed out; a retired one is dropped."""
+    cdef list _free               # first in, first out (at most the pool's size)
+    cdef dict _pooled
+    cdef dict _counts             # the pool's counters: "slabs_reused"
+    cdef bint _closed
+
+    def __cinit__(self, dict pooled not None, dict counts not None):
+        self._free = []
+        self._pooled = pooled
+        self._counts = counts
+        self._closed = False
+
+    def acquire(self):
+        """A free slab, or None (the worker then makes a new one)."""
+        cdef Slab slab
+        while self._free:
+            slab = <Slab>self._free.pop(0)
+            if slab.slab_id in self._pooled:
+                self._counts["slabs_reused"] += 1
+                return slab
+        return None
+
+    def release(self, Slab slab not None):
+        """`slab` is free again (a batch's last view died)."""
+        if not self._closed and slab.slab_id in self._pooled:
+            self._free.append(slab)
+
+    def close(self):
+        """Hand out nothing from now on."""
+        self._closed = True
+        del self._free[:]
+
+    def __len__(self):
+        return len(self._free)

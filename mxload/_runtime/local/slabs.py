@@ -7,12 +7,12 @@ gone, even if the whole process tree is SIGKILLed.
 """
 from __future__ import annotations
 
-import collections
 import errno
 import os
 import secrets
+from collections.abc import Callable
 
-from ..._core import Slab
+from ..._core import FreeSlabs, Slab
 from ...errors import SHARED_MEMORY_ADVICE, SharedMemoryError, WorkerError
 from . import fds as _fds
 
@@ -108,18 +108,23 @@ class SlabPool:
     as it is mapped, and its memory goes when its batch's views die, so kept
     batches cost a mapping each, never a descriptor.
 
-    `release` is called from BatchOwner finalizers on any thread (when the
-    consumer drops a batch); it only appends to a deque, which is atomic, so
-    it needs no lock and cannot deadlock against the dispatcher."""
+    `acquire` (the task send's, once per task) and `release` (from
+    BatchOwner finalizers on any thread, when the consumer drops a batch)
+    are the compiled FreeSlabs's: each one C call with the GIL held, so
+    they need no lock and cannot deadlock against the dispatcher."""
 
     def __init__(self, max_fds: int):
-        self._free: collections.deque[Slab] = collections.deque()
         self._slabs: dict[int, Slab] = {}
         self._fds: dict[int, int] = {}
         self._next_id = 0
         self._closed = False
         self.max_fds = max_fds
         self.counts = {"slabs_created": 0, "slabs_reused": 0, "slabs_retired": 0}
+        self._free = FreeSlabs(self._slabs, self.counts)
+        # A free slab, or None (the worker then makes a new one).
+        self.acquire: Callable[[], Slab | None] = self._free.acquire
+        # `slab` is free again (its batch's last view died).
+        self.release: Callable[[Slab], None] = self._free.release
 
     def adopt(self, fd: int, size: int) -> Slab:
         """Take ownership of a descriptor (received from a worker); map it."""
@@ -138,19 +143,6 @@ class SlabPool:
         self._slabs[slab_id] = slab
         self._fds[slab_id] = fd
         return slab
-
-    def acquire(self) -> Slab | None:
-        """A free slab, or None (the worker then makes a new one)."""
-        while self._free:
-            slab = self._free.popleft()
-            if slab.slab_id in self._slabs:
-                self.counts["slabs_reused"] += 1
-                return slab
-        return None
-
-    def release(self, slab: Slab) -> None:
-        if not self._closed and slab.slab_id in self._slabs:
-            self._free.append(slab)
 
     def retire(self, slab: Slab) -> None:
         """Forget a slab (too small): its memory goes when its last view does."""
@@ -178,8 +170,8 @@ class SlabPool:
         """Close every descriptor.  Mappings still viewed by live batches stay
         valid until those batches are freed; nothing is recycled any more."""
         self._closed = True
-        self._free.clear()
+        self._free.close()
         fds, self._fds = self._fds, {}
-        self._slabs = {}
+        self._slabs.clear()
         for fd in fds.values():
             _fds.close_fd(fd)
