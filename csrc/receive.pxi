@@ -372,7 +372,7 @@ cdef class FrameReceiver:
             return 0
         return <int>((left + 999999) // 1000000)
 
-    def get(self, Py_ssize_t idx, bint any_index=False, timeout=None, bint report_wait=False):
+    cpdef tuple get(self, Py_ssize_t idx, bint any_index=False, timeout=None, bint report_wait=False):
         """The consumer's wait: (EV_READY, -1, 0, item) once the buffer holds
         batch `idx` (any_index: any batch, item = (idx, item) with the
         smallest index), receiving what the workers send meanwhile;
@@ -417,6 +417,31 @@ cdef class FrameReceiver:
                 ev = self._poll(_ON_SOCKETS | _ON_BUFFER, slice_ms, &slot, &tag)
             if ev == _EV_TIMEOUT:
                 PyErr_CheckSignals()   # Ctrl-C reaches a consumer waiting here
+
+    def next_result(self, Py_ssize_t idx, bint any_index, timeout, bint filling, set holding not None,
+                    before_wait, on_event):
+        """The consumer's whole wait (the process transport's next_result):
+        get() until the buffer holds batch `idx` (any_index: any batch) and
+        return its item, handing each event that needs Python to
+        `on_event(event, slot, tag)`.  While tasks are held back for a pair
+        (`holding`, the transport's set of workers holding some), the first
+        time it would sleep it calls `before_wait(filling)` first (the
+        transport sends them; `filling`: the epoch's first window).  Raises
+        as get() does; `timeout` bounds the whole wait."""
+        cdef int64_t start = mxl_monotonic_ns()
+        cdef bint report = len(holding) > 0
+        left = timeout
+        while True:
+            event, slot, tag, item = self.get(idx, any_index, left, report)
+            if event == _EV_READY:
+                return item
+            if timeout is not None:   # (not on the way of a batch that is there)
+                left = max(0.0, timeout - (mxl_monotonic_ns() - start) / 1e9)
+            if event == _EV_WOULD_WAIT:
+                report = False
+                before_wait(filling)
+                continue
+            on_event(event, slot, tag)
 
     def watch(self, double timeout):
         """The watcher's wait (GIL released): (EV_ENDED, slot, tag) when a

@@ -152,12 +152,19 @@ cdef class EngineWindow:
                 if self.in_flight == 0 and self.roster.all_done():
                     return self._end
         filling = self.yielded < self.prefetch   # the epoch's first window: a wait is the workers' start
+        transport = self.transport
+        receive = transport.receive   # the transport's compiled wait, or None
         try:
             if self.in_order:
                 idx = self.order[self.yielded] if self.order is not None else self.yielded
-                self.transport.next_result(self.buffer, idx, False, self.timeout, filling)
+                if receive is not None:
+                    receive(idx, False, self.timeout, filling)
+                else:
+                    transport.next_result(self.buffer, idx, False, self.timeout, filling)
+            elif receive is not None:
+                receive(0, True, self.timeout, filling)
             else:
-                self.transport.next_result(self.buffer, 0, True, self.timeout, filling)
+                transport.next_result(self.buffer, 0, True, self.timeout, filling)
         except TimeoutError:
             raise self.engine._timed_out(idx) from None
         except BufferClosedError:
@@ -174,7 +181,14 @@ cdef class EngineWindow:
         (the same batch for a RawBatch claimed before); None if the task is
         gone or of an abandoned epoch (engine lock held).  The caller removes
         the task from `outstanding`."""
-        batch = self.transport.claim(raw)
+        transport = self.transport
+        claim_raw = transport.claim_raw   # the transport's compiled claim, or None
+        if claim_raw is not None:
+            batch = claim_raw(raw)
+            if type(batch) is ClaimMismatch:
+                raise transport.claim_mismatch(raw, batch)
+        else:
+            batch = transport.claim(raw)
         if batch is None:
             return None
         if (raw.epoch, raw.idx) not in self.roster.workers[raw.slot].outstanding or raw.epoch != self.epoch:

@@ -364,8 +364,7 @@ def test_pairing_backs_off_briefly_after_a_long_paired_run_and_longer_when_stops
             with engine.lock:
                 tr.counts["tasks_sent"] = sent
                 tr.put_task.per_message = 2
-                tr._filling = False
-                tr._flush_before_wait()
+                tr._flush_before_wait(False)
                 lengths.append(tr._pair_from - sent)
                 assert tr.put_task.per_message == 1
 

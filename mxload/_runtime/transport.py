@@ -117,6 +117,15 @@ class Transport(ABC):
     #: engine's books, or neither.  None: this transport has none (the engine
     #: uses dispatch(), and such an exception aborts the epoch).
     put_task: Callable[[int, tuple[int, int, Any, bool]], bool] | None = None
+    #: A compiled callable, ``receive(batch index, any_index, timeout,
+    #: filling)``: next_result's wait without its Python frame (the engine's
+    #: compiled consumer calls it once per batch).  None: the engine calls
+    #: next_result.
+    receive: Callable[[int, bool, float | None, bool], Any] | None = None
+    #: A compiled callable, ``claim_raw(raw)``: claim's batch without its
+    #: Python frame, or a ClaimMismatch, which ``claim_mismatch(raw,
+    #: mismatch)`` turns into the error to raise.  None: the engine calls claim.
+    claim_raw: Callable[[RawBatch], Any] | None = None
 
     def __init__(self, setup: TransportSetup):
         self.sink = setup.sink
@@ -186,6 +195,10 @@ class Transport(ABC):
         lock held), taking what its task held; None if that task is gone
         (its worker was replaced and the task will be answered again)."""
         return None
+
+    def claim_mismatch(self, raw: RawBatch, mismatch: Any) -> Exception:
+        """The error of a raw batch that contradicts its task (see claim_raw)."""
+        raise NotImplementedError("a transport with claim_raw says what a mismatch is")
 
     @property
     def restartable(self) -> bool:

@@ -5,11 +5,12 @@ once (its sentinel, its socket's end).
 
 Two threads share the compiled receive path (``_core.FrameReceiver``):
 
-* the consumer, in ``Fetcher.next_result``: when the batch it needs is not
-  in the ReorderBuffer yet, it reads the workers' sockets itself, with the
-  GIL released.  A BatchRef goes from the socket into the buffer as a C
-  struct, and the consumer makes it a batch (``adopt_raw``, through the
-  transport's ``claim``).  No other thread wakes for a batch.
+* the consumer, in ``FrameReceiver.next_result`` (the transport's
+  ``receive``): when the batch it needs is not in the ReorderBuffer yet, it
+  reads the workers' sockets itself, with the GIL released.  A BatchRef
+  goes from the socket into the buffer as a C struct, and the consumer
+  makes it a batch (``claim_batch``, the transport's ``claim_raw``).  No
+  other thread wakes for a batch.
 * the watcher thread (``mxload-fetcher``), asleep on the workers'
   sentinels: when one ends it takes what that worker sent and reports the
   loss, so a restart begins while the consumer is still busy training.
@@ -49,7 +50,7 @@ from .launcher import ProcessHandle
 from .slabs import SlabPool, fd_limit_error
 from .zygote import block_sigint_in_this_thread
 
-__all__ = ["Fetcher", "take_result", "adopt_raw"]
+__all__ = ["Fetcher", "adopt_raw", "claim_mismatch_error", "take_result"]
 
 _EV_READY = _core.EV_READY   # (a global: the consumer's wait compares with it per batch)
 
@@ -67,12 +68,17 @@ def adopt_raw(raw: RawBatch, handles: list[ProcessHandle], pool: SlabPool) -> An
     None if its task is no longer that worker's handle's (engine lock held)."""
     batch = claim_batch(raw, handles, pool.release)
     if type(batch) is ClaimMismatch:
-        handle = handles[raw.slot]
-        raise wire.ProtocolError(
-            f"worker {handle.worker_id} (pid {handle.pid}) sent batch {raw.idx} in slab {raw.slab_id} with "
-            f"layout {raw.layout_id}; its task had slab {batch.task_slab_id} and it named layouts "
-            f"{sorted(handle.layouts)}")
+        raise claim_mismatch_error(raw, batch, handles)
     return batch
+
+
+def claim_mismatch_error(raw: RawBatch, mismatch: ClaimMismatch, handles: list[ProcessHandle]) -> Exception:
+    """What claim_batch's ClaimMismatch for `raw` says: a worker's batch contradicting its task."""
+    handle = handles[raw.slot]
+    return wire.ProtocolError(
+        f"worker {handle.worker_id} (pid {handle.pid}) sent batch {raw.idx} in slab {raw.slab_id} with "
+        f"layout {raw.layout_id}; its task had slab {mismatch.task_slab_id} and it named layouts "
+        f"{sorted(handle.layouts)}")
 
 
 def take_result(msg: m.Message, fds: list[int], handle: ProcessHandle, handles: Sequence[ProcessHandle],
@@ -225,33 +231,10 @@ class Fetcher:
             except OSError:
                 pass
 
-    # ------------------------------------------------------------------ the consumer
-
-    def next_result(self, idx: int, any_index: bool, timeout: float | None,
-                    before_wait: Callable[[], None] | None = None) -> Any:
-        """The buffer's item for batch `idx` (any_index: (index, item) of the
-        smallest index there), receiving what the workers sent meanwhile;
-        `before_wait()` runs once if it is not there yet and the consumer
-        is about to sleep.  Raises TimeoutError, or BufferClosedError once
-        the epoch failed or the engine shuts down."""
-        receiver = self.receiver
-        start = time.monotonic()
-        left = timeout
-        while True:
-            event, slot, tag, item = receiver.get(idx, any_index, left, before_wait is not None)
-            if event == _EV_READY:
-                return item
-            if timeout is not None:   # (not on the way of a batch that is there)
-                left = max(0.0, start + timeout - time.monotonic())
-            if event == _core.EV_WOULD_WAIT:
-                assert before_wait is not None
-                before_wait()
-                before_wait = None
-                continue
-            self._handle_for_consumer(event, slot, tag)
+    # ------------------------------------------------------------------ the consumer's events
 
     @defer_sigint
-    def _handle_for_consumer(self, event: int, slot: int, tag: int) -> None:
+    def handle_for_consumer(self, event: int, slot: int, tag: int) -> None:
         """_handle, in the consumer.  Whole, signals deferred: a signal
         handler's exception (a program's SIGALRM, Ctrl-C) is raised once the
         frame is handled, never taken for the frame's own error."""

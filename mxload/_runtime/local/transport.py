@@ -3,19 +3,20 @@ and results (../wire.py), batches in pooled shared-memory slabs (slabs.py), the 
 path and the watcher thread (receiver.py), lives managed by the launcher (launcher.py)."""
 from __future__ import annotations
 
+import functools
 import signal
 from typing import Any
 
 import numpy as np
 
-from ..._core import RawBatch, ReorderBuffer, TaskHold, defer_sigint, send_tasks
+from ..._core import ClaimMismatch, RawBatch, ReorderBuffer, TaskHold, claim_batch, defer_sigint, send_tasks
 from ...errors import SHARED_MEMORY_ADVICE, LoaderTimeoutError, SharedMemoryError
 from .. import messages as m
 from .. import wire
 from ..transport import Transport, TransportSetup, WorkerLoss
 from . import launcher
 from .launcher import Closing, Launcher, Process, ProcessHandle, describe_exit, process_state
-from .receiver import Fetcher, adopt_raw
+from .receiver import Fetcher, adopt_raw, claim_mismatch_error
 from .slabs import SlabPool
 
 # How tasks pair (two to a message), by the window per worker taking tasks.
@@ -57,13 +58,14 @@ class ProcessTransport(Transport):
         self._pairing = PAIR_NEVER
         self._pair_from = 0                         # adaptive: tasks_sent at which pairing resumes
         self._backoff = PAIR_BACKOFF_MIN_TASKS      # adaptive: the last stop's length, in tasks
-        self._filling = False                       # the consumer's wait is in its epoch's first window
         self.set_window(setup.prefetch, setup.config.num_workers)
         self._timeout = setup.timeout               # the loader's: also bounds a task's send
         self._stopping = False                      # the shutdown began: a send waiting on a worker gives up
         self._config = setup.config
         self.launcher = Launcher(setup.config, start_method, setup.dataset_type, owner=self)
         self.pool = SlabPool(MAX_POOLED_SLABS)
+        # The engine's compiled claim: the views of a raw batch's slab.
+        self.claim_raw = functools.partial(claim_batch, handles=self._handles, release=self.pool.release)
         self._fetcher: Fetcher | None = None
         self._ending: list[Process] | None = None   # what refuse_starts left to end
 
@@ -110,6 +112,10 @@ class ProcessTransport(Transport):
         self._fetcher = Fetcher(self.sink, self.lock, self.pool, self._buffer, self._config.num_workers,
                                 lambda: self._handles, self._on_death)
         self._fetcher.sync()
+        # The consumer's whole wait, compiled (see Transport.receive).
+        self.receive = functools.partial(self._fetcher.receiver.next_result, holding=self._holding,
+                                         before_wait=self._flush_before_wait,
+                                         on_event=self._fetcher.handle_for_consumer)
         launcher.register_pausable(self)
         self._fetcher.start()
 
@@ -126,20 +132,19 @@ class ProcessTransport(Transport):
 
     def next_result(self, buffer: ReorderBuffer, idx: int, any_index: bool, timeout: float | None,
                     filling: bool = False) -> Any:
-        if self._fetcher is None:
+        if self.receive is None:
             return super().next_result(buffer, idx, any_index, timeout)
-        self._filling = filling
-        return self._fetcher.next_result(idx, any_index, timeout,
-                                         self._flush_before_wait if self._holding else None)
+        return self.receive(idx, any_index, timeout, filling)
 
     @defer_sigint
-    def _flush_before_wait(self) -> None:
+    def _flush_before_wait(self, filling: bool = False) -> None:
         """The consumer is about to sleep: what it waits for may be held.
         Whole, signals deferred: a send cut short by a signal handler's
         exception would lose tasks (the consumer is about to sleep anyway).
-        Adaptive pairing stops a while: the held task may be what it waits for."""
+        Adaptive pairing stops a while: the held task may be what it waits
+        for (unless `filling`: the epoch's first window, the workers starting)."""
         with self.lock:
-            if self._pairing == PAIR_WHILE_AHEAD and self.put_task.per_message > 1 and not self._filling:
+            if self._pairing == PAIR_WHILE_AHEAD and self.put_task.per_message > 1 and not filling:
                 self.put_task.per_message = 1
                 sent = self.counts["tasks_sent"]
                 if sent - self._pair_from < self._backoff:   # paired for less than the last stop lasted
@@ -152,6 +157,9 @@ class ProcessTransport(Transport):
 
     def claim(self, raw: RawBatch) -> Any:
         return adopt_raw(raw, self._handles, self.pool)
+
+    def claim_mismatch(self, raw: RawBatch, mismatch: ClaimMismatch) -> Exception:
+        return claim_mismatch_error(raw, mismatch, self._handles)
 
     @property
     def receive_stats(self) -> dict[str, int] | None:
