@@ -116,8 +116,11 @@ class EpochAbortedError(RuntimeError):
     loader that cannot be retried (handing a task to a worker).  The loader
     goes on after such an exception everywhere else; when it cannot, it says
     so with this error instead of ending the epoch early as if it were
-    exhausted.  The batches delivered before are correct; start a new epoch
-    with ``iter(loader)`` (a checkpoint from ``state_dict()`` resumes it).
+    exhausted.  Also raised by every ``next()`` after an error ended the
+    epoch (a worker's death, the loader's timeout), naming it: a signal
+    handler's exception may have reached the loop in its place.  The
+    batches delivered before are correct; start a new epoch with
+    ``iter(loader)`` (a checkpoint from ``state_dict()`` resumes it).
 
     Example:
         >>> import mxload

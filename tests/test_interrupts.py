@@ -767,3 +767,56 @@ def test_an_exception_cutting_the_dispatch_after_a_commit_short_stalls_nothing(m
     loader.close()
     from conftest import assert_gone
     assert_gone(pids)
+
+
+# ---------------------------------------------------------------- an ending error, then a handler's
+
+
+@pytest.mark.parametrize("ending", ["death", "timeout"])
+def test_an_epoch_ended_by_its_own_error_never_looks_exhausted_after_a_handlers_exception(ending):
+    """A worker dies (max_worker_restarts=0) or the loader's timeout passes,
+    and a signal handler's exception lands while the epoch's shutdown runs
+    (deferred until it completes): that exception replaces the
+    WorkerError/LoaderTimeoutError the loop would have seen.  A loop that
+    catches it and calls next() again is told the epoch ended, naming the
+    error (EpochAbortedError), never a StopIteration after fewer than all of
+    its batches (a silently truncated epoch)."""
+    out, err, rc = run_child(f"""
+        from mxload._runtime import engine as engine_module
+        original = engine_module.shutdown_sequence
+        def interrupted(*args):
+            interrupt_self()   # Ctrl-C lands inside the shutdown: raised once it is complete
+            return original(*args)
+        engine_module.shutdown_sequence = interrupted
+
+        class Dies(mxload.Dataset):
+            def __len__(self):
+                return 40
+            def __getitem__(self, i):
+                if i == 20:
+                    if {ending!r} == "death":
+                        os._exit(3)
+                    time.sleep(5)
+                return np.int64(i)
+
+        loader = mxload.DataLoader(Dies(), batch_size=2, num_workers=2, max_worker_restarts=0,
+                                   timeout=20 if {ending!r} == "death" else 1)
+        it = iter(loader)
+        seen, taken = [], 0
+        while len(seen) < 4:
+            try:
+                taken += len(next(it))
+            except StopIteration:
+                seen.append("StopIteration")
+                break
+            except BaseException as e:
+                seen.append(type(e).__name__)
+                if isinstance(e, mxload.EpochAbortedError):
+                    print("says", ("WorkerError" in str(e)) or ("LoaderTimeoutError" in str(e)), flush=True)
+        print("seen", seen[:3], "taken", taken, flush=True)
+        loader.close()
+        print("children", children(), flush=True)
+    """)
+    assert "seen ['KeyboardInterrupt', 'EpochAbortedError', 'EpochAbortedError'] taken" in out, (out, err)
+    assert "says True" in out and "children []" in out, (out, err)
+    assert rc == 0, err

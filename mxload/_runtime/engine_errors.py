@@ -74,6 +74,15 @@ def aborted_error(where: str) -> EpochAbortedError:
         f"outside the loader's code, or set a flag there and act on it in the training loop")
 
 
+def ended_error(error: BaseException) -> EpochAbortedError:
+    """What next() says after `error` (a worker's death, the loader's timeout) ended the epoch:
+    the loop may not have seen it (a signal handler's exception can replace it)."""
+    return EpochAbortedError(
+        f"this epoch ended with {type(error).__name__}: {error} -- its remaining batches were not "
+        f"delivered. Batches delivered before are correct. Start a new epoch with iter(loader) (a "
+        f"checkpoint from state_dict() resumes where it stopped)")
+
+
 def timeout_error(engine: Engine, idx: int) -> LoaderTimeoutError:
     """No batch within the loader's `timeout`: which one was awaited (batch
     `idx`, or any with in_order=False), where its task is, and each live

@@ -19,7 +19,7 @@ from .._core import defer_sigint, handing_next, sigint_safe_finalizer
 from ..errors import EpochAbortedError
 from .autotune import AutoBatches, AutoTuner
 from .engine import Engine
-from .engine_errors import aborted_error
+from .engine_errors import aborted_error, ended_error
 from .results import END, BatchFailure, Marker
 from .source import SampleSource
 
@@ -244,12 +244,13 @@ class EpochIterator:
                     fresh = producer.next_batch()
                 except BaseException as e:
                     ended = producer.ended_by(e)
-                    del e
                     if ended is not None:   # a worker failure or timeout, or a step that cannot be retried
-                        if ended:
-                            engine = self.engine
-                            self._aborted = (aborted_error(ended).args[0] if engine is not None
-                                             else ended)
+                        # Said again by any later call: the exception raised now may never reach
+                        # the loop (a signal handler's, delivered as the shutdown below completes,
+                        # replaces it), and the epoch must not then look exhausted.
+                        self._aborted = (aborted_error(ended) if ended else ended_error(e)).args[0]
+                    del e
+                    if ended is not None:
                         self._end(force=True)
                     raise
                 if fresh is END:
