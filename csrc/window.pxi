@@ -61,6 +61,10 @@ cdef class EngineWindow:
     cdef public object own_error
     cdef public object torn
     cdef long _forks
+    # The wait for the batch at position `waited` (-1: none yet this epoch) began at
+    # `_wait_start`: a call an exception cut short goes on with the same deadline.
+    cdef public Py_ssize_t waited
+    cdef int64_t _wait_start
     cdef object _end, _closed_by_other, _exhausted, _failure_type, _protocol_error
 
     def __cinit__(self, engine, lock, roster, ReorderBuffer buffer not None, supervisor,
@@ -76,6 +80,7 @@ cdef class EngineWindow:
         self.state = "running"
         self.prefetch = 1
         self.in_order = True
+        self.waited = -1
         self._forks = mxl_fork_generation
 
     @property
@@ -152,19 +157,28 @@ cdef class EngineWindow:
                 if self.in_flight == 0 and self.roster.all_done():
                     return self._end
         filling = self.yielded < self.prefetch   # the epoch's first window: a wait is the workers' start
+        # The loader's timeout bounds the wait for one batch however many calls it takes: a
+        # signal handler raising inside next() more often than that must not make it endless.
+        cdef int64_t now = mxl_monotonic_ns()
+        if self.waited != self.yielded:
+            self.waited = self.yielded
+            self._wait_start = now
+        timeout = self.timeout
+        if timeout is not None:
+            timeout = max(0.0, timeout - (now - self._wait_start) / 1e9)
         transport = self.transport
         receive = transport.receive   # the transport's compiled wait, or None
         try:
             if self.in_order:
                 idx = self.order[self.yielded] if self.order is not None else self.yielded
                 if receive is not None:
-                    receive(idx, False, self.timeout, filling)
+                    receive(idx, False, timeout, filling)
                 else:
-                    transport.next_result(self.buffer, idx, False, self.timeout, filling)
+                    transport.next_result(self.buffer, idx, False, timeout, filling)
             elif receive is not None:
-                receive(0, True, self.timeout, filling)
+                receive(0, True, timeout, filling)
             else:
-                transport.next_result(self.buffer, 0, True, self.timeout, filling)
+                transport.next_result(self.buffer, 0, True, timeout, filling)
         except TimeoutError:
             raise self.engine._timed_out(idx) from None
         except BufferClosedError:

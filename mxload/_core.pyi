@@ -262,6 +262,7 @@ class EngineWindow:
     ready: tuple[int, Any] | None
     own_error: BaseException | None
     torn: str | None
+    waited: int
     def __new__(cls, engine: Any, lock: Any, roster: Any, buffer: ReorderBuffer, supervisor: Any,
                 counts: dict[str, int], markers: tuple[Any, ...]) -> Self: ...
     @property

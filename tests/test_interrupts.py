@@ -820,3 +820,41 @@ def test_an_epoch_ended_by_its_own_error_never_looks_exhausted_after_a_handlers_
     assert "seen ['KeyboardInterrupt', 'EpochAbortedError', 'EpochAbortedError'] taken" in out, (out, err)
     assert "says True" in out and "children []" in out, (out, err)
     assert rc == 0, err
+
+
+def test_the_loaders_timeout_bounds_a_wait_that_a_handler_keeps_cutting_short():
+    """A stuck worker, and a signal handler raising inside next() every 50 ms
+    (less than the loader's timeout), caught by the loop, which calls next()
+    again: the timeout counts from the wait's first call, so the epoch ends
+    with a LoaderTimeoutError instead of waiting forever."""
+    out, err, rc = run_child(RAISING_TIMER + textwrap.dedent("""
+        class StuckAt3(mxload.Dataset):
+            def __len__(self):
+                return 8
+            def __getitem__(self, i):
+                if i == 3:
+                    time.sleep(60)
+                return np.int64(i)
+
+        loader = mxload.DataLoader(StuckAt3(), batch_size=1, num_workers=2, timeout=0.5)
+        it = iter(loader)
+        taken, ended = [], None
+        t0 = time.monotonic()
+        signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)
+        while ended is None and time.monotonic() - t0 < 20:
+            try:
+                taken.append(int(next(it)[0]))
+            except Alarm:
+                continue
+            except BaseException as e:
+                ended = type(e).__name__
+        signal.setitimer(signal.ITIMER_REAL, 0, 0)
+        print("ended", ended, "after", round(time.monotonic() - t0), "s", taken, "cut", raised[0] > 3,
+              flush=True)
+        loader.close()
+        print("children", children(), flush=True)
+    """))
+    assert "ended LoaderTimeoutError after 1 s [0, 1, 2] cut True" in out or \
+        "ended LoaderTimeoutError after 0 s [0, 1, 2] cut True" in out, (out, err)
+    assert "children []" in out, (out, err)
+    assert rc == 0, err

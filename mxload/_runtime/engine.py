@@ -167,6 +167,7 @@ class Engine:
             window.ready = window.own_error = window.torn = None
             window.discard = plan.discard
             window.next_dispatch = window.yielded = window.in_flight = 0
+            window.waited = -1
             window.dispatch_more()
         del stale  # recycled slabs of the previous epoch, released outside the lock
 
