@@ -26,8 +26,8 @@ cdef class EngineWindow:
     of Python frames.  The engine (engine.py) sets every field; what happens
     once per epoch, or on a failure, it does in Python, called from here.
 
-    The hand-over (see Engine's docstring): the batch taken goes from the
-    buffer's `handover` slot to `ready` by plain stores.  A signal
+    The hand-over (see the consumer section of engine.py): the batch taken
+    goes from the buffer's `handover` slot to `ready` by plain stores.  A signal
     handler's exception (a program's SIGALRM step timeout, Ctrl-C caught
     and ignored) is raised only by a call into Python code; here those are
     the transport's (next_result, claim, send_queued, flush: each
