@@ -117,7 +117,7 @@ cdef class EngineWindow:
                     key = (raw.epoch, raw.idx)
                     outstanding = self.roster.workers[raw.slot].outstanding
                     try:
-                        item = self.claim(raw)   # claimed again if a call before was cut short
+                        item = self._claim(raw, outstanding, key)   # again if a call before was cut short
                     except self._protocol_error as e:
                         raise engine._claim_failed(idx, e) from None
                     if item is None:
@@ -166,19 +166,16 @@ cdef class EngineWindow:
         timeout = self.timeout
         if timeout is not None:
             timeout = max(0.0, timeout - (now - self._wait_start) / 1e9)
+        cdef bint any_index = not self.in_order
+        if not any_index:
+            idx = self.order[self.yielded] if self.order is not None else self.yielded
         transport = self.transport
         receive = transport.receive   # the transport's compiled wait, or None
         try:
-            if self.in_order:
-                idx = self.order[self.yielded] if self.order is not None else self.yielded
-                if receive is not None:
-                    receive(idx, False, timeout, filling)
-                else:
-                    transport.next_result(self.buffer, idx, False, timeout, filling)
-            elif receive is not None:
-                receive(0, True, timeout, filling)
+            if receive is not None:
+                receive(0 if any_index else idx, any_index, timeout, filling)
             else:
-                transport.next_result(self.buffer, 0, True, timeout, filling)
+                transport.next_result(self.buffer, 0 if any_index else idx, any_index, timeout, filling)
         except TimeoutError:
             raise self.engine._timed_out(idx) from None
         except BufferClosedError:
@@ -194,7 +191,11 @@ cdef class EngineWindow:
         """The batch the receive path stored raw, with its task's slab taken
         (the same batch for a RawBatch claimed before); None if the task is
         gone or of an abandoned epoch (engine lock held).  The caller removes
-        the task from `outstanding`."""
+        the task from its worker's `outstanding`."""
+        return self._claim(raw, self.roster.workers[raw.slot].outstanding, (raw.epoch, raw.idx))
+
+    cdef object _claim(self, RawBatch raw, outstanding, key):
+        """claim(), given the task's worker's `outstanding` and its `key` there."""
         transport = self.transport
         claim_raw = transport.claim_raw   # the transport's compiled claim, or None
         if claim_raw is not None:
@@ -205,7 +206,7 @@ cdef class EngineWindow:
             batch = transport.claim(raw)
         if batch is None:
             return None
-        if (raw.epoch, raw.idx) not in self.roster.workers[raw.slot].outstanding or raw.epoch != self.epoch:
+        if key not in outstanding or raw.epoch != self.epoch:
             return None   # dropping the batch returns its slab to the pool
         return batch
 

@@ -52,8 +52,6 @@ from .zygote import block_sigint_in_this_thread
 
 __all__ = ["Fetcher", "adopt_raw", "claim_mismatch_error", "take_result"]
 
-_EV_READY = _core.EV_READY   # (a global: the consumer's wait compares with it per batch)
-
 
 def _out_of_fds(error: OSError, doing: str) -> BaseException:
     """`error` as the error for running out of descriptors, if it is that."""
