@@ -510,10 +510,32 @@ def test_workers_faster_than_whole_in_process_runs_are_resumed_though_probes_fla
     assert tuner.resume_workers() == 2
 
 
+def test_workers_chosen_on_a_runs_first_probe_alone_are_not_resumed_without_another(monkeypatch):
+    """tabular-getitems on 2 cores: a run's first probe, cold (0.24 ms a batch where in-process
+    takes 0.09), sent the epoch to workers, which then beat that one probe every epoch and kept
+    the whole run on them at 0.94x of in-process.  One in-process rate is not evidence enough:
+    the next epoch probes again, and its warm probe sends the workers back."""
+    monkeypatch.setattr(autotune.os, "cpu_count", lambda: 2)
+    tuner = autotune.AutoTuner(max_workers=2, cores=2, auto_window=True, fixed_window=4)
+    mb = 1 << 20
+    cold = ([600_000] * 8, [17_000] * 7, [17_000] * 7)
+    warm = ([90_000] * 8, [7_000] * 7, [7_000] * 7)
+    assert tuner.choose(0, *cold, batch_bytes=mb) == 2
+    tuner.settled = (2, 2)       # as the engine's start sets it
+    tuner.engine_rate(9_000.0)   # the workers' epoch: far above the cold probe's ~1600
+    assert tuner.resume_workers() == 0, "resumed on one probe's word"
+    assert tuner.choose(1, *warm, batch_bytes=mb) == 0
+    assert tuner.report()["last_choice"]["reason"].startswith("in-process is as fast")
+    # With two in-process rates measured, workers that beat them are resumed without a probe.
+    tuner.settled, tuner._engine_rate = (2, 2), 20_000.0
+    assert tuner.resume_workers() == 2
+
+
 def test_one_slow_epoch_on_workers_does_not_send_them_back(monkeypatch):
     """An engine phase of 30 ms varies by 20%: tabular's workers (1.5x in-process) lost one epoch
     in three to in-process and went back to it.  The last 3 epochs' upper median decides."""
     tuner = two_cores(monkeypatch)   # in-process: 25 batches/s
+    tuner.inprocess_measured(25.0)   # a second in-process rate: resuming needs two
     tuner.settled = (2, 2)
     for rate, workers in [(50.0, 2), (50.0, 2), (20.0, 2), (20.0, 0)]:
         tuner.engine_rate(rate)

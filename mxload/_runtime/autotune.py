@@ -20,7 +20,8 @@ the upper median of the last ENGINE_RATES_KEPT epochs') is compared with
 in-process's (the upper median of the last INPROCESS_RATES_KEPT measured:
 probes, and the runs of epochs that stayed in-process after theirs): a machine
 where workers lose gets 0 for the next 1, 2, 4 ... up to MAX_INPROCESS_EPOCHS
-epochs; one where they win starts the next epoch on them, without a probe.
+epochs; one where they win starts the next epoch on them, without a probe (once
+in-process was measured RESUME_INPROCESS_RATES times: a run's first probe is cold).
 
 With k >= 1 the rest of the epoch runs on the engine, whose `max_workers`
 processes exist but only k take tasks; the window (``prefetch="auto"``)
@@ -93,6 +94,9 @@ MAX_AUTO_WORKERS = 16
 MAX_INPROCESS_EPOCHS = 8     # after workers lost to in-process, epochs before trying them again (at most)
 INPROCESS_RATES_KEPT = 5     # workers are compared with the last this many in-process rates measured
 ENGINE_RATES_KEPT = 3        # ... by the rates of the last this many epochs on workers
+# In-process rates measured before workers that beat them start an epoch without a probe: a run's
+# first probe alone (cold: page faults, caches) kept workers at 0.94x of in-process a whole run.
+RESUME_INPROCESS_RATES = 2
 
 
 def worker_cost_ns(batch_bytes: int) -> float:
@@ -326,11 +330,12 @@ class AutoTuner:
 
     def resume_workers(self) -> int:
         """Workers to start an epoch with, without a probe: where the last epoch's climb settled,
-        when its workers beat its in-process probe; else 0 (probe first)."""
+        when its workers beat the in-process rates (at least RESUME_INPROCESS_RATES of them);
+        else 0 (probe first)."""
         self._fold_engine_rate()
         measured = self._measured
-        if self.settled is None or measured is None or self._inprocess_rate is None \
-                or measured < self._inprocess_rate * (1 + TRY_GAIN):
+        if self.settled is None or measured is None or len(self._inprocess_rates) < RESUME_INPROCESS_RATES \
+                or measured < self._inprocess_rate * (1 + TRY_GAIN):   # type: ignore[operator]
             return 0   # the probe's choice weighs the measurement
         self._backoff = 0   # workers won
         workers = self.settled[0]
