@@ -490,6 +490,7 @@ def test_epochs_that_stay_in_process_measure_their_whole_run(monkeypatch):
     in-process runs made 1243): an epoch that stays in-process after its probe adds what its
     run reached to the rates workers are compared with."""
     monkeypatch.setattr(autotune, "predict_ns", lambda k, *_: 1e6 * (k + 1))   # in-process wins
+    monkeypatch.setattr(autotune, "REPROBE_S", 0.0)   # every epoch probes
     loader = mxload.DataLoader(Augmented(), batch_size=4, num_workers="auto")
     tuner = loader._iterations.tuner
     for _ in range(2):
@@ -560,3 +561,54 @@ def test_no_try_starts_where_the_epoch_would_cut_it_short_and_a_cut_one_counts_a
     auto.end(False)
     assert auto._trying is None and tuner.schedule.every == 2 * autotune.TRY_EVERY
     assert auto._neighbours() and climbing(tuner, settled=(0, 2))._neighbours() == []
+
+
+def test_epochs_after_a_clear_in_process_win_skip_their_probe_until_one_is_due(monkeypatch):
+    """tabular-getitems (0.09 ms batches, 97 an epoch): a probe and its choice in every epoch
+    cost 4-7% of in-process's throughput.  Where the last probe found workers clearly slower,
+    epochs skip theirs for REPROBE_S, still measuring their whole in-process run."""
+    monkeypatch.setattr(autotune, "predict_ns", lambda k, *_: 1e6 * (k + 1))   # workers 2x slower
+    monkeypatch.setattr(autotune, "REPROBE_S", 3600.0)
+    loader = mxload.DataLoader(Augmented(), batch_size=4, num_workers="auto")
+    tuner = loader._iterations.tuner
+    for _ in range(4):
+        it = iter(loader)
+        assert len(flat(it)) == 100 and it.engine is None
+    assert [c.workers for c in tuner.choices] == [0]
+    assert tuner.report()["epochs_without_probe"] == 3
+    # The probe's rate and all four runs' (the first after its probe, three whole).
+    assert len(tuner._inprocess_rates) == 5 and min(tuner._inprocess_rates) > 0
+    tuner._probe_due_ns = time.perf_counter_ns()   # REPROBE_S has passed
+    assert len(flat(loader)) == 100
+    assert [c.workers for c in tuner.choices] == [0, 0]
+
+
+def test_a_close_call_or_a_backoff_never_skips_the_next_probe(monkeypatch):
+    """Only a clear win of in-process skips probes: a close call, or in-process forced by
+    workers that lost, leaves every next epoch its probe."""
+    monkeypatch.setattr(autotune.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(autotune, "REPROBE_S", 3600.0)
+    tuner = autotune.AutoTuner(max_workers=2, cores=2, auto_window=True, fixed_window=4)
+    clear = ([90_000] * 8, [7_000] * 7, [7_000] * 7)   # workers predicted 2x slower
+    assert tuner.choose(0, *clear, batch_bytes=1 << 20) == 0 and tuner.probe_skipped()
+    tuner = autotune.AutoTuner(max_workers=2, cores=2, auto_window=True, fixed_window=4)
+    images = ([576_000] * 8, [12_000] * 7, [12_000] * 7)   # a close call, measured
+    assert tuner.choose(0, *images, batch_bytes=9_633_792) == 2 and not tuner.probe_skipped()
+    tuner.engine_rate(1000.0)   # lost to in-process's 1700
+    assert tuner.choose(1, *images, batch_bytes=9_633_792) == 0 and not tuner.probe_skipped()
+
+
+def test_an_unprobed_epoch_much_slower_than_in_process_was_makes_the_next_one_probe(monkeypatch):
+    """The samples got dearer (or the machine busier) while probes were skipped: an epoch whose
+    whole run falls SLOWED_PROBE below the kept in-process rate makes the next epoch probe."""
+    monkeypatch.setattr(autotune, "predict_ns", lambda k, *_: 1e6 * (k + 1))
+    monkeypatch.setattr(autotune, "REPROBE_S", 3600.0)
+    loader = mxload.DataLoader(Augmented(), batch_size=4, num_workers="auto")
+    tuner = loader._iterations.tuner
+    flat(loader)
+    assert tuner.probe_skipped()
+    tuner._inprocess_rates.extend([1e9] * 4)   # in-process was measured far faster than it is
+    flat(loader)   # unprobed; its run is far below that
+    assert not tuner.probe_skipped()
+    flat(loader)
+    assert [c.workers for c in tuner.choices] == [0, 0]

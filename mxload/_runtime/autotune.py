@@ -22,6 +22,9 @@ probes, and the runs of epochs that stayed in-process after theirs): a machine
 where workers lose gets 0 for the next 1, 2, 4 ... up to MAX_INPROCESS_EPOCHS
 epochs; one where they win starts the next epoch on them, without a probe (once
 in-process was measured RESUME_INPROCESS_RATES times: a run's first probe is cold).
+Where a probe found workers clearly slower (beyond CLOSE_CALL), the epochs of the
+next REPROBE_S stay in-process without one and time their whole run instead; one
+that runs SLOWED_PROBE below the kept in-process rate makes the next epoch probe.
 
 With k >= 1 the rest of the epoch runs on the engine, whose `max_workers`
 processes exist but only k take tasks; the window (``prefetch="auto"``)
@@ -80,6 +83,10 @@ TRY_UNDO_LOSS = 0.15         # a try toward less this much slower in its (flatte
 WORKERS_MARGIN = 0.15        # workers must be predicted this much faster than in-process ...
 CLOSE_CALL = 0.3             # ... or, predicted at most this much slower, are tried and measured
 SLOWED_PROBE = 0.25          # ... unless the probe ran this much below the last ones' in-process rate
+# After a probe that found workers clearly slower (by more than CLOSE_CALL), epochs skip their probe
+# (and its choice) for this long, timing their whole in-process run instead: tabular-getitems' 97
+# batches of 0.09 ms an epoch lost 4-7% of their throughput to a probe in every epoch.
+REPROBE_S = 0.25
 WINDOW_PER_WORKER = 2        # prefetch="auto": tasks in flight per worker taking tasks, at first
 PER_WORKER_CHOICES = (1, 2, 4, 8)
 MAIN_OVERHEAD_NS = 60_000    # the loop's own CPU per batch with workers (bench/main_cpu.py: 29-51 us)
@@ -216,6 +223,10 @@ class AutoTuner:
     # MAX_INPROCESS_EPOCHS after each loss in a row), and how many are left.
     _backoff = 0
     _inprocess_epochs = 0
+    # perf_counter_ns before which an epoch stays in-process without a probe (the last probe found
+    # workers clearly slower), and how many epochs did.
+    _probe_due_ns = 0
+    _unprobed_epochs = 0
 
     @property
     def _inprocess_rate(self) -> float | None:
@@ -287,6 +298,10 @@ class AutoTuner:
             workers = self.settled[0]
         if not workers:
             self.settled = None
+        # Workers clearly slower by the model: the next epochs skip their probe a while.
+        fastest = min((predicted[k] for k in range(1, self.max_workers + 1)), default=float("inf"))
+        clear = not workers and fastest > predicted[0] * (1 + CLOSE_CALL)
+        self._probe_due_ns = time.perf_counter_ns() + int(REPROBE_S * 1e9) if clear else 0
         self.schedule.reset()   # a fresh probe: the climb starts over
         self.choices.append(Choice(epoch, workers, load / 1e6, step / 1e6, step_cpu / 1e6, self.cores,
                                    round(free, 2), {k: v / 1e6 for k, v in predicted.items()}, reason,
@@ -327,6 +342,19 @@ class AutoTuner:
         self.counts["auto_workers"] = after[0]
         self.counts["auto_window"] = self.window(*after)
         self.counts["auto_changes"] += 1
+
+    def probe_skipped(self) -> bool:
+        """Whether an epoch starting now stays in-process without a probe (the last one found
+        workers clearly slower, less than REPROBE_S ago)."""
+        return time.perf_counter_ns() < self._probe_due_ns
+
+    def unprobed_run(self, rate: float) -> None:
+        """An epoch that skipped its probe ran in-process at `rate` batches/s: one far below the
+        in-process rates kept (dearer samples, a busier machine) makes the next epoch probe."""
+        kept = self._inprocess_rate
+        if kept is not None and rate < kept * (1 - SLOWED_PROBE):
+            self._probe_due_ns = 0
+        self.inprocess_measured(rate)
 
     def resume_workers(self) -> int:
         """Workers to start an epoch with, without a probe: where the last epoch's climb settled,
@@ -369,6 +397,7 @@ class AutoTuner:
                 "last_choice": last.__dict__ if last is not None else None,
                 # (epoch, workers) chosen at each epoch's start that probed
                 "choices": [(c.epoch, c.workers) for c in self.choices],
+                "epochs_without_probe": self._unprobed_epochs,
                 "changes": list(self.changes)}
 
 
@@ -409,12 +438,17 @@ class AutoBatches:
         self._probe_start: tuple[int, float | None, float] = (0, None, 0.0)
         resume = tuner.resume_workers()
         long_enough = len(plan.order) > PROBE_BATCHES + MIN_ENGINE_BATCHES
-        self._probing = long_enough and not resume
+        # Without a probe: an epoch too short for one, or one after a clear in-process win.
+        self._unprobed = not resume and (not long_enough or tuner.probe_skipped())
+        if self._unprobed and long_enough:
+            tuner._unprobed_epochs += 1
+        self._probing = long_enough and not resume and not self._unprobed
         self._switch_to = resume if long_enough else 0   # workers to start at the next call
         self._taken = 0
         self._draining = False         # back to in-process once the engine's dispatched batches are taken
-        # In-process after the probe: from when (ns), how many batches, the latest handed out when.
-        self._inprocess_from = 0
+        # In-process after the probe: from when (ns; -1: from the first batch, where there is no
+        # probe), how many batches, the latest handed out when.
+        self._inprocess_from = -1 if self._unprobed and long_enough else 0
         self._inprocess_taken = 0
         self._inprocess_last_ns = 0
         # The climb on the engine.
@@ -456,8 +490,12 @@ class AutoBatches:
         got = self._current.next_batch()
         if self.engine is None:
             if type(got) is tuple:
-                self._inprocess_taken += 1
-                self._inprocess_last_ns = time.perf_counter_ns()
+                now = time.perf_counter_ns()
+                if self._inprocess_from >= 0:
+                    self._inprocess_taken += 1
+                else:   # an epoch without a probe: its run is timed from its first batch on
+                    self._inprocess_from = now
+                self._inprocess_last_ns = now
         elif self._current is not self._inprocess and type(got) is tuple:
             self._taken += 1
             self._window_count += 1
@@ -673,10 +711,14 @@ class AutoBatches:
 
     def _inprocess_run_rate(self) -> None:
         """An epoch that stayed in-process after its probe: what in-process reached over it."""
-        if self.engine is None and self._inprocess_from and self._inprocess_taken >= WINDOW_BATCHES:
+        if self.engine is None and self._inprocess_from > 0 and self._inprocess_taken >= WINDOW_BATCHES:
             span = max(self._inprocess_last_ns - self._inprocess_from, 1)
             self._inprocess_from = 0   # once
-            self._tuner.inprocess_measured(self._inprocess_taken * 1e9 / span)
+            rate = self._inprocess_taken * 1e9 / span
+            if self._unprobed:
+                self._tuner.unprobed_run(rate)
+            else:
+                self._tuner.inprocess_measured(rate)
 
     def end(self, release: bool) -> None:
         self._rate_without_verdict()
