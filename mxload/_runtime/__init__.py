@@ -20,7 +20,8 @@ layout) define a format that crosses processes.
                      adopt slabs, views, notice deaths
       zygote.py      the zygote (fork), spawn and forkserver workers, SIGINT at starts
       slabs.py       memfd slabs and the main process's pool
-      heap.py        a worker process keeps the memory it frees (malloc thresholds)
+      heap.py        a worker process keeps the memory it frees (malloc thresholds), and
+                     keeps what it inherited by fork out of its garbage collector (gc.freeze)
       fds.py         descriptors no forked child may keep
     threads.py     ThreadTransport: a task queue per worker thread
     ray/           backend="ray": RayTransport (transport.py) and the LoaderActor

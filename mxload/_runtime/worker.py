@@ -32,7 +32,7 @@ from .._core import Slab, watch_main_process
 from .._torch_compat import enter_worker
 from . import messages as m
 from . import wire
-from .local.heap import keep_freed_memory
+from .local.heap import freeze_inherited_objects, keep_freed_memory
 from .local.slabs import create_shared_fd, map_slab, slab_size_for
 from .local.zygote import reset_inherited_signals
 from .source import SampleSource
@@ -256,6 +256,7 @@ def worker_process_main(config: WorkerConfig, sock: socket.socket) -> None:
     reset_inherited_signals()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    freeze_inherited_objects()   # a fork's inherited heap stays out of the collector's way (local/heap.py)
     keep_freed_memory()   # before the dataset allocates anything (local/heap.py: page faults per batch)
     if not config.zygote_child:   # a zygote child was armed by the zygote (local/zygote.die_with_parent)
         watch_main_process(sock.fileno())

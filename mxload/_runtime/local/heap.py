@@ -1,4 +1,6 @@
-"""A worker process's heap: freed memory is kept for the next batch, not handed back.
+"""A worker process's heap: freed memory is kept for the next batch, not handed
+back, and the objects a fork inherited stay out of the garbage collector's way
+(freeze_inherited_objects).
 
 glibc's malloc serves a large block (128 KiB and up at first) with its own
 mmap and unmaps it when it is freed; the first free of such a block raises
@@ -23,10 +25,11 @@ MXLOAD_WORKER_MALLOC=system in the environment leaves glibc's own policy.
 """
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
-__all__ = ["KEEP_BELOW_BYTES", "TRIM_ABOVE_BYTES", "keep_freed_memory"]
+__all__ = ["KEEP_BELOW_BYTES", "TRIM_ABOVE_BYTES", "freeze_inherited_objects", "keep_freed_memory"]
 
 # glibc's mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD = -1
@@ -60,3 +63,20 @@ def keep_freed_memory() -> bool:
     # mallopt returns 1 on success, 0 on an out-of-range value.
     return (bool(mallopt(_M_MMAP_THRESHOLD, KEEP_BELOW_BYTES))
             and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_ABOVE_BYTES)))
+
+
+def freeze_inherited_objects() -> None:
+    """Keep the objects this process inherited from its parent out of its
+    garbage collector's way (first thing in a forked process).
+
+    A forked worker inherits the main process's heap: every module a
+    training script imported (torch's are a few hundred thousand objects).
+    The worker's full collections walked all of them, and wrote to each
+    one's header, so every page of that heap was copied into the worker
+    too.  Measured (tabular, 2 forked workers, a main process that had
+    imported torch): both workers stopped for 85-120 ms at the same batch of
+    the second epoch, the epoch taking 125-181 ms against 38-54 ms; frozen,
+    47-49 ms.  Frozen objects are never collected here: cyclic garbage the
+    parent left behind stays (it costs nothing unless touched), and what the
+    worker itself makes is collected as usual."""
+    gc.freeze()

@@ -60,6 +60,7 @@ from ...errors import WorkerError
 from .. import messages as m
 from .. import os_threads, wire
 from . import fds as _fds
+from .heap import freeze_inherited_objects
 
 if TYPE_CHECKING:
     from ..worker import WorkerConfig
@@ -498,6 +499,7 @@ def _zygote_main(sock: socket.socket, entry: Callable[[int, int, socket.socket],
         reset_inherited_signals()
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        freeze_inherited_objects()   # the main process's heap: its workers inherit the freeze
         _detach_stdin()
         _serve_zygote(sock, entry)
     except BaseException:
