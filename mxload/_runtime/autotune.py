@@ -16,12 +16,14 @@ the per-batch costs it estimates make workers lose, by at most CLOSE_CALL,
 it measures them instead.  From the
 second epoch on, the throughput the workers really reached (an epoch's best
 window, or its whole engine phase where it ended before a window's verdict;
-the upper median of the last ENGINE_RATES_KEPT epochs') is compared with
+not the epoch that started persistent workers, which measured their start; the
+upper median of the last ENGINE_RATES_KEPT epochs') is compared with
 in-process's (the upper median of the last INPROCESS_RATES_KEPT measured:
 probes, and the runs of epochs that stayed in-process after theirs): a machine
 where workers lose gets 0 for the next 1, 2, 4 ... up to MAX_INPROCESS_EPOCHS
 epochs; one where they win starts the next epoch on them, without a probe (once
-in-process was measured RESUME_INPROCESS_RATES times: a run's first probe is cold).
+in-process was measured RESUME_INPROCESS_RATES times, or for RESUMES_ON_ONE_RATE epochs
+on fewer: a run's first probe is cold).
 Where a probe found workers clearly slower (beyond CLOSE_CALL), the epochs of the
 next REPROBE_S stay in-process without one and time their whole run instead; one
 that runs SLOWED_PROBE below the kept in-process rate makes the next epoch probe.
@@ -103,7 +105,10 @@ INPROCESS_RATES_KEPT = 5     # workers are compared with the last this many in-p
 ENGINE_RATES_KEPT = 3        # ... by the rates of the last this many epochs on workers
 # In-process rates measured before workers that beat them start an epoch without a probe: a run's
 # first probe alone (cold: page faults, caches) kept workers at 0.94x of in-process a whole run.
+# On fewer, this many epochs still resume (a probe at once cost two-epoch runs of augment and jpeg
+# 5-10%), then one probes.
 RESUME_INPROCESS_RATES = 2
+RESUMES_ON_ONE_RATE = 1
 
 
 def worker_cost_ns(batch_bytes: int) -> float:
@@ -227,6 +232,7 @@ class AutoTuner:
     # workers clearly slower), and how many epochs did.
     _probe_due_ns = 0
     _unprobed_epochs = 0
+    _thin_resumes = 0            # epochs resumed with fewer than RESUME_INPROCESS_RATES rates
 
     @property
     def _inprocess_rate(self) -> float | None:
@@ -358,13 +364,16 @@ class AutoTuner:
 
     def resume_workers(self) -> int:
         """Workers to start an epoch with, without a probe: where the last epoch's climb settled,
-        when its workers beat the in-process rates (at least RESUME_INPROCESS_RATES of them);
-        else 0 (probe first)."""
+        when its workers beat the in-process rates (at least RESUME_INPROCESS_RATES of them, or
+        fewer for RESUMES_ON_ONE_RATE epochs); else 0 (probe first)."""
         self._fold_engine_rate()
         measured = self._measured
-        if self.settled is None or measured is None or len(self._inprocess_rates) < RESUME_INPROCESS_RATES \
-                or measured < self._inprocess_rate * (1 + TRY_GAIN):   # type: ignore[operator]
+        thin = len(self._inprocess_rates) < RESUME_INPROCESS_RATES
+        if self.settled is None or measured is None or self._inprocess_rate is None \
+                or (thin and self._thin_resumes >= RESUMES_ON_ONE_RATE) \
+                or measured < self._inprocess_rate * (1 + TRY_GAIN):
             return 0   # the probe's choice weighs the measurement
+        self._thin_resumes += thin
         self._backoff = 0   # workers won
         workers = self.settled[0]
         self.counts["auto_workers"], self.counts["auto_window"] = workers, self.window(*self.settled)
@@ -456,6 +465,7 @@ class AutoBatches:
         self._window_count = 0
         self._engine_from = (0, 0)      # (ns, batches taken) when the engine took over
         self._engine_last_ns = 0       # when the engine's latest batch was handed out
+        self._cold_workers = False     # the engine's persistent workers started in this epoch
         self._windows = 0
         self._settled = (0, tuner.per_worker)   # (workers, tasks per worker) in force, unless a try runs
         self._trying: tuple[int, int] | None = None
@@ -582,6 +592,8 @@ class AutoBatches:
         lands before it leaves the epoch in-process and the engine ended."""
         self.engine, self._current, self._slot, producer.adopted = \
             producer.engine, producer, producer.engine.window, True
+        # Persistent workers this epoch started: their start is not their pace.
+        self._cold_workers = self.persistent and producer.engine.counts["epochs"] <= 1
 
     def _engine_drained(self) -> bool:
         """Every task sent to the workers has its batch taken (the engine's own count, which a
@@ -616,7 +628,8 @@ class AutoBatches:
         self._rates.append(rate)
         tuner, engine = self._tuner, self.engine
         assert engine is not None
-        tuner.engine_rate(rate)
+        if not self._cold_workers:   # (what the next epoch compares: see _rate_without_verdict)
+            tuner.engine_rate(rate)
         # One slow window is not a loss (a wake-up missed, another program's burst): two in a row are.
         self._losing = self._losing + 1 if tuner.losing_to_inprocess(rate) else 0
         if self._losing >= LOSING_WINDOWS:
@@ -697,10 +710,14 @@ class AutoBatches:
         """An epoch that ended on the engine before two windows (the first only fills the
         pipeline) still tells the next epoch what the workers reached: every batch the engine
         handed out over the time it took, pipeline fill included (a verdict the next probe acts
-        on, where otherwise short epochs of fast batches never get one)."""
+        on, where otherwise short epochs of fast batches never get one).  Not where the
+        epoch started persistent workers: that rate is their start (images, dict16: cold workers
+        measured below in-process sent the next epoch back in-process), and the next epoch
+        measures them warm; workers that end with the epoch pay their start every epoch."""
         start_ns, taken0 = self._engine_from
         taken = self._taken - taken0
-        if self.engine is None or self._windows >= 2 or self._draining or taken < WINDOW_BATCHES:
+        if self.engine is None or self._windows >= 2 or self._draining or taken < WINDOW_BATCHES \
+                or self._cold_workers:
             return
         self._tuner.engine_rate(taken * 1e9 / max(self._engine_last_ns - start_ns, 1))
 
