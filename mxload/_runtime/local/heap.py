@@ -76,7 +76,7 @@ def freeze_inherited_objects() -> None:
     too.  Measured (tabular, 2 forked workers, a main process that had
     imported torch): both workers stopped for 85-120 ms at the same batch of
     the second epoch, the epoch taking 125-181 ms against 38-54 ms; frozen,
-    47-49 ms.  Frozen objects are never collected here: cyclic garbage the
+    37-49 ms.  Frozen objects are never collected here: cyclic garbage the
     parent left behind stays (it costs nothing unless touched), and what the
     worker itself makes is collected as usual."""
     gc.freeze()
