@@ -205,21 +205,29 @@ def test_a_close_call_is_measured_and_the_measurement_decides(monkeypatch):
     assert "last epoch's workers reached 1000" in tuner.report()["last_choice"]["reason"]
 
 
+# tabular-getitems' probe on 2 cores, warm: (loads, steps, step CPU) in ns; 1 MiB batches.
+GETITEMS_PROBE = ([90_000] * 8, [7_000] * 7, [7_000] * 7)
+MB = 1 << 20
+
+
+def two_core_tuner(monkeypatch) -> autotune.AutoTuner:
+    """A fresh tuner on a 2-core machine, up to 2 workers."""
+    monkeypatch.setattr(autotune.os, "cpu_count", lambda: 2)
+    return autotune.AutoTuner(max_workers=2, cores=2, auto_window=True, fixed_window=4)
+
+
 def test_one_slow_probe_does_not_make_losing_workers_look_faster(monkeypatch):
     """tabular-getitems on 2 cores: one probe slowed by a hiccup (0.24 ms a batch, where
     in-process does 0.097) made it a close call, and its workers (8460 batches/s, 0.82x of
     in-process) were kept for the rest of the run because they beat that one probe."""
-    monkeypatch.setattr(autotune.os, "cpu_count", lambda: 2)
-    tuner = autotune.AutoTuner(max_workers=2, cores=2, auto_window=True, fixed_window=4)
-    mb = 1 << 20
-    fast = ([90_000] * 8, [7_000] * 7, [7_000] * 7)
+    tuner = two_core_tuner(monkeypatch)
     slowed = ([223_000] * 8, [17_000] * 7, [17_000] * 7)
-    assert tuner.choose(0, *fast, batch_bytes=mb) == 0
+    assert tuner.choose(0, *GETITEMS_PROBE, batch_bytes=MB) == 0
     # Alone, the slowed probe's figures make a close call ...
-    alone = autotune.AutoTuner(max_workers=2, cores=2, auto_window=True, fixed_window=4)
-    assert alone.choose(0, *slowed, batch_bytes=mb) == 2 and "a close call" in alone.choices[-1].reason
+    alone = two_core_tuner(monkeypatch)
+    assert alone.choose(0, *slowed, batch_bytes=MB) == 2 and "a close call" in alone.choices[-1].reason
     # ... after a probe 2.5x faster, they are a hiccup.
-    assert tuner.choose(1, *slowed, batch_bytes=mb) == 0
+    assert tuner.choose(1, *slowed, batch_bytes=MB) == 0
     # Workers measured at 8460 would not be resumed for beating the slowed probe either.
     tuner.settled, tuner._engine_rate = (2, 2), 8460.0
     assert tuner.resume_workers() == 0
@@ -520,19 +528,16 @@ def test_workers_chosen_on_a_runs_first_probe_alone_are_not_resumed_without_anot
     the whole run on them at 0.94x of in-process.  One in-process rate is not evidence enough:
     after RESUMES_ON_ONE_RATE epochs resumed on it, an epoch probes again, and its warm probe
     sends the workers back.  (Probing at once cost augment's and jpeg's two-epoch runs 5-10%.)"""
-    monkeypatch.setattr(autotune.os, "cpu_count", lambda: 2)
-    tuner = autotune.AutoTuner(max_workers=2, cores=2, auto_window=True, fixed_window=4)
-    mb = 1 << 20
+    tuner = two_core_tuner(monkeypatch)
     cold = ([600_000] * 8, [17_000] * 7, [17_000] * 7)
-    warm = ([90_000] * 8, [7_000] * 7, [7_000] * 7)
-    assert tuner.choose(0, *cold, batch_bytes=mb) == 2
+    assert tuner.choose(0, *cold, batch_bytes=MB) == 2
     tuner.settled = (2, 2)       # as the engine's start sets it
     tuner.engine_rate(9_000.0)   # the workers' epoch: far above the cold probe's ~1600
     for _ in range(autotune.RESUMES_ON_ONE_RATE):
         assert tuner.resume_workers() == 2
         tuner.engine_rate(9_000.0)
     assert tuner.resume_workers() == 0, "resumed on one probe's word for good"
-    assert tuner.choose(1, *warm, batch_bytes=mb) == 0
+    assert tuner.choose(1, *GETITEMS_PROBE, batch_bytes=MB) == 0
     assert tuner.report()["last_choice"]["reason"].startswith("in-process is as fast")
     # With two in-process rates measured, workers that beat them are resumed without a probe.
     tuner._engine_rates.clear()
@@ -594,12 +599,10 @@ def test_epochs_after_a_clear_in_process_win_skip_their_probe_until_one_is_due(m
 def test_a_close_call_or_a_backoff_never_skips_the_next_probe(monkeypatch):
     """Only a clear win of in-process skips probes: a close call, or in-process forced by
     workers that lost, leaves every next epoch its probe."""
-    monkeypatch.setattr(autotune.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(autotune, "REPROBE_S", 3600.0)
-    tuner = autotune.AutoTuner(max_workers=2, cores=2, auto_window=True, fixed_window=4)
-    clear = ([90_000] * 8, [7_000] * 7, [7_000] * 7)   # workers predicted 2x slower
-    assert tuner.choose(0, *clear, batch_bytes=1 << 20) == 0 and tuner.probe_skipped()
-    tuner = autotune.AutoTuner(max_workers=2, cores=2, auto_window=True, fixed_window=4)
+    tuner = two_core_tuner(monkeypatch)   # workers predicted 2x slower:
+    assert tuner.choose(0, *GETITEMS_PROBE, batch_bytes=MB) == 0 and tuner.probe_skipped()
+    tuner = two_core_tuner(monkeypatch)
     images = ([576_000] * 8, [12_000] * 7, [12_000] * 7)   # a close call, measured
     assert tuner.choose(0, *images, batch_bytes=9_633_792) == 2 and not tuner.probe_skipped()
     tuner.engine_rate(1000.0)   # lost to in-process's 1700

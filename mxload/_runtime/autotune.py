@@ -447,9 +447,9 @@ class AutoBatches:
         self._probe_start: tuple[int, float | None, float] = (0, None, 0.0)
         resume = tuner.resume_workers()
         long_enough = len(plan.order) > PROBE_BATCHES + MIN_ENGINE_BATCHES
-        # Without a probe: an epoch too short for one, or one after a clear in-process win.
-        self._unprobed = not resume and (not long_enough or tuner.probe_skipped())
-        if self._unprobed and long_enough:
+        # Long enough for a probe but without one: the last probe found in-process clearly faster.
+        self._unprobed = long_enough and not resume and tuner.probe_skipped()
+        if self._unprobed:
             tuner._unprobed_epochs += 1
         self._probing = long_enough and not resume and not self._unprobed
         self._switch_to = resume if long_enough else 0   # workers to start at the next call
@@ -457,7 +457,7 @@ class AutoBatches:
         self._draining = False         # back to in-process once the engine's dispatched batches are taken
         # In-process after the probe: from when (ns; -1: from the first batch, where there is no
         # probe), how many batches, the latest handed out when.
-        self._inprocess_from = -1 if self._unprobed and long_enough else 0
+        self._inprocess_from = -1 if self._unprobed else 0
         self._inprocess_taken = 0
         self._inprocess_last_ns = 0
         # The climb on the engine.
