@@ -412,8 +412,10 @@ TREE_MAX_DEPTH = 32
 
 # Array leaves whose memory a flat dict's gather requests at once (see _gather_flat_dict).
 DEF GATHER_AHEAD = 16
-# Rows ahead of the copy whose lines TreeTable.fill requests.
-DEF FILL_AHEAD = 2
+# Rows ahead of the copy whose lines TreeTable.fill requests.  Rows drawn at random from a
+# dataset far larger than the caches (dict16's 82 MB, 256 B rows): 2 ahead 57.9 us a batch,
+# 4 53.9, 8 53.9, 16 53.3; from hot caches 34.4 at 2, 33.7 at 8.
+DEF FILL_AHEAD = 8
 
 
 cdef class TreeTable
@@ -774,8 +776,8 @@ cdef class TreeTable:
                         dst = <char *>view.buf + at[j]
                         t0 = mxl_monotonic_ns()
                         for i in range(n):
-                            # The rows are scattered over the heap: ask for row i + 2's
-                            # lines while row i is copied.
+                            # The rows are scattered over the heap: ask for a later
+                            # row's lines while row i is copied.
                             if i + FILL_AHEAD < n:
                                 mxl_prefetch_span(srcs[j * n + i + FILL_AHEAD], leaf.row_bytes)
                             if strides[j * n + i] is NULL:
