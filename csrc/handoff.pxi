@@ -63,7 +63,9 @@ def claim_batch(RawBatch raw not None, list handles not None, release):
     the restart released the slab and sends the task again); a
     ClaimMismatch if the frame contradicts the task.  Claiming the same
     RawBatch again gives the same batch (a claim an exception cut short
-    is finished, never lost)."""
+    is finished, never lost), or the same ClaimMismatch."""
+    if raw._mismatch is not None:
+        return raw._mismatch   # a claim before found the frame contradicting its task
     if raw._owner is not None:
         # A claim before took the slab and was cut short (an exception from a
         # signal handler while the layout's Python code ran): finish it.
@@ -82,9 +84,10 @@ def claim_batch(RawBatch raw not None, list handles not None, release):
         return None
     cached = handle.layouts.get(raw.layout_id)
     if slab is None or (<Slab?>slab).slab_id != raw.slab_id or cached is None:
+        raw._mismatch = ClaimMismatch(None if slab is None else (<Slab>slab).slab_id)
         if slab is not None:
             release(slab)
-        return ClaimMismatch(None if slab is None else (<Slab>slab).slab_id)
+        return raw._mismatch
     # Kept on the RawBatch before any Python code runs (VIEWS_ASSEMBLE): the
     # slab is off the handle now, and only this claim may hand it out.
     raw._template = <ViewTemplate?>(<tuple?>cached)[1]

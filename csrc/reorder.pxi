@@ -49,6 +49,11 @@ cdef class RawBatch:
     # layout's Python code) is finished by the next claim of this RawBatch.
     cdef object _owner
     cdef object _template
+    # Set by claim_batch when the frame contradicted its task (the slab went back to the pool):
+    # a claim again gives the same ClaimMismatch, never None ("its task is gone"), so an
+    # exception that cut the error's path short cannot turn the failure into a wait for a
+    # batch no worker will send.
+    cdef object _mismatch
 
     def __repr__(self):
         return (f"RawBatch(slot={self.slot}, tag={self.tag}, epoch={self.epoch}, idx={self.idx}, slab_id={self.slab_id}, "

@@ -769,6 +769,70 @@ def test_an_exception_cutting_the_dispatch_after_a_commit_short_stalls_nothing(m
     assert_gone(pids)
 
 
+@pytest.mark.timeout(60)
+def test_an_exception_cutting_a_failed_claim_short_still_ends_the_epoch_with_its_error(monkeypatch):
+    """A worker's batch contradicts its task (claim_batch's ClaimMismatch: the task's slab is
+    already off the handle and back in the pool), and a signal handler's exception lands in the
+    Python code that turns that into the error (the transport's claim_mismatch, before
+    Engine._claim_failed records it).  The loop catches it and calls next() again: that call
+    raises the claim's WorkerError at once.  It used to claim the batch again, find its task
+    gone (as if its worker had been replaced and the task sent again), drop it and wait for
+    it: a hang until the loader's timeout (forever without one)."""
+    import numpy as np
+
+    import mxload
+
+    class Cut(Exception):
+        pass
+
+    loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(24)), batch_size=1, num_workers=1,
+                               prefetch=2, timeout=5)
+    it = iter(loader)
+    transport = it.engine.transport
+    claim_raw, claim_mismatch, handles = transport.claim_raw, transport.claim_mismatch, transport._handles
+
+    target = []   # the first batch from 6 on that the receive path stored raw
+
+    def mismatching(raw):   # the target's frame names a layout its worker never named
+        if not target and raw.idx >= 6:
+            target.append(raw.idx)
+        if raw.idx not in target:
+            return claim_raw(raw)
+        layouts = dict(handles[raw.slot].layouts)
+        handles[raw.slot].layouts.clear()
+        try:
+            return claim_raw(raw)
+        finally:
+            handles[raw.slot].layouts.update(layouts)
+
+    cuts = []
+
+    def cut(raw, mismatch):
+        if not cuts:
+            cuts.append(raw.idx)
+            raise Cut("a signal handler's exception")
+        return claim_mismatch(raw, mismatch)
+
+    monkeypatch.setattr(transport, "claim_raw", mismatching)
+    monkeypatch.setattr(transport, "claim_mismatch", cut)
+    taken, t0 = [], time.monotonic()
+    with pytest.raises(BaseException) as ended:
+        while True:
+            try:
+                taken.extend(int(x) for x in next(it))
+            except Cut:
+                continue
+    assert cuts == target and taken == list(range(target[0])), (cuts, target, taken)
+    assert isinstance(ended.value, mxload.WorkerError), repr(ended.value)
+    assert f"could not take batch {target[0]}" in str(ended.value), str(ended.value)
+    assert time.monotonic() - t0 < 4   # not the loader's timeout
+    pids = [p for p in it.engine.worker_pids() if p]
+    del it, ended
+    loader.close()
+    from conftest import assert_gone
+    assert_gone(pids)
+
+
 # ---------------------------------------------------------------- an ending error, then a handler's
 
 
