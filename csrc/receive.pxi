@@ -372,7 +372,8 @@ cdef class FrameReceiver:
             return 0
         return <int>((left + 999999) // 1000000)
 
-    cpdef tuple get(self, Py_ssize_t idx, bint any_index=False, timeout=None, bint report_wait=False):
+    cpdef tuple get(self, Py_ssize_t idx, bint any_index=False, timeout=None, bint report_wait=False,
+                    Py_ssize_t epochs=-1):
         """The consumer's wait: (EV_READY, -1, 0, item) once the buffer holds
         batch `idx` (any_index: any batch, item = (idx, item) with the
         smallest index), receiving what the workers send meanwhile;
@@ -380,8 +381,9 @@ cdef class FrameReceiver:
         EV_FD_LIMIT; an end is reported once per attachment; with
         `report_wait`, EV_WOULD_WAIT before it first sleeps).  Raises
         BufferClosedError once the buffer is closed, TimeoutError after
-        `timeout` seconds (None: no limit).  Sleeps with the GIL released, in
-        slices that let signal handlers (Ctrl-C) run."""
+        `timeout` seconds (None: no limit), EpochBegunError once the buffer
+        begins another epoch than the `epochs`-th (if given).  Sleeps with
+        the GIL released, in slices that let signal handlers (Ctrl-C) run."""
         cdef int64_t deadline = FrameReceiver._deadline(timeout)
         cdef int64_t tag = 0
         cdef int slot = -1, ev
@@ -390,6 +392,8 @@ cdef class FrameReceiver:
         while True:
             if rb._closed:
                 raise rb._closed_error()
+            if epochs >= 0 and epochs != rb.epochs:
+                raise EpochBegunError(f"the buffer began another epoch during a wait of epoch count {epochs}")
             found = rb._pop_smallest() if any_index else rb._pop(idx)
             if found is not _MISSING:
                 if rb.keep_handover:
@@ -419,7 +423,7 @@ cdef class FrameReceiver:
                 PyErr_CheckSignals()   # Ctrl-C reaches a consumer waiting here
 
     def next_result(self, Py_ssize_t idx, bint any_index, timeout, bint filling, set holding not None,
-                    before_wait, on_event):
+                    before_wait, on_event, Py_ssize_t epochs=-1):
         """The consumer's whole wait (the process transport's next_result):
         get() until the buffer holds batch `idx` (any_index: any batch) and
         return its item, handing each event that needs Python to
@@ -427,12 +431,13 @@ cdef class FrameReceiver:
         (`holding`, the transport's set of workers holding some), the first
         time it would sleep it calls `before_wait(filling)` first (the
         transport sends them; `filling`: the epoch's first window).  Raises
-        as get() does; `timeout` bounds the whole wait."""
+        as get() does; `timeout` bounds the whole wait, `epochs` ends it as
+        get()'s does."""
         cdef int64_t start = mxl_monotonic_ns()
         cdef bint report = len(holding) > 0
         left = timeout
         while True:
-            event, slot, tag, item = self.get(idx, any_index, left, report)
+            event, slot, tag, item = self.get(idx, any_index, left, report, epochs)
             if event == _EV_READY:
                 return item
             if timeout is not None:   # (not on the way of a batch that is there)

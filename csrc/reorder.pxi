@@ -76,6 +76,11 @@ class BufferClosedError(RuntimeError):
     """Raised by ReorderBuffer operations after close()."""
 
 
+class EpochBegunError(RuntimeError):
+    """Raised by a wait given the buffer's `epochs` count once the buffer has
+    begun another epoch (start_epoch): what it waited for is no longer its."""
+
+
 cdef object _MISSING = object()
 # A wait is cut into slices so a blocked consumer wakes to run signal
 # handlers (Ctrl-C) even if nothing is ever put.
@@ -92,6 +97,8 @@ cdef class ReorderBuffer:
     pop_next(timeout)     wait for any index, remove and return (idx, item)
                           with the smallest index available
     close(reason)         wake every waiter with BufferClosedError
+    start_epoch(epoch)    clear(); wake every waiter given the `epochs`
+                          count before it with EpochBegunError
     clear()               drop and return everything stored
     """
     cdef pthread_mutex_t _mutex
@@ -106,6 +113,10 @@ cdef class ReorderBuffer:
     cdef Py_ssize_t _rawcap
     cdef bint _c_closed        # under _mutex: close() as put_raw() sees it
     cdef int64_t _raw_epoch    # under _mutex: put_raw() stores batches of this epoch only
+    # start_epoch() calls so far (changed and read with the GIL held).  A wait given it ends
+    # with EpochBegunError once it moves: a consumer of the epoch before, in another thread,
+    # must not take the new epoch's batches nor wait for one the new epoch never sends.
+    cdef readonly Py_ssize_t epochs
     # A FrameReceiver's consumer wake-up (eventfd) while one receives for this
     # buffer, else -1: put() and close() signal it, so a consumer waiting in
     # the receiver's poll() sees them (see receive.pxi).  Set and read with
@@ -303,7 +314,7 @@ cdef class ReorderBuffer:
             return key, self._items.pop(key)
         return _MISSING
 
-    cdef object _wait(self, Py_ssize_t idx, bint any_index, timeout):
+    cdef object _wait(self, Py_ssize_t idx, bint any_index, timeout, Py_ssize_t epochs):
         cdef double remaining = -1.0
         cdef double slice_s
         cdef int64_t deadline_ns = 0
@@ -320,6 +331,8 @@ cdef class ReorderBuffer:
             while True:
                 if self._closed:
                     raise self._closed_error()
+                if epochs >= 0 and epochs != self.epochs:
+                    raise EpochBegunError(f"the buffer began another epoch during a wait of epoch count {epochs}")
                 if any_index:
                     found = self._pop_smallest()
                 else:
@@ -356,13 +369,16 @@ cdef class ReorderBuffer:
         """How many threads wait in get()/pop_next() now (found nothing, committed to waiting)."""
         return self._waiting
 
-    def get(self, Py_ssize_t idx, timeout=None):
-        """Wait for batch `idx`, remove it and return it."""
-        return self._wait(idx, False, timeout)
+    def get(self, Py_ssize_t idx, timeout=None, Py_ssize_t epochs=-1):
+        """Wait for batch `idx`, remove it and return it.  With `epochs` (the
+        buffer's count when the caller's epoch began): EpochBegunError once
+        another epoch begins."""
+        return self._wait(idx, False, timeout, epochs)
 
-    def pop_next(self, timeout=None):
-        """Wait for any batch; return (idx, item) with the smallest idx stored."""
-        return self._wait(0, True, timeout)
+    def pop_next(self, timeout=None, Py_ssize_t epochs=-1):
+        """Wait for any batch; return (idx, item) with the smallest idx stored
+        (`epochs` as for get())."""
+        return self._wait(0, True, timeout, epochs)
 
     def close(self, reason=None):
         if not self._closed:
@@ -384,8 +400,11 @@ cdef class ReorderBuffer:
     def start_epoch(self, int64_t epoch):
         """clear(), and from now on store raw batches of `epoch` only (in
         one step: a batch of the previous epoch is either removed here or
-        refused)."""
-        return self._clear(True, epoch)
+        refused).  A wait given the count of epochs before ends."""
+        items = self._clear(True, epoch)
+        self.epochs += 1
+        self._notify()
+        return items
 
     def take_raw(self, int64_t tag):
         """Remove and return (as RawBatch objects, by index) the raw batches

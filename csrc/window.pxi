@@ -95,6 +95,10 @@ cdef class EngineWindow:
         cdef ReorderBuffer rb = self.buffer
         cdef RawBatch raw
         cdef bint skip
+        # The epoch this call serves, as the buffer counts them: another thread's iter() may
+        # begin the next one on persistent workers meanwhile (superseding this iterator), and
+        # then this call must neither take that epoch's batches nor wait for them.
+        cdef Py_ssize_t generation = rb.epochs
         engine = self.engine
         if mxl_fork_generation != self._forks:
             raise engine._forked_error()
@@ -107,11 +111,17 @@ cdef class EngineWindow:
                     # The dispatch after the last commit was cut short: with nothing in
                     # flight, the wait below would wait for a batch no worker was asked for.
                     self.dispatch_more()
-                taken = self._wait_for_next()
+                if rb.epochs != generation:
+                    return self._closed_by_other
+                taken = self._wait_for_next(generation)
                 if type(taken) is not tuple:
                     return taken   # END, CLOSED_BY_OTHER
             idx, item = <tuple>taken
             with self.lock:
+                if rb.epochs != generation:
+                    # Begun since the wait took this batch: begin_epoch took it back from the
+                    # hand-over slot (its slab to the pool) with the epoch before's others.
+                    return self._closed_by_other
                 if type(item) is RawBatch:
                     raw = <RawBatch>item
                     key = (raw.epoch, raw.idx)
@@ -143,10 +153,11 @@ cdef class EngineWindow:
             if not skip:
                 return self.ready
 
-    cdef object _wait_for_next(self):
+    cdef object _wait_for_next(self, Py_ssize_t generation):
         """Wait for the next batch (in order: the next of the plan; else any)
         and return what the wait left in the buffer's hand-over slot; END or
-        CLOSED_BY_OTHER.  Nothing is committed here."""
+        CLOSED_BY_OTHER (also once the buffer begins an epoch after its
+        `generation`-th).  Nothing is committed here."""
         cdef Py_ssize_t idx = -1
         cdef bint filling
         if self.order is not None:
@@ -173,9 +184,12 @@ cdef class EngineWindow:
         receive = transport.receive   # the transport's compiled wait, or None
         try:
             if receive is not None:
-                receive(0 if any_index else idx, any_index, timeout, filling)
+                receive(0 if any_index else idx, any_index, timeout, filling, epochs=generation)
             else:
-                transport.next_result(self.buffer, 0 if any_index else idx, any_index, timeout, filling)
+                transport.next_result(self.buffer, 0 if any_index else idx, any_index, timeout, filling,
+                                      generation)
+        except EpochBegunError:
+            return self._closed_by_other
         except TimeoutError:
             raise self.engine._timed_out(idx) from None
         except BufferClosedError:
@@ -216,13 +230,17 @@ cdef class EngineWindow:
         and its worker's queue by put_task, last: an exception finds it in
         both or in neither, never sent twice nor lost.  What was put is sent
         now or by a later send_queued/flush."""
-        cdef list order = self.order
-        cdef list batches = self.batches
+        cdef list order, batches
         cdef list live
         cdef Py_ssize_t n, idx
         transport = self.transport
         put = transport.put_task
         with self.lock:
+            # The plan is read under the lock: a call that waited for it while another thread's
+            # iter() began a new epoch (begin_epoch, which holds it) fills the window from the
+            # new epoch's plan, never from the one this call began with.
+            order = self.order
+            batches = self.batches
             while self.in_flight < self.prefetch and self.state == "running":
                 n = self.next_dispatch
                 if order is not None:

@@ -65,12 +65,13 @@ class WorkerInfoDataset(mxload.Dataset):
 
 
 class SlowDataset(mxload.Dataset):
-    """Sleeps in __getitem__ (for shutdown-while-busy tests)."""
+    """Sleeps in __getitem__ (for shutdown-while-busy tests); with `only`, for those samples only."""
 
-    def __init__(self, delay: float, n: int = 64, announce: bool = False):
+    def __init__(self, delay: float, n: int = 64, announce: bool = False, only: frozenset[int] | None = None):
         self.delay = delay
         self.n = n
         self.announce = announce
+        self.only = only
 
     def __len__(self) -> int:
         return self.n
@@ -78,7 +79,8 @@ class SlowDataset(mxload.Dataset):
     def __getitem__(self, i: int):
         if self.announce:
             os.write(1, f"busy {os.getpid()}\n".encode())   # one write: lines of workers never interleave
-        time.sleep(self.delay)
+        if self.only is None or i in self.only:
+            time.sleep(self.delay)
         return np.array([i])
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import multiprocessing as mp
 import os
+import time
 import warnings
 
 import numpy as np
@@ -510,6 +511,186 @@ def test_iterators_of_one_loader_are_independent(mode):
     got_second = [as_plain(b) for b in second]
     got_first += [as_plain(b) for b in first]
     assert got_first == got_second == expected
+
+
+class ShrinkingBatches:
+    """8 batches in epoch 0, then 2; each epoch's samples distinct (epoch e's from 100 e on)."""
+
+    def __init__(self):
+        self.drawn = 0
+
+    def __len__(self):
+        return 8 if self.drawn == 0 else 2
+
+    def __iter__(self):
+        n, base = len(self), 100 * self.drawn
+        self.drawn += 1
+        return iter([[base + 2 * b, base + 2 * b + 1] for b in range(n)])
+
+
+@pytest.mark.timeout(60)
+def test_a_refill_that_waited_for_the_lock_while_a_newer_iter_began_an_epoch_sends_only_the_new_plan():
+    """Persistent workers, one thread inside next() of an epoch whose tasks are all out (its
+    refill, EngineWindow.dispatch_more, waits for the engine lock), another thread calling iter()
+    meanwhile, which holds that lock while it begins a shorter epoch: the refill, once it has the
+    lock, fills the window from the new epoch's plan.  It used to fill it from the plan it read
+    before taking the lock (the old epoch's): tasks of the new epoch for batches outside its plan,
+    with the old epoch's sample indices (a wrong batch for an out-of-order consumer).  And the old
+    iterator's next() then ends as superseded: it used to go on waiting and take the new epoch's
+    first batch, which the new iterator never saw."""
+    import threading
+
+    from conftest import asleep_in, wait_until
+
+    with mxload.DataLoader(mxload.ArrayDataset(np.arange(400)), batch_sampler=ShrinkingBatches(),
+                           num_workers=1, prefetch=4, persistent_workers=True, timeout=10) as loader:
+        first = iter(loader)
+        engine = first.engine
+        assert [next(first).tolist() for _ in range(6)] == [[2 * b, 2 * b + 1] for b in range(6)]
+        assert engine.progress() == (6, 8) and engine.window.in_flight < engine.prefetch   # all out
+        got = []
+
+        def take_one():
+            try:
+                got.append(next(first))
+            except BaseException as e:
+                got.append(e)
+
+        consumer = threading.Thread(target=take_one)
+        with engine.lock:   # what the newer iter() holds while it begins its epoch
+            consumer.start()
+            wait_until(lambda: "futex" in asleep_in(os.getpid(), consumer.native_id),
+                       what="the consumer's refill waiting for the engine lock")
+            second = iter(loader)
+            assert second.engine is engine
+        consumer.join(10)
+        assert not consumer.is_alive()
+        out_of_plan = {key: list(indices) for w in engine.roster.workers
+                       for key, indices in w.outstanding.items() if key[0] == 1 and key[1] >= 2}
+        assert out_of_plan == {}, f"epoch 1 (2 batches) was sent tasks of epoch 0's plan: {out_of_plan}"
+        assert engine.window.in_flight <= 2
+        assert len(got) == 1 and isinstance(got[0], RuntimeError) and "superseded" in str(got[0]), got
+        assert [b.tolist() for b in second] == [[100, 101], [102, 103]]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("in_order", [True, False])
+@pytest.mark.parametrize("thread_pool", [False, True], ids=["processes", "threads"])
+def test_a_next_waiting_in_another_thread_ends_as_superseded_when_a_newer_iter_begins_an_epoch(in_order,
+                                                                                               thread_pool):
+    """Persistent workers; one thread waits inside next() for epoch 0's batch 6, which its
+    worker is slow to make (1 s); meanwhile another thread's iter() begins a 2-batch epoch.  The
+    waiting next() raises "superseded" at once, and the new iterator gets its batches, each once.
+    It used to go on waiting: in order, for a batch 6 the new epoch never sends (until the
+    loader's timeout, forever without one); out of order, until it took the new epoch's first
+    batch, which the new iterator then never saw."""
+    import threading
+
+    from conftest import asleep_in, wait_until
+    from datasets_for_tests import SlowDataset
+
+    ds = SlowDataset(1.0, n=400, only=frozenset({12}))
+    with mxload.DataLoader(ds, batch_sampler=ShrinkingBatches(), num_workers=1, prefetch=4, in_order=in_order,
+                           persistent_workers=True, timeout=10, thread_pool=thread_pool) as loader:
+        first = iter(loader)
+        buffer = first.engine.buffer
+        assert [next(first).ravel().tolist() for _ in range(6)] == [[2 * b, 2 * b + 1] for b in range(6)]
+        got = []
+
+        def take_one():
+            try:
+                got.append(next(first))
+            except BaseException as e:
+                got.append(e)
+
+        consumer = threading.Thread(target=take_one)
+        consumer.start()
+        # The consumer receives itself (poll) from worker processes, waits in the buffer for threads.
+        wait_until(lambda: buffer.waiting if thread_pool
+                   else "poll" in asleep_in(os.getpid(), consumer.native_id),
+                   what="the consumer waiting for batch 6")
+        second = iter(loader)
+        consumer.join(0.5)   # the worker sleeps 1 s in batch 6
+        assert not consumer.is_alive(), "the superseded next() went on waiting"
+        assert len(got) == 1 and isinstance(got[0], RuntimeError) and "superseded" in str(got[0]), got
+        assert sorted(b.ravel().tolist() for b in second) == [[100, 101], [102, 103]]
+
+
+class AlternatingBatches:
+    """16 batches of 2 an epoch, the even epochs' samples from 0, the odd ones' from 100."""
+
+    def __init__(self):
+        self.drawn = 0
+
+    def __len__(self):
+        return 16
+
+    def __iter__(self):
+        base = 100 * (self.drawn % 2)
+        self.drawn += 1
+        return iter([[base + 2 * b, base + 2 * b + 1] for b in range(16)])
+
+
+def _iter_during_another_thread_s_epoch(loader, rng) -> tuple[list, list, object]:
+    """One thread iterates an epoch of `loader`; after a random number of its batches and a
+    random moment more, this thread's iter() begins the next and takes it whole.  (the new
+    epoch's batches, the old thread's, how the old thread's loop ended: "exhausted" or the
+    exception)."""
+    import threading
+
+    from conftest import wait_until
+
+    old = iter(loader)
+    got, ended = [], []
+
+    def iterate():
+        try:
+            for batch in old:
+                got.append(batch.tolist())
+            ended.append("exhausted")
+        except BaseException as e:
+            ended.append(e)
+
+    consumer = threading.Thread(target=iterate)
+    consumer.start()
+    k = rng.randrange(16)
+    wait_until(lambda: len(got) >= k or ended, what=f"the old epoch's first {k} batches")
+    time.sleep(rng.uniform(0, 0.0005))
+    taken = [b.tolist() for b in iter(loader)]
+    consumer.join(10)
+    assert not consumer.is_alive(), "the superseded thread is still in next()"
+    return taken, got, ended[0]
+
+
+@pytest.mark.races
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("in_order", [True, False])
+def test_a_newer_iter_at_a_random_moment_of_another_thread_s_epoch_loses_and_repeats_nothing(in_order, seed):
+    """Persistent workers: one thread iterates an epoch while another calls iter() at a random
+    moment and takes the new epoch whole (race_rounds(20) rounds).  The new iterator gets every
+    batch of its epoch once (in order where asked); the old thread gets a prefix of its own epoch
+    (all of it if it finished first), then "superseded", never a batch of the new epoch."""
+    import random
+
+    from conftest import race_rounds
+
+    rng = random.Random(seed)
+    expected = {base: [[base + 2 * b, base + 2 * b + 1] for b in range(16)] for base in (0, 100)}
+    with mxload.DataLoader(mxload.ArrayDataset(np.arange(200)), batch_sampler=AlternatingBatches(),
+                           num_workers=2, prefetch=4, in_order=in_order, persistent_workers=True,
+                           timeout=20) as loader:
+        for r in range(race_rounds(20)):
+            taken, got, ended = _iter_during_another_thread_s_epoch(loader, rng)
+            new_base, old_base = (100, 0) if taken and taken[0][0] >= 100 else (0, 100)
+            assert (taken if in_order else sorted(taken)) == expected[new_base], f"round {r}: {taken}"
+            assert all(b in expected[old_base] for b in got), f"round {r}: the old epoch got {got}"
+            assert len(got) == len({tuple(b) for b in got}), f"round {r}: repeated {got}"
+            if in_order:
+                assert got == expected[old_base][:len(got)], f"round {r}: {got}"
+            if ended == "exhausted":
+                assert sorted(got) == expected[old_base], f"round {r}: ended early with {got}"
+            else:
+                assert isinstance(ended, RuntimeError) and "superseded" in str(ended), f"round {r}: {ended!r}"
 
 
 def test_an_iterator_superseded_on_persistent_workers_raises_instead_of_losing_data():

@@ -64,6 +64,15 @@ def forked_child_error(owner_pid: int) -> RuntimeError:
                         f"(pid {os.getpid()}); call iter(loader) again in the child to start its own")
 
 
+def superseded_error() -> RuntimeError:
+    """An iterator used after a newer iter() took over its persistent workers."""
+    return RuntimeError(
+        "this iterator was superseded: a newer iter() of the same DataLoader took over its "
+        "persistent workers, which serve one epoch at a time. Finish (or close) an epoch "
+        "before starting the next, or use persistent_workers=False for independent "
+        "iterators (zip(loader, loader))")
+
+
 def aborted_error(where: str) -> EpochAbortedError:
     """A signal handler's exception cut short a step that cannot be retried."""
     return EpochAbortedError(

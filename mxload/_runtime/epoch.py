@@ -19,7 +19,7 @@ from .._core import defer_sigint, handing_next, sigint_safe_finalizer
 from ..errors import EpochAbortedError
 from .autotune import AutoBatches, AutoTuner
 from .engine import Engine
-from .engine_errors import aborted_error, ended_error
+from .engine_errors import aborted_error, ended_error, superseded_error
 from .results import END, BatchFailure, Marker
 from .source import SampleSource
 
@@ -227,11 +227,7 @@ class EpochIterator:
         try:
             if self._closed:
                 if self._superseded:
-                    raise RuntimeError(
-                        "this iterator was superseded: a newer iter() of the same DataLoader took over its "
-                        "persistent workers, which serve one epoch at a time. Finish (or close) an epoch "
-                        "before starting the next, or use persistent_workers=False for independent "
-                        "iterators (zip(loader, loader))")
+                    raise superseded_error()
                 if self._aborted is not None:
                     raise EpochAbortedError(self._aborted)
                 raise StopIteration
@@ -257,8 +253,10 @@ class EpochIterator:
                     self._progress.finished = True
                     self._end()
                     raise StopIteration
-                if not isinstance(fresh, tuple):   # CLOSED_BY_OTHER: close() from another thread meanwhile
+                if not isinstance(fresh, tuple):   # CLOSED_BY_OTHER: another thread's close() or iter()
                     self._end()
+                    if self._superseded:
+                        raise superseded_error()
                     raise StopIteration
                 got = fresh
                 del fresh   # (an error's traceback keeps this frame: see below)

@@ -118,10 +118,10 @@ class Transport(ABC):
     #: uses dispatch(), and such an exception aborts the epoch).
     put_task: Callable[[int, tuple[int, int, Any, bool]], bool] | None = None
     #: A compiled callable, ``receive(batch index, any_index, timeout,
-    #: filling)``: next_result's wait without its Python frame (the engine's
-    #: compiled consumer calls it once per batch).  None: the engine calls
-    #: next_result.
-    receive: Callable[[int, bool, float | None, bool], Any] | None = None
+    #: filling, epochs=...)``: next_result's wait without its Python frame (the
+    #: engine's compiled consumer calls it once per batch).  None: the engine
+    #: calls next_result.
+    receive: Callable[..., Any] | None = None
     #: A compiled callable, ``claim_raw(raw)``: claim's batch without its
     #: Python frame, or a ClaimMismatch, which ``claim_mismatch(raw,
     #: mismatch)`` turns into the error to raise.  None: the engine calls claim.
@@ -181,14 +181,16 @@ class Transport(ABC):
         cannot start one (engine lock held)."""
 
     def next_result(self, buffer: ReorderBuffer, idx: int, any_index: bool, timeout: float | None,
-                    filling: bool = False) -> Any:
+                    filling: bool = False, epochs: int = -1) -> Any:
         """The consumer's wait: `buffer`'s item for batch `idx` (any_index:
         (index, item) of the smallest index there); `filling`: the epoch's
         first window is not taken yet, so a wait says nothing of whether the
         workers keep ahead of the loop.  By default another
         thread delivers the results, and the consumer waits in the buffer; a
-        transport whose consumer receives them itself overrides this."""
-        return buffer.pop_next(timeout) if any_index else buffer.get(idx, timeout)
+        transport whose consumer receives them itself overrides this.  `epochs`:
+        the buffer's count of epochs when this one began; the wait ends with
+        EpochBegunError once another begins (-1: never)."""
+        return buffer.pop_next(timeout, epochs) if any_index else buffer.get(idx, timeout, epochs)
 
     def claim(self, raw: RawBatch) -> Any:
         """The batch a receive path stored raw in the ReorderBuffer (engine

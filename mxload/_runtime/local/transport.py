@@ -131,10 +131,10 @@ class ProcessTransport(Transport):
             self._fetcher.start()
 
     def next_result(self, buffer: ReorderBuffer, idx: int, any_index: bool, timeout: float | None,
-                    filling: bool = False) -> Any:
+                    filling: bool = False, epochs: int = -1) -> Any:
         if self.receive is None:
-            return super().next_result(buffer, idx, any_index, timeout)
-        return self.receive(idx, any_index, timeout, filling)
+            return super().next_result(buffer, idx, any_index, timeout, filling, epochs)
+        return self.receive(idx, any_index, timeout, filling, epochs=epochs)
 
     @defer_sigint
     def _flush_before_wait(self, filling: bool = False) -> None:
