@@ -381,8 +381,8 @@ cdef class FrameReceiver:
         EV_FD_LIMIT; an end is reported once per attachment; with
         `report_wait`, EV_WOULD_WAIT before it first sleeps).  Raises
         BufferClosedError once the buffer is closed, TimeoutError after
-        `timeout` seconds (None: no limit), EpochBegunError once the buffer
-        begins another epoch than the `epochs`-th (if given).  Sleeps with
+        `timeout` seconds (None: no limit), EpochOverError once the buffer's
+        epoch `epochs` (if given) is over.  Sleeps with
         the GIL released, in slices that let signal handlers (Ctrl-C) run."""
         cdef int64_t deadline = FrameReceiver._deadline(timeout)
         cdef int64_t tag = 0
@@ -393,7 +393,7 @@ cdef class FrameReceiver:
             if rb._closed:
                 raise rb._closed_error()
             if epochs >= 0 and epochs != rb.epochs:
-                raise EpochBegunError(f"the buffer began another epoch during a wait of epoch count {epochs}")
+                raise EpochOverError(f"epoch {epochs} of this buffer is over (now {rb.epochs})")
             found = rb._pop_smallest() if any_index else rb._pop(idx)
             if found is not _MISSING:
                 if rb.keep_handover:

@@ -76,9 +76,10 @@ class BufferClosedError(RuntimeError):
     """Raised by ReorderBuffer operations after close()."""
 
 
-class EpochBegunError(RuntimeError):
-    """Raised by a wait given the buffer's `epochs` count once the buffer has
-    begun another epoch (start_epoch): what it waited for is no longer its."""
+class EpochOverError(RuntimeError):
+    """Raised by a wait given the buffer's `epochs` count once that epoch is
+    over (end_epoch, or start_epoch of the next): what it waited for is no
+    longer its to take."""
 
 
 cdef object _MISSING = object()
@@ -98,7 +99,8 @@ cdef class ReorderBuffer:
                           with the smallest index available
     close(reason)         wake every waiter with BufferClosedError
     start_epoch(epoch)    clear(); wake every waiter given the `epochs`
-                          count before it with EpochBegunError
+                          count before it with EpochOverError
+    end_epoch()           wake those waiters only (persistent workers stay)
     clear()               drop and return everything stored
     """
     cdef pthread_mutex_t _mutex
@@ -113,9 +115,10 @@ cdef class ReorderBuffer:
     cdef Py_ssize_t _rawcap
     cdef bint _c_closed        # under _mutex: close() as put_raw() sees it
     cdef int64_t _raw_epoch    # under _mutex: put_raw() stores batches of this epoch only
-    # start_epoch() calls so far (changed and read with the GIL held).  A wait given it ends
-    # with EpochBegunError once it moves: a consumer of the epoch before, in another thread,
-    # must not take the new epoch's batches nor wait for one the new epoch never sends.
+    # Epoch changes so far, start_epoch() and end_epoch() calls (changed and read with the GIL
+    # held).  A wait given it ends with EpochOverError once it moves: a consumer of an epoch
+    # that is over (another thread's superseded iterator) must not take the next epoch's
+    # batches nor wait for one that will never be sent.
     cdef readonly Py_ssize_t epochs
     # A FrameReceiver's consumer wake-up (eventfd) while one receives for this
     # buffer, else -1: put() and close() signal it, so a consumer waiting in
@@ -332,7 +335,7 @@ cdef class ReorderBuffer:
                 if self._closed:
                     raise self._closed_error()
                 if epochs >= 0 and epochs != self.epochs:
-                    raise EpochBegunError(f"the buffer began another epoch during a wait of epoch count {epochs}")
+                    raise EpochOverError(f"epoch {epochs} of this buffer is over (now {self.epochs})")
                 if any_index:
                     found = self._pop_smallest()
                 else:
@@ -371,8 +374,8 @@ cdef class ReorderBuffer:
 
     def get(self, Py_ssize_t idx, timeout=None, Py_ssize_t epochs=-1):
         """Wait for batch `idx`, remove it and return it.  With `epochs` (the
-        buffer's count when the caller's epoch began): EpochBegunError once
-        another epoch begins."""
+        buffer's count when the caller's epoch began): EpochOverError once
+        that epoch is over."""
         return self._wait(idx, False, timeout, epochs)
 
     def pop_next(self, timeout=None, Py_ssize_t epochs=-1):
@@ -402,9 +405,14 @@ cdef class ReorderBuffer:
         one step: a batch of the previous epoch is either removed here or
         refused).  A wait given the count of epochs before ends."""
         items = self._clear(True, epoch)
+        self.end_epoch()
+        return items
+
+    def end_epoch(self):
+        """The epoch being served is over: a wait given its count ends with
+        EpochOverError.  What the buffer holds stays (start_epoch clears it)."""
         self.epochs += 1
         self._notify()
-        return items
 
     def take_raw(self, int64_t tag):
         """Remove and return (as RawBatch objects, by index) the raw batches

@@ -88,20 +88,25 @@ cdef class EngineWindow:
         """Whether this is a forked child's copy (the workers are the parent's)."""
         return mxl_fork_generation != self._forks
 
-    def next_batch(self):
+    def next_batch(self, Py_ssize_t generation=-1):
         """(batch index, batch or BatchFailure), END, or CLOSED_BY_OTHER;
         raises what ended the epoch (recorded in `own_error`).  The batch is
-        also left in `ready` until the caller sets it back to None."""
+        also left in `ready` until the caller sets it back to None.
+        `generation`: the buffer's epoch count when the caller's epoch began
+        (begin_epoch's answer; -1: the count now): once that epoch is over
+        (another thread's iter() began the next on persistent workers, or
+        the caller's iterator was closed meanwhile) this call neither takes
+        the next epoch's batches nor waits for them: CLOSED_BY_OTHER."""
         cdef ReorderBuffer rb = self.buffer
         cdef RawBatch raw
         cdef bint skip
-        # The epoch this call serves, as the buffer counts them: another thread's iter() may
-        # begin the next one on persistent workers meanwhile (superseding this iterator), and
-        # then this call must neither take that epoch's batches nor wait for them.
-        cdef Py_ssize_t generation = rb.epochs
         engine = self.engine
         if mxl_fork_generation != self._forks:
             raise engine._forked_error()
+        if generation < 0:
+            generation = rb.epochs
+        elif rb.epochs != generation:
+            return self._closed_by_other
         if self.torn is not None:
             raise engine._aborted_error()
         while True:
@@ -119,8 +124,8 @@ cdef class EngineWindow:
             idx, item = <tuple>taken
             with self.lock:
                 if rb.epochs != generation:
-                    # Begun since the wait took this batch: begin_epoch took it back from the
-                    # hand-over slot (its slab to the pool) with the epoch before's others.
+                    # Over since the wait took this batch: the next begin_epoch takes it back
+                    # from the hand-over slot (its slab to the pool) with the epoch's others.
                     return self._closed_by_other
                 if type(item) is RawBatch:
                     raw = <RawBatch>item
@@ -188,7 +193,7 @@ cdef class EngineWindow:
             else:
                 transport.next_result(self.buffer, 0 if any_index else idx, any_index, timeout, filling,
                                       generation)
-        except EpochBegunError:
+        except EpochOverError:
             return self._closed_by_other
         except TimeoutError:
             raise self.engine._timed_out(idx) from None

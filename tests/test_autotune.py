@@ -582,6 +582,9 @@ def test_epochs_after_a_clear_in_process_win_skip_their_probe_until_one_is_due(m
     epochs skip theirs for REPROBE_S, still measuring their whole in-process run."""
     monkeypatch.setattr(autotune, "predict_ns", lambda k, *_: 1e6 * (k + 1))   # workers 2x slower
     monkeypatch.setattr(autotune, "REPROBE_S", 3600.0)
+    # However slow an epoch runs on a busy machine (the whole suite on 2 cores), not "slowed":
+    # that rule, tested below, would make the next epoch probe.
+    monkeypatch.setattr(autotune, "SLOWED_PROBE", 1.0)
     loader = mxload.DataLoader(Augmented(), batch_size=4, num_workers="auto")
     tuner = loader._iterations.tuner
     for _ in range(4):
@@ -649,3 +652,131 @@ def test_workers_started_by_the_epoch_count_against_it_only_if_they_end_with_it(
         assert (tuner._engine_rate is None) == persistent
     finally:
         loader.close()
+
+
+class EpochsOf:
+    """A batch sampler: `first` batches of 2 in epoch 0, `then` in every later one; epoch e's
+    samples from 200 e on."""
+
+    def __init__(self, first: int, then: int):
+        self.first, self.then, self.drawn = first, then, 0
+
+    def __len__(self) -> int:
+        return self.first if self.drawn == 0 else self.then
+
+    def __iter__(self):
+        n, base = len(self), 200 * self.drawn
+        self.drawn += 1
+        return iter([[base + 2 * b, base + 2 * b + 1] for b in range(n)])
+
+
+def _epoch(e: int, n: int) -> list[list[int]]:
+    return [[200 * e + 2 * b, 200 * e + 2 * b + 1] for b in range(n)]
+
+
+def test_a_next_waiting_on_the_workers_ends_when_a_newer_iter_starts_its_epoch_in_process(three_cores,
+                                                                                          workers_win):
+    """Persistent workers under "auto": one thread waits in next() for epoch 0's batch 40,
+    which its worker is slow to make (1 s); another thread's iter() begins an epoch too short to
+    leave in-process, so no epoch begins on the workers.  The waiting next() raises
+    "superseded" at once, and the new epoch is whole.  It used to wait for the slow batch."""
+    import os
+    import threading
+
+    from conftest import asleep_in, wait_until
+    from datasets_for_tests import SlowDataset
+
+    ds = SlowDataset(1.0, n=1000, only=frozenset({80}))
+    with mxload.DataLoader(ds, batch_sampler=EpochsOf(64, 8), num_workers="auto", persistent_workers=True,
+                           timeout=10) as loader:
+        first = iter(loader)
+        assert [next(first).ravel().tolist() for _ in range(40)] == _epoch(0, 40)
+        assert first.engine is not None   # on the workers since its probe
+        got = []
+
+        def take_one():
+            try:
+                got.append(next(first))
+            except BaseException as e:
+                got.append(e)
+
+        consumer = threading.Thread(target=take_one)
+        consumer.start()
+        wait_until(lambda: "poll" in asleep_in(os.getpid(), consumer.native_id),
+                   what="the consumer waiting for batch 40")
+        second = iter(loader)
+        consumer.join(0.5)
+        assert not consumer.is_alive(), "the superseded next() went on waiting"
+        assert len(got) == 1 and isinstance(got[0], RuntimeError) and "superseded" in str(got[0]), got
+        assert [b.ravel().tolist() for b in second] == _epoch(1, 8)
+        assert second.engine is None
+
+
+def test_a_superseded_epoch_starts_no_workers_and_takes_over_none(three_cores, workers_win):
+    """A thread's epoch chose workers (its probe done, the switch due at its next call), and it
+    is descheduled while another thread's iter() supersedes it: its call then starts no engine
+    and begins nothing on the loader's workers (CLOSED_BY_OTHER).  It used to start workers
+    for an epoch already over, whose engine the newer epoch's then replaced and nothing ever
+    shut down (a worker process and a thread left after loader.close(); the leak check)."""
+    from mxload._runtime.results import CLOSED_BY_OTHER
+
+    with mxload.DataLoader(mxload.ArrayDataset(np.arange(1000)), batch_sampler=EpochsOf(64, 64),
+                           num_workers="auto", persistent_workers=True, timeout=10) as loader:
+        first = iter(loader)
+        producer = first._producer   # what first's next() calls once past its check
+        while not producer._switch_to:
+            next(first)   # the probe, in-process
+        second = iter(loader)
+        assert producer.next_batch() is CLOSED_BY_OTHER
+        assert producer.engine is None and loader._iterations.engine is None
+        assert [b.tolist() for b in second] == _epoch(1, 64)
+
+
+@pytest.mark.races
+@pytest.mark.timeout(300)
+def test_a_newer_iter_while_another_thread_s_epoch_starts_its_workers_leaves_nothing(seed):
+    """Persistent workers under "auto", race_rounds(10) rounds: one thread's epoch is starting
+    its workers (a process of ours has appeared) when another thread's iter() begins the next
+    epoch.  The new epoch is whole; the old thread ends with its epoch or "superseded"; after
+    loader.close() no worker or thread of the round is left (and the leak check at the end)."""
+    import random
+    import threading
+
+    from conftest import descendant_pids, race_rounds, wait_until
+    from datasets_for_tests import SlowDataset
+
+    rng = random.Random(seed)
+    for r in range(race_rounds(10)):
+        before, threads = descendant_pids(), threading.active_count()
+        loader = mxload.DataLoader(SlowDataset(0.0003, n=1000), batch_sampler=EpochsOf(64, 64),
+                                   num_workers="auto", persistent_workers=True, timeout=20)
+        old, ended = iter(loader), []
+
+        def consume(it=old, out=ended):
+            try:
+                for _ in it:
+                    pass
+                out.append("exhausted")
+            except BaseException as e:
+                out.append(e)
+
+        def started(out=ended, known=before):
+            return out or descendant_pids() - known
+
+        consumer = threading.Thread(target=consume)
+        consumer.start()
+        wait_until(started, what="the old epoch's workers starting")
+        time.sleep(rng.uniform(0, 0.002))
+        new = iter(loader)
+        assert [b.ravel().tolist() for b in new] == _epoch(1, 64), f"round {r}"
+        consumer.join(10)
+        assert not consumer.is_alive(), f"round {r}: the old thread is still in next()"
+        assert ended[0] == "exhausted" or "superseded" in str(ended[0]), f"round {r}: {ended[0]!r}"
+        loader.close()
+        del loader, old, new
+
+        def left(known=before, count=threads):
+            return descendant_pids() - known, threading.active_count() - count
+
+        wait_until(lambda: left() == (set(), 0),
+                   what=f"round {r}: the workers and their threads gone after close()")

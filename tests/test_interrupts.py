@@ -247,10 +247,11 @@ def test_an_epoch_after_a_ctrl_c_inside_iter_gets_none_of_the_interrupted_starts
         original = engine_module.Engine.begin_epoch
         begun = []
         def patched(self, *args):
-            original(self, *args)
+            generation = original(self, *args)
             begun.append(args[0])
             if len(begun) == 1:
                 interrupt_self()   # deferred: raised once the epoch's iterator exists
+            return generation
         engine_module.Engine.begin_epoch = patched
         with mxload.DataLoader(mxload.ArrayDataset(np.arange(64)), batch_size=4, shuffle=True, seed=0,
                                num_workers=2, persistent_workers=True, start_method="fork") as loader:

@@ -10,7 +10,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import start_methods
+from conftest import asleep_in, start_methods
 from datasets_for_tests import (
     DictDataset,
     ShardedStream,
@@ -540,7 +540,7 @@ def test_a_refill_that_waited_for_the_lock_while_a_newer_iter_began_an_epoch_sen
     first batch, which the new iterator never saw."""
     import threading
 
-    from conftest import asleep_in, wait_until
+    from conftest import wait_until
 
     with mxload.DataLoader(mxload.ArrayDataset(np.arange(400)), batch_sampler=ShrinkingBatches(),
                            num_workers=1, prefetch=4, persistent_workers=True, timeout=10) as loader:
@@ -586,7 +586,7 @@ def test_a_next_waiting_in_another_thread_ends_as_superseded_when_a_newer_iter_b
     batch, which the new iterator then never saw."""
     import threading
 
-    from conftest import asleep_in, wait_until
+    from conftest import wait_until
     from datasets_for_tests import SlowDataset
 
     ds = SlowDataset(1.0, n=400, only=frozenset({12}))
@@ -691,6 +691,65 @@ def test_a_newer_iter_at_a_random_moment_of_another_thread_s_epoch_loses_and_rep
                 assert sorted(got) == expected[old_base], f"round {r}: ended early with {got}"
             else:
                 assert isinstance(ended, RuntimeError) and "superseded" in str(ended), f"round {r}: {ended!r}"
+
+
+@pytest.mark.timeout(60)
+def test_a_superseded_iterator_s_call_after_the_newer_iter_began_takes_nothing():
+    """The gap its iterator's own check leaves: a thread past the check that its epoch is open,
+    descheduled while another thread's iter() begins the next epoch on the persistent workers,
+    then calling the producer.  The call gets CLOSED_BY_OTHER and the new iterator its whole
+    epoch.  It used to take the new epoch's first batch: the call read the epoch count as it
+    began, after the new epoch had."""
+    from mxload._runtime.results import CLOSED_BY_OTHER
+
+    with mxload.DataLoader(mxload.ArrayDataset(np.arange(200)), batch_sampler=AlternatingBatches(),
+                           num_workers=2, prefetch=4, persistent_workers=True, timeout=10) as loader:
+        first = iter(loader)
+        assert [next(first).tolist() for _ in range(3)] == [[0, 1], [2, 3], [4, 5]]
+        producer = first._producer   # what first's next() calls once past its check
+        second = iter(loader)
+        assert producer.next_batch() is CLOSED_BY_OTHER
+        assert [b.tolist() for b in second] == [[100 + 2 * b, 101 + 2 * b] for b in range(16)]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("thread_pool", [False, True], ids=["processes", "threads"])
+def test_closing_a_persistent_epoch_from_another_thread_ends_a_next_waiting_in_it(thread_pool):
+    """One thread waits inside next() for a batch its worker is slow to make (1 s); another
+    closes the iterator.  The wait ends at once (StopIteration, as after any close), and the
+    workers stay for the next epoch, which gets every batch.  It used to wait for the slow
+    batch."""
+    import threading
+
+    from conftest import wait_until
+    from datasets_for_tests import SlowDataset
+
+    ds = SlowDataset(1.0, n=400, only=frozenset({12}))
+    with mxload.DataLoader(ds, batch_sampler=AlternatingBatches(), num_workers=1, prefetch=4,
+                           persistent_workers=True, timeout=10, thread_pool=thread_pool) as loader:
+        first = iter(loader)
+        engine = first.engine
+        assert [next(first).ravel().tolist() for _ in range(6)] == [[2 * b, 2 * b + 1] for b in range(6)]
+        got = []
+
+        def take_one():
+            try:
+                got.append(next(first))
+            except BaseException as e:
+                got.append(e)
+
+        consumer = threading.Thread(target=take_one)
+        consumer.start()
+        wait_until(lambda: engine.buffer.waiting if thread_pool
+                   else "poll" in asleep_in(os.getpid(), consumer.native_id),
+                   what="the consumer waiting for batch 6")
+        first.close()
+        consumer.join(0.5)   # the worker sleeps 1 s in batch 6
+        assert not consumer.is_alive(), "the closed epoch's next() went on waiting"
+        assert len(got) == 1 and isinstance(got[0], StopIteration), got
+        second = iter(loader)
+        assert second.engine is engine
+        assert [b.ravel().tolist() for b in second] == [[100 + 2 * b, 101 + 2 * b] for b in range(16)]
 
 
 def test_an_iterator_superseded_on_persistent_workers_raises_instead_of_losing_data():

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -62,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._cpus import machine_busy_s, own_cpu_s
-from .results import Marker
+from .results import CLOSED_BY_OTHER, Marker
 
 if TYPE_CHECKING:
     from ..profiler import Profiler
@@ -421,7 +422,7 @@ class AutoBatches:
 
     def __init__(self, tuner: AutoTuner, epoch: int, plan: EpochPlan,
                  make_inprocess: Callable[[EpochPlan], InProcessBatches],
-                 start_engine: Callable[[EpochPlan, int, Callable[[Any], None]], None],
+                 start_engine: Callable[[EpochPlan, int, Callable[[Any], None]], bool],
                  profiler: Profiler | None, persistent: bool):
         assert plan.order is not None
         self.profiler = profiler
@@ -435,6 +436,11 @@ class AutoBatches:
         self._slot: Any = self._inprocess
         self._start_engine = start_engine
         self.engine: Engine | None = None
+        # Set by end(), under end_lock, which start_engine holds while it starts an engine: an
+        # epoch ended from another thread (a newer iter() superseding it) starts no engine after,
+        # nor adjusts one that now serves the next epoch.
+        self.end_lock = threading.RLock()
+        self.closed = False
         # persistent_workers, until the loader is collected (EpochIterator.release_engine_at_end).
         self.persistent = persistent
         self._done = 0                 # batches of the plan handed out by producers used up
@@ -491,8 +497,11 @@ class AutoBatches:
         return len(self._plan.order) if self._plan.order is not None else None
 
     def next_batch(self) -> tuple[int, Any] | Marker:
+        if self.closed:
+            return CLOSED_BY_OTHER   # ended by another thread since its iterator's check
         if self._switch_to:
-            self._to_engine()
+            if not self._to_engine():
+                return CLOSED_BY_OTHER
         elif self._draining and self._engine_drained():
             self._to_inprocess()
         if self._probing:
@@ -569,8 +578,9 @@ class AutoBatches:
         self._done += handed_out
         return type(plan)(plan.batches, plan.order[self._done:], 0)
 
-    def _to_engine(self) -> None:
-        """Start the rest of the epoch on the engine with `_switch_to` workers taking tasks."""
+    def _to_engine(self) -> bool:
+        """Start the rest of the epoch on the engine with `_switch_to` workers taking tasks;
+        False if the epoch was ended meanwhile (by another thread)."""
         workers, self._switch_to = self._switch_to, 0
         rest = self._rest(self._inprocess.position)
         self._ended.append(self._inprocess)
@@ -581,10 +591,12 @@ class AutoBatches:
         self._switched = True   # the first window fills the pipeline
         self._window_start = time.perf_counter_ns()
         self._engine_from = (self._window_start, self._taken)
-        self._start_engine(rest, workers, self._adopt)
+        if not self._start_engine(rest, workers, self._adopt):
+            return False
         # The windows start once the engine has (the workers' start is not their throughput).
         self._window_start = time.perf_counter_ns()
         self._engine_from = (self._window_start, self._taken)
+        return True
 
     def _adopt(self, producer: Any) -> None:
         """The engine's producer, taken before a Ctrl-C deferred while it started is raised.
@@ -615,6 +627,11 @@ class AutoBatches:
         engine_producer.end(False)   # ends a non-persistent engine's workers now
 
     def _window_done(self) -> None:
+        with self.end_lock:   # it adjusts the engine, which a newer epoch may serve once this one ended
+            if not self.closed:
+                self._judge_window()
+
+    def _judge_window(self) -> None:
         now = time.perf_counter_ns()
         rate = self._window_count * 1e9 / max(now - self._window_start, 1)
         self._window_start, self._window_count = now, 0
@@ -738,6 +755,11 @@ class AutoBatches:
                 self._tuner.inprocess_measured(rate)
 
     def end(self, release: bool) -> None:
+        with self.end_lock:
+            self.closed = True
+            self._end(release)
+
+    def _end(self, release: bool) -> None:
         self._rate_without_verdict()
         self._inprocess_run_rate()
         if self._trying is not None:   # cut short (a window longer than its batches, a break)

@@ -144,8 +144,9 @@ class Engine:
 
     # ------------------------------------------------------------------ epochs and dispatch
 
-    def begin_epoch(self, epoch: int, plan: EpochPlan, profiler: Profiler | None) -> None:
-        """Start delivering `plan` (the batches of epoch `epoch`)."""
+    def begin_epoch(self, epoch: int, plan: EpochPlan, profiler: Profiler | None) -> int:
+        """Start delivering `plan` (the batches of epoch `epoch`); returns the buffer's epoch
+        count for it, which its producer passes to next_batch (EngineWindow.next_batch)."""
         window = self.window
         with self.lock:
             if self.state != RUNNING:
@@ -169,7 +170,9 @@ class Engine:
             window.next_dispatch = window.yielded = window.in_flight = 0
             window.waited = -1
             window.dispatch_more()
+            generation = self.buffer.epochs
         del stale  # recycled slabs of the previous epoch, released outside the lock
+        return generation
 
     def progress(self) -> tuple[int, int]:
         """(batches taken, tasks dispatched) of this epoch's plan."""
@@ -185,8 +188,10 @@ class Engine:
 
     def close_epoch(self) -> None:
         """The epoch's iterator is closed, the workers stay (persistent): a send waiting on a worker
-        that is not reading gives up now.  Without the engine lock, which that send's thread holds."""
+        that is not reading gives up now, and a next() of the epoch waiting in another thread
+        ends (the buffer's end_epoch).  Without the engine lock, which that send's thread holds."""
         self.transport.epoch_closed = True
+        self.buffer.end_epoch()
 
     def send(self, wid: int, idx: int, indices: np.ndarray | None) -> None:
         self.roster.workers[wid].outstanding[(self.epoch, idx)] = indices

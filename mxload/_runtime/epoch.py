@@ -3,6 +3,7 @@ they are made (in the calling thread, or by the engine's workers), and the
 one EpochIterator the training loop holds, for 0 or N workers."""
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -153,12 +154,16 @@ class InProcessBatches:
 class _EngineBatches:
     """N workers: the engine's batches (the engine may outlive the epoch)."""
 
-    def __init__(self, engine: Engine, persistent: bool):
+    def __init__(self, engine: Engine, persistent: bool, generation: int):
         self.engine = engine
         self.profiler = engine.profiler
         self.persistent = persistent
         self.adopted = False   # num_workers="auto": AutoBatches took it (see _engine_batches)
-        self.next_batch = engine.next_batch   # one call less per batch
+        # One call less per batch; `generation`, begin_epoch's count of this epoch: a call that
+        # comes after the epoch is over (another thread's iter() began the next on these
+        # persistent workers between this iterator's check that it is open and the call) gets
+        # none of the next epoch's batches.
+        self.next_batch = functools.partial(engine.next_batch, generation)
 
     def ended_by(self, error: BaseException) -> str | None:
         window = self.engine.window
@@ -402,10 +407,10 @@ def _engine_batches(options: LoaderOptions, epoch: int, plan: EpochPlan, profile
         on_engine(engine)
         if active is not None:
             engine.set_active(*active)
-        engine.begin_epoch(epoch, plan, profiler)
+        generation = engine.begin_epoch(epoch, plan, profiler)
         if profiler is not None:
             profiler.epoch_started(sampling_ns, time.monotonic_ns() - t1)
-        producer = _EngineBatches(engine, persistent)
+        producer = _EngineBatches(engine, persistent, generation)
         adopt(producer)
     except BaseException:
         # Once adopted (its last store), the adopter owns the engine, even if an exception (a
@@ -420,12 +425,19 @@ def _auto_batches(tuner: AutoTuner, options: LoaderOptions, epoch: int, plan: Ep
                   on_engine: Callable[[Engine], None]) -> AutoBatches:
     """num_workers="auto": the epoch starts in-process; AutoBatches moves the
     rest onto an engine (this loader's persistent one if usable) when it picks workers."""
-    def start_engine(rest: EpochPlan, workers: int, adopt: Callable[[_EngineBatches], None]) -> None:
+    def start_engine(rest: EpochPlan, workers: int, adopt: Callable[[_EngineBatches], None]) -> bool:
         nonlocal engine
-        if persistent and auto.persistent is False:
-            engine = None   # the loader is gone: the workers end with this epoch
-        _engine_batches(options, epoch, rest, profiler, engine, auto.persistent, on_engine, 0,
-                        (workers, tuner.window(workers)), adopt)
+        # Whole under the epoch's end lock: an epoch ended meanwhile (superseded by another
+        # thread's iter(), which may already run its own epoch on the loader's persistent
+        # workers) starts no engine and takes over none.
+        with auto.end_lock:
+            if auto.closed:
+                return False
+            if persistent and auto.persistent is False:
+                engine = None   # the loader is gone: the workers end with this epoch
+            _engine_batches(options, epoch, rest, profiler, engine, auto.persistent, on_engine, 0,
+                            (workers, tuner.window(workers)), adopt)
+            return True
     if profiler is not None:
         profiler.autotune = tuner.report
     def make_inprocess(part: EpochPlan) -> InProcessBatches:

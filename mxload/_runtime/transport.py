@@ -189,7 +189,7 @@ class Transport(ABC):
         thread delivers the results, and the consumer waits in the buffer; a
         transport whose consumer receives them itself overrides this.  `epochs`:
         the buffer's count of epochs when this one began; the wait ends with
-        EpochBegunError once another begins (-1: never)."""
+        EpochOverError once another begins (-1: never)."""
         return buffer.pop_next(timeout, epochs) if any_index else buffer.get(idx, timeout, epochs)
 
     def claim(self, raw: RawBatch) -> Any:
