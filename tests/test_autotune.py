@@ -674,6 +674,7 @@ def _epoch(e: int, n: int) -> list[list[int]]:
     return [[200 * e + 2 * b, 200 * e + 2 * b + 1] for b in range(n)]
 
 
+@pytest.mark.slow   # a worker sleeps 1 s in one batch
 def test_a_next_waiting_on_the_workers_ends_when_a_newer_iter_starts_its_epoch_in_process(three_cores,
                                                                                           workers_win):
     """Persistent workers under "auto": one thread waits in next() for epoch 0's batch 40,

@@ -573,6 +573,7 @@ def test_a_refill_that_waited_for_the_lock_while_a_newer_iter_began_an_epoch_sen
         assert [b.tolist() for b in second] == [[100, 101], [102, 103]]
 
 
+@pytest.mark.slow   # a worker sleeps 1 s in one batch
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("in_order", [True, False])
 @pytest.mark.parametrize("thread_pool", [False, True], ids=["processes", "threads"])
@@ -712,6 +713,7 @@ def test_a_superseded_iterator_s_call_after_the_newer_iter_began_takes_nothing()
         assert [b.tolist() for b in second] == [[100 + 2 * b, 101 + 2 * b] for b in range(16)]
 
 
+@pytest.mark.slow   # a worker sleeps 1 s in one batch
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("thread_pool", [False, True], ids=["processes", "threads"])
 def test_closing_a_persistent_epoch_from_another_thread_ends_a_next_waiting_in_it(thread_pool):
