@@ -84,6 +84,26 @@ def asleep_in(pid: int, tid: int | None = None) -> str:
         return ""
 
 
+def next_waiting_in_thread(it, thread_workers: bool, what: str) -> tuple[threading.Thread, list]:
+    """Start a thread that calls next(it), and return once it waits for its batch: in the
+    buffer where the workers are threads, in poll() where it receives from worker processes
+    itself.  (the thread, a list that gets next()'s batch or exception when it ends)."""
+    got: list = []
+
+    def take_one():
+        try:
+            got.append(next(it))
+        except BaseException as e:
+            got.append(e)
+
+    consumer = threading.Thread(target=take_one)
+    consumer.start()
+    buffer = it.engine.buffer
+    wait_until(lambda: buffer.waiting if thread_workers
+               else "poll" in asleep_in(os.getpid(), consumer.native_id), what=what)
+    return consumer, got
+
+
 def exception_text(error: BaseException) -> str:
     """An exception as a traceback prints it: its cause (a worker's traceback), its notes
     (which worker, pid and batch) and its message."""

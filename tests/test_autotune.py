@@ -681,10 +681,7 @@ def test_a_next_waiting_on_the_workers_ends_when_a_newer_iter_starts_its_epoch_i
     which its worker is slow to make (1 s); another thread's iter() begins an epoch too short to
     leave in-process, so no epoch begins on the workers.  The waiting next() raises
     "superseded" at once, and the new epoch is whole.  It used to wait for the slow batch."""
-    import os
-    import threading
-
-    from conftest import asleep_in, wait_until
+    from conftest import next_waiting_in_thread
     from datasets_for_tests import SlowDataset
 
     ds = SlowDataset(1.0, n=1000, only=frozenset({80}))
@@ -693,18 +690,7 @@ def test_a_next_waiting_on_the_workers_ends_when_a_newer_iter_starts_its_epoch_i
         first = iter(loader)
         assert [next(first).ravel().tolist() for _ in range(40)] == _epoch(0, 40)
         assert first.engine is not None   # on the workers since its probe
-        got = []
-
-        def take_one():
-            try:
-                got.append(next(first))
-            except BaseException as e:
-                got.append(e)
-
-        consumer = threading.Thread(target=take_one)
-        consumer.start()
-        wait_until(lambda: "poll" in asleep_in(os.getpid(), consumer.native_id),
-                   what="the consumer waiting for batch 40")
+        consumer, got = next_waiting_in_thread(first, False, "the consumer waiting for batch 40")
         second = iter(loader)
         consumer.join(0.5)
         assert not consumer.is_alive(), "the superseded next() went on waiting"

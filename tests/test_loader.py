@@ -585,31 +585,15 @@ def test_a_next_waiting_in_another_thread_ends_as_superseded_when_a_newer_iter_b
     It used to go on waiting: in order, for a batch 6 the new epoch never sends (until the
     loader's timeout, forever without one); out of order, until it took the new epoch's first
     batch, which the new iterator then never saw."""
-    import threading
-
-    from conftest import wait_until
+    from conftest import next_waiting_in_thread
     from datasets_for_tests import SlowDataset
 
     ds = SlowDataset(1.0, n=400, only=frozenset({12}))
     with mxload.DataLoader(ds, batch_sampler=ShrinkingBatches(), num_workers=1, prefetch=4, in_order=in_order,
                            persistent_workers=True, timeout=10, thread_pool=thread_pool) as loader:
         first = iter(loader)
-        buffer = first.engine.buffer
         assert [next(first).ravel().tolist() for _ in range(6)] == [[2 * b, 2 * b + 1] for b in range(6)]
-        got = []
-
-        def take_one():
-            try:
-                got.append(next(first))
-            except BaseException as e:
-                got.append(e)
-
-        consumer = threading.Thread(target=take_one)
-        consumer.start()
-        # The consumer receives itself (poll) from worker processes, waits in the buffer for threads.
-        wait_until(lambda: buffer.waiting if thread_pool
-                   else "poll" in asleep_in(os.getpid(), consumer.native_id),
-                   what="the consumer waiting for batch 6")
+        consumer, got = next_waiting_in_thread(first, thread_pool, "the consumer waiting for batch 6")
         second = iter(loader)
         consumer.join(0.5)   # the worker sleeps 1 s in batch 6
         assert not consumer.is_alive(), "the superseded next() went on waiting"
@@ -721,9 +705,7 @@ def test_closing_a_persistent_epoch_from_another_thread_ends_a_next_waiting_in_i
     closes the iterator.  The wait ends at once (StopIteration, as after any close), and the
     workers stay for the next epoch, which gets every batch.  It used to wait for the slow
     batch."""
-    import threading
-
-    from conftest import wait_until
+    from conftest import next_waiting_in_thread
     from datasets_for_tests import SlowDataset
 
     ds = SlowDataset(1.0, n=400, only=frozenset({12}))
@@ -732,19 +714,7 @@ def test_closing_a_persistent_epoch_from_another_thread_ends_a_next_waiting_in_i
         first = iter(loader)
         engine = first.engine
         assert [next(first).ravel().tolist() for _ in range(6)] == [[2 * b, 2 * b + 1] for b in range(6)]
-        got = []
-
-        def take_one():
-            try:
-                got.append(next(first))
-            except BaseException as e:
-                got.append(e)
-
-        consumer = threading.Thread(target=take_one)
-        consumer.start()
-        wait_until(lambda: engine.buffer.waiting if thread_pool
-                   else "poll" in asleep_in(os.getpid(), consumer.native_id),
-                   what="the consumer waiting for batch 6")
+        consumer, got = next_waiting_in_thread(first, thread_pool, "the consumer waiting for batch 6")
         first.close()
         consumer.join(0.5)   # the worker sleeps 1 s in batch 6
         assert not consumer.is_alive(), "the closed epoch's next() went on waiting"
