@@ -390,10 +390,7 @@ cdef class FrameReceiver:
         cdef int slice_ms
         cdef ReorderBuffer rb = self._rb
         while True:
-            if rb._closed:
-                raise rb._closed_error()
-            if epochs >= 0 and epochs != rb.epochs:
-                raise EpochOverError(f"epoch {epochs} of this buffer is over (now {rb.epochs})")
+            rb._check_wait(epochs)
             found = rb._pop_smallest() if any_index else rb._pop(idx)
             if found is not _MISSING:
                 if rb.keep_handover:

@@ -267,6 +267,15 @@ cdef class ReorderBuffer:
             msg += ": " + str(self._reason)
         return BufferClosedError(msg)
 
+    cdef int _check_wait(self, Py_ssize_t epochs) except -1:
+        """What ends a wait before it looks again (GIL held): the buffer closed, or the epoch
+        the waiter was given (`epochs`, this buffer's count then; -1: none) over."""
+        if self._closed:
+            raise self._closed_error()
+        if epochs >= 0 and epochs != self.epochs:
+            raise EpochOverError(f"epoch {epochs} of this buffer is over (now {self.epochs})")
+        return 0
+
     def put(self, Py_ssize_t idx, item):
         if self._closed:
             raise self._closed_error()
@@ -332,10 +341,7 @@ cdef class ReorderBuffer:
                 deadline_ns = mxl_monotonic_ns() + <int64_t>(timeout * 1e9)
         try:
             while True:
-                if self._closed:
-                    raise self._closed_error()
-                if epochs >= 0 and epochs != self.epochs:
-                    raise EpochOverError(f"epoch {epochs} of this buffer is over (now {self.epochs})")
+                self._check_wait(epochs)
                 if any_index:
                     found = self._pop_smallest()
                 else:
