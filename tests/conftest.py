@@ -84,10 +84,9 @@ def asleep_in(pid: int, tid: int | None = None) -> str:
         return ""
 
 
-def next_waiting_in_thread(it, thread_workers: bool, what: str) -> tuple[threading.Thread, list]:
-    """Start a thread that calls next(it), and return once it waits for its batch: in the
-    buffer where the workers are threads, in poll() where it receives from worker processes
-    itself.  (the thread, a list that gets next()'s batch or exception when it ends)."""
+def next_in_thread(it) -> tuple[threading.Thread, list]:
+    """Start a thread that calls next(it): (the thread, a list that gets next()'s batch or
+    exception when it ends)."""
     got: list = []
 
     def take_one():
@@ -98,6 +97,13 @@ def next_waiting_in_thread(it, thread_workers: bool, what: str) -> tuple[threadi
 
     consumer = threading.Thread(target=take_one)
     consumer.start()
+    return consumer, got
+
+
+def next_waiting_in_thread(it, thread_workers: bool, what: str) -> tuple[threading.Thread, list]:
+    """next_in_thread(it), returned once the thread waits for its batch: in the buffer where
+    the workers are threads, in poll() where it receives from worker processes itself."""
+    consumer, got = next_in_thread(it)
     buffer = it.engine.buffer
     wait_until(lambda: buffer.waiting if thread_workers
                else "poll" in asleep_in(os.getpid(), consumer.native_id), what=what)

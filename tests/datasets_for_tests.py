@@ -64,6 +64,29 @@ class WorkerInfoDataset(mxload.Dataset):
         return np.array([i, wid, os.getpid()], np.int64), np.random.randint(0, 2 ** 31)
 
 
+def epoch_batches(base: int, n: int) -> list[list[int]]:
+    """`n` batches of 2 consecutive sample indices from `base` on."""
+    return [[base + 2 * b, base + 2 * b + 1] for b in range(n)]
+
+
+class EpochBatches:
+    """A batch sampler that tells its epochs apart: `first` batches (epoch_batches) in epoch 0,
+    `then` in every later one (default `first`); epoch e's samples from `spacing` * e on, or
+    from `spacing` * (e % `cycle`) where a small dataset serves many epochs."""
+
+    def __init__(self, first: int, then: int | None = None, spacing: int = 100, cycle: int | None = None):
+        self.first, self.then = first, first if then is None else then
+        self.spacing, self.cycle, self.drawn = spacing, cycle, 0
+
+    def __len__(self) -> int:
+        return self.first if self.drawn == 0 else self.then
+
+    def __iter__(self):
+        n, e = len(self), self.drawn
+        self.drawn += 1
+        return iter(epoch_batches(self.spacing * (e % self.cycle if self.cycle else e), n))
+
+
 class SlowDataset(mxload.Dataset):
     """Sleeps in __getitem__ (for shutdown-while-busy tests); with `only`, for those samples only."""
 

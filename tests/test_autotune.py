@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from datasets_for_tests import EpochBatches, epoch_batches
 from fresh_python import run
 
 import mxload
@@ -654,24 +655,9 @@ def test_workers_started_by_the_epoch_count_against_it_only_if_they_end_with_it(
         loader.close()
 
 
-class EpochsOf:
-    """A batch sampler: `first` batches of 2 in epoch 0, `then` in every later one; epoch e's
-    samples from 200 e on."""
-
-    def __init__(self, first: int, then: int):
-        self.first, self.then, self.drawn = first, then, 0
-
-    def __len__(self) -> int:
-        return self.first if self.drawn == 0 else self.then
-
-    def __iter__(self):
-        n, base = len(self), 200 * self.drawn
-        self.drawn += 1
-        return iter([[base + 2 * b, base + 2 * b + 1] for b in range(n)])
-
-
 def _epoch(e: int, n: int) -> list[list[int]]:
-    return [[200 * e + 2 * b, 200 * e + 2 * b + 1] for b in range(n)]
+    """Epoch e's batches from EpochBatches(..., spacing=200)."""
+    return epoch_batches(200 * e, n)
 
 
 @pytest.mark.slow   # a worker sleeps 1 s in one batch
@@ -685,8 +671,8 @@ def test_a_next_waiting_on_the_workers_ends_when_a_newer_iter_starts_its_epoch_i
     from datasets_for_tests import SlowDataset
 
     ds = SlowDataset(1.0, n=1000, only=frozenset({80}))
-    with mxload.DataLoader(ds, batch_sampler=EpochsOf(64, 8), num_workers="auto", persistent_workers=True,
-                           timeout=10) as loader:
+    with mxload.DataLoader(ds, batch_sampler=EpochBatches(64, 8, spacing=200), num_workers="auto",
+                           persistent_workers=True, timeout=10) as loader:
         first = iter(loader)
         assert [next(first).ravel().tolist() for _ in range(40)] == _epoch(0, 40)
         assert first.engine is not None   # on the workers since its probe
@@ -707,7 +693,7 @@ def test_a_superseded_epoch_starts_no_workers_and_takes_over_none(three_cores, w
     shut down (a worker process and a thread left after loader.close(); the leak check)."""
     from mxload._runtime.results import CLOSED_BY_OTHER
 
-    with mxload.DataLoader(mxload.ArrayDataset(np.arange(1000)), batch_sampler=EpochsOf(64, 64),
+    with mxload.DataLoader(mxload.ArrayDataset(np.arange(1000)), batch_sampler=EpochBatches(64, spacing=200),
                            num_workers="auto", persistent_workers=True, timeout=10) as loader:
         first = iter(loader)
         producer = first._producer   # what first's next() calls once past its check
@@ -735,7 +721,7 @@ def test_a_newer_iter_while_another_thread_s_epoch_starts_its_workers_leaves_not
     rng = random.Random(seed)
     for r in range(race_rounds(10)):
         before, threads = descendant_pids(), threading.active_count()
-        loader = mxload.DataLoader(SlowDataset(0.0003, n=1000), batch_sampler=EpochsOf(64, 64),
+        loader = mxload.DataLoader(SlowDataset(0.0003, n=1000), batch_sampler=EpochBatches(64, spacing=200),
                                    num_workers="auto", persistent_workers=True, timeout=20)
         old, ended = iter(loader), []
 

@@ -13,6 +13,7 @@ import pytest
 from conftest import asleep_in, start_methods
 from datasets_for_tests import (
     DictDataset,
+    EpochBatches,
     ShardedStream,
     TupleDataset,
     WorkerInfoDataset,
@@ -513,21 +514,6 @@ def test_iterators_of_one_loader_are_independent(mode):
     assert got_first == got_second == expected
 
 
-class ShrinkingBatches:
-    """8 batches in epoch 0, then 2; each epoch's samples distinct (epoch e's from 100 e on)."""
-
-    def __init__(self):
-        self.drawn = 0
-
-    def __len__(self):
-        return 8 if self.drawn == 0 else 2
-
-    def __iter__(self):
-        n, base = len(self), 100 * self.drawn
-        self.drawn += 1
-        return iter([[base + 2 * b, base + 2 * b + 1] for b in range(n)])
-
-
 @pytest.mark.timeout(60)
 def test_a_refill_that_waited_for_the_lock_while_a_newer_iter_began_an_epoch_sends_only_the_new_plan():
     """Persistent workers, one thread inside next() of an epoch whose tasks are all out (its
@@ -538,27 +524,16 @@ def test_a_refill_that_waited_for_the_lock_while_a_newer_iter_began_an_epoch_sen
     with the old epoch's sample indices (a wrong batch for an out-of-order consumer).  And the old
     iterator's next() then ends as superseded: it used to go on waiting and take the new epoch's
     first batch, which the new iterator never saw."""
-    import threading
+    from conftest import next_in_thread, wait_until
 
-    from conftest import wait_until
-
-    with mxload.DataLoader(mxload.ArrayDataset(np.arange(400)), batch_sampler=ShrinkingBatches(),
+    with mxload.DataLoader(mxload.ArrayDataset(np.arange(400)), batch_sampler=EpochBatches(8, 2),
                            num_workers=1, prefetch=4, persistent_workers=True, timeout=10) as loader:
         first = iter(loader)
         engine = first.engine
         assert [next(first).tolist() for _ in range(6)] == [[2 * b, 2 * b + 1] for b in range(6)]
         assert engine.progress() == (6, 8) and engine.window.in_flight < engine.prefetch   # all out
-        got = []
-
-        def take_one():
-            try:
-                got.append(next(first))
-            except BaseException as e:
-                got.append(e)
-
-        consumer = threading.Thread(target=take_one)
         with engine.lock:   # what the newer iter() holds while it begins its epoch
-            consumer.start()
+            consumer, got = next_in_thread(first)
             wait_until(lambda: "futex" in asleep_in(os.getpid(), consumer.native_id),
                        what="the consumer's refill waiting for the engine lock")
             second = iter(loader)
@@ -589,7 +564,7 @@ def test_a_next_waiting_in_another_thread_ends_as_superseded_when_a_newer_iter_b
     from datasets_for_tests import SlowDataset
 
     ds = SlowDataset(1.0, n=400, only=frozenset({12}))
-    with mxload.DataLoader(ds, batch_sampler=ShrinkingBatches(), num_workers=1, prefetch=4, in_order=in_order,
+    with mxload.DataLoader(ds, batch_sampler=EpochBatches(8, 2), num_workers=1, prefetch=4, in_order=in_order,
                            persistent_workers=True, timeout=10, thread_pool=thread_pool) as loader:
         first = iter(loader)
         assert [next(first).ravel().tolist() for _ in range(6)] == [[2 * b, 2 * b + 1] for b in range(6)]
@@ -599,21 +574,6 @@ def test_a_next_waiting_in_another_thread_ends_as_superseded_when_a_newer_iter_b
         assert not consumer.is_alive(), "the superseded next() went on waiting"
         assert len(got) == 1 and isinstance(got[0], RuntimeError) and "superseded" in str(got[0]), got
         assert sorted(b.ravel().tolist() for b in second) == [[100, 101], [102, 103]]
-
-
-class AlternatingBatches:
-    """16 batches of 2 an epoch, the even epochs' samples from 0, the odd ones' from 100."""
-
-    def __init__(self):
-        self.drawn = 0
-
-    def __len__(self):
-        return 16
-
-    def __iter__(self):
-        base = 100 * (self.drawn % 2)
-        self.drawn += 1
-        return iter([[base + 2 * b, base + 2 * b + 1] for b in range(16)])
 
 
 def _iter_during_another_thread_s_epoch(loader, rng) -> tuple[list, list, object]:
@@ -661,7 +621,7 @@ def test_a_newer_iter_at_a_random_moment_of_another_thread_s_epoch_loses_and_rep
 
     rng = random.Random(seed)
     expected = {base: [[base + 2 * b, base + 2 * b + 1] for b in range(16)] for base in (0, 100)}
-    with mxload.DataLoader(mxload.ArrayDataset(np.arange(200)), batch_sampler=AlternatingBatches(),
+    with mxload.DataLoader(mxload.ArrayDataset(np.arange(200)), batch_sampler=EpochBatches(16, cycle=2),
                            num_workers=2, prefetch=4, in_order=in_order, persistent_workers=True,
                            timeout=20) as loader:
         for r in range(race_rounds(20)):
@@ -687,7 +647,7 @@ def test_a_superseded_iterator_s_call_after_the_newer_iter_began_takes_nothing()
     began, after the new epoch had."""
     from mxload._runtime.results import CLOSED_BY_OTHER
 
-    with mxload.DataLoader(mxload.ArrayDataset(np.arange(200)), batch_sampler=AlternatingBatches(),
+    with mxload.DataLoader(mxload.ArrayDataset(np.arange(200)), batch_sampler=EpochBatches(16, cycle=2),
                            num_workers=2, prefetch=4, persistent_workers=True, timeout=10) as loader:
         first = iter(loader)
         assert [next(first).tolist() for _ in range(3)] == [[0, 1], [2, 3], [4, 5]]
@@ -709,7 +669,7 @@ def test_closing_a_persistent_epoch_from_another_thread_ends_a_next_waiting_in_i
     from datasets_for_tests import SlowDataset
 
     ds = SlowDataset(1.0, n=400, only=frozenset({12}))
-    with mxload.DataLoader(ds, batch_sampler=AlternatingBatches(), num_workers=1, prefetch=4,
+    with mxload.DataLoader(ds, batch_sampler=EpochBatches(16, cycle=2), num_workers=1, prefetch=4,
                            persistent_workers=True, timeout=10, thread_pool=thread_pool) as loader:
         first = iter(loader)
         engine = first.engine
