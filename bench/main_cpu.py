@@ -21,7 +21,8 @@ Two regimes, each a row per loader:
   loop that is not waiting for data.
 
 The training-bound mxload row runs again with prefetch 6 (3 per worker,
-where a worker's task always waits for its next to share a message), and
+where a worker's tasks go three to a message, two after the loop would have
+waited), and
 with the default window but every task sent on its own (as before
 67ae932, from which tasks pair at the default window while the loop finds
 its batches ready), so the gain of two tasks per message is a ratio within
@@ -308,7 +309,7 @@ def build(impls: list[str], rows: int, step_us: float) -> tuple[Any, list[Config
                                               persistent_workers=True)))
     if step_us > 0:
         configs.append(Config(f"mxload, 2 workers + {step_us:g} us step", mx(2), step_us))
-        # prefetch 6 (3 per worker): deep enough that a worker's task waits for its next.
+        # prefetch 6 (3 per worker): deep enough that a worker's tasks always share a message.
         configs.append(Config(f"mxload, 2 workers, prefetch 6 + {step_us:g} us step", mx(2, 6), step_us))
         configs.append(Config(f"mxload, 2 workers + {step_us:g} us step, one task per message "
                               "(as before 67ae932)", mx(2), step_us, single_tasks=True))

@@ -260,12 +260,15 @@ def _step(seconds: float) -> None:
         pass
 
 
-def test_a_loop_slower_than_its_workers_gets_two_tasks_per_message():
-    """Workers faster than the loop: each worker's task waits for its next
-    one, and one message carries both (one wake-up of the worker, not two).
-    Every batch still arrives once, in order."""
+@pytest.mark.parametrize("prefetch, at_least", [(6, 1.4), (8, 2.5)])
+def test_a_loop_slower_than_its_workers_gets_its_worker_s_whole_share_per_message(prefetch, at_least):
+    """Workers faster than the loop: each worker's task waits for the rest of
+    its share of the window (prefetch / num_workers), and one message
+    carries them all (one wake-up of the worker, not one a task).  Every
+    batch still arrives once, in order."""
     ds = mxload.ArrayDataset(np.arange(4000, dtype=np.int64).reshape(1000, 4))
-    with mxload.DataLoader(ds, batch_size=10, num_workers=2, persistent_workers=True, prefetch=6) as loader:
+    with mxload.DataLoader(ds, batch_size=10, num_workers=2, persistent_workers=True,
+                           prefetch=prefetch) as loader:
         for epoch in range(2):
             got = []
             for batch in loader:
@@ -274,8 +277,41 @@ def test_a_loop_slower_than_its_workers_gets_two_tasks_per_message():
             assert np.concatenate(got).tolist() == list(range(1000)), epoch
         stats = loader.stats
     assert stats["tasks_sent"] == 200
-    # 2.0 unless a starved machine made the loop wait (each wait sends what is held at once).
-    assert stats["tasks_sent"] / stats["task_messages"] >= 1.4, stats
+    # prefetch // 2 unless a starved machine made the loop wait (each wait sends what is held at
+    # once, and holds one task fewer for a while); 2.0 at most before each worker's whole share.
+    assert stats["tasks_sent"] / stats["task_messages"] >= at_least, stats
+
+
+@pytest.mark.parametrize("window, workers, ahead, behind", [
+    (3, 2, 1, 1), (4, 2, 2, 1), (6, 2, 3, 2), (8, 2, 4, 3), (8, 1, 8, 7), (100, 2, 8, 7), (12, 4, 3, 2)])
+def test_tasks_per_message_are_the_worker_s_share_ahead_and_one_fewer_after_the_loop_would_wait(
+        window, workers, ahead, behind):
+    """The transport's rule: a worker's whole share of the window
+    (window // workers, at most MAX_TASKS_PER_MESSAGE) to a message while
+    the loop finds its batches ready; one fewer after it would have waited
+    (k - 1 still leaves a sent task queued behind the one the worker makes),
+    until the backoff's tasks are sent; never paired under 2 per worker."""
+    from mxload._runtime.local import transport as T
+
+    ds = mxload.ArrayDataset(np.arange(8, dtype=np.int64))
+    with mxload.DataLoader(ds, batch_size=1, num_workers=workers, persistent_workers=True) as loader:
+        assert len(list(loader)) == 8
+        engine = loader._iterations.engine
+        assert engine is not None
+        tr = engine.transport
+        with engine.lock:
+            saved = dict(tr.counts)
+            tr.counts["tasks_sent"], tr._pair_from = 10_000, 0   # paired long since the last stop
+            tr.set_window(window, workers)
+            assert tr.put_task.per_message == ahead
+            tr._flush_before_wait(False)
+            assert tr.put_task.per_message == behind
+            assert tr._pair_from == (10_000 + T.PAIR_BACKOFF_MIN_TASKS if ahead > 1 else 0)
+            tr._flush_before_wait(True)   # the epoch's first window: no stop
+            assert tr.put_task.per_message == behind
+            tr.counts.update(saved)   # (what the test set is not stats)
+            tr._pair_from = 0
+            tr.set_window(2 * workers, workers)
 
 
 def test_a_loop_waiting_for_its_workers_is_never_kept_waiting_by_a_held_task():

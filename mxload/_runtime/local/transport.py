@@ -19,10 +19,12 @@ from .launcher import Closing, Launcher, Process, ProcessHandle, describe_exit, 
 from .receiver import Fetcher, adopt_raw, claim_mismatch_error
 from .slabs import SlabPool
 
-# How tasks pair (two to a message), by the window per worker taking tasks.
-PAIR_NEVER = 0        # under 2 per worker: a held task would leave its worker idle
-PAIR_WHILE_AHEAD = 1  # 2 per worker (the default): while the loop finds its batches ready
-PAIR_ALWAYS = 2       # 3 or more per worker: a held task never leaves its worker idle
+# How a worker's tasks share messages, by the window per worker taking tasks (k).
+PAIR_NEVER = 0        # k < 2: a held task would leave its worker idle
+PAIR_WHILE_AHEAD = 1  # k >= 2: all k to a message while the loop finds its batches ready, k - 1 after
+                      # it would have waited (k - 1 keeps a task queued on the worker; 1 where k = 2)
+# The most tasks one message carries (the core's frames per message).
+MAX_TASKS_PER_MESSAGE = 8
 # Adaptive pairing, after the loop would have waited for a batch with a task held: the tasks sent
 # one to a message before pairing is tried again.  The first stop after a long paired run (a
 # passing stall on a busy machine) backs off the least; each stop that follows its resumption
@@ -43,19 +45,20 @@ class ProcessTransport(Transport):
         super().__init__(setup)
         self._buffer = setup.buffer
         # Tasks that go to one worker in one message: a task waits (held on
-        # its handle) for the next one of its worker while the consumer is
+        # its handle) for the next ones of its worker while the consumer is
         # served from the buffer, and goes at once when it would wait
         # (next_result), when the epoch has no more tasks, or after a restart.
-        # One message wakes a sleeping worker once for both: on this kind of
+        # One message wakes a sleeping worker once for all: on this kind of
         # machine that wake-up is most of what a batch costs the main process
         # (a send that wakes a sleeping process: 6-12 us of CPU, against
         # 20-27 us per batch in all).  See set_window for when.
         self.counts = {"tasks_sent": 0, "task_messages": 0, "pairing_stops": 0}
         self._handles: list[ProcessHandle] = []    # by worker id (restarts replace one in place)
         self._holding: set[int] = set()            # ids of the workers with tasks held
-        # put_task, compiled; its per_message is how many tasks go in one message now (1 or 2).
+        # put_task, compiled; its per_message is how many tasks go in one message now.
         self.put_task: TaskHold = TaskHold(self._handles, self._holding)
         self._pairing = PAIR_NEVER
+        self._pair_ahead = self._pair_behind = 1    # per_message while the loop is ahead, after a stop
         self._pair_from = 0                         # adaptive: tasks_sent at which pairing resumes
         self._backoff = PAIR_BACKOFF_MIN_TASKS      # adaptive: the last stop's length, in tasks
         self.set_window(setup.prefetch, setup.config.num_workers)
@@ -82,26 +85,29 @@ class ProcessTransport(Transport):
     def set_window(self, window: int, workers: int) -> None:
         """`window` tasks in flight over `workers` workers taking tasks: how tasks pair from now on.
 
-        At 3 or more per worker, always: a held task does not leave its
-        worker idle (measured: no cost).  At the default 2 per worker, only
-        while the training loop finds its batches ready: where the workers
-        were barely ahead of the loop, holding cost ~10% batches/s (the loop
-        slept 2.5-4x as often), while a loop that never waits pays 21 us per
-        batch paired against 28 us one to a message.  So a loop about to
-        wait with a task held (_flush_before_wait), past its epoch's first
-        window (the workers are just starting), stops the pairing for the
-        next tasks: PAIR_BACKOFF_MIN_TASKS after a long paired run (a stall
-        of a busy machine), twice the last stop's where pairing lasted less
-        than that, up to PAIR_BACKOFF_MAX_TASKS; a loader-bound loop so pays
-        one late task in that many."""
+        With k = window // workers tasks in flight per worker: while the
+        training loop finds its batches ready, a worker's task waits for all
+        k of its share, and one message wakes the worker once for them.
+        Where the workers were barely ahead of the loop, holding cost ~10%
+        batches/s at k = 2 (the loop slept 2.5-4x as often), while a loop
+        that never waits pays 21 us per batch paired against 28 us one to a
+        message.  So a loop about to wait with a task held
+        (_flush_before_wait), past its epoch's first window (the workers are
+        just starting), holds one task fewer for the next tasks: k - 1,
+        which always leaves a sent task queued behind the one the worker is
+        making (so never idles it), one to a message at k = 2.  For
+        PAIR_BACKOFF_MIN_TASKS after a long paired run (a stall of a busy
+        machine), twice the last stop's where pairing lasted less than that,
+        up to PAIR_BACKOFF_MAX_TASKS; a loader-bound loop so pays one late
+        task in that many."""
         hold = self.put_task
-        if workers <= 0 or window < 2 * workers:
-            self._pairing, hold.per_message = PAIR_NEVER, 1
-        elif window >= 3 * workers:
-            self._pairing, hold.per_message = PAIR_ALWAYS, 2
+        per_worker = min(window // workers, MAX_TASKS_PER_MESSAGE) if workers > 0 else 1
+        if per_worker < 2:
+            self._pairing, self._pair_ahead, self._pair_behind = PAIR_NEVER, 1, 1
         else:
-            self._pairing = PAIR_WHILE_AHEAD
-            hold.per_message = 2 if self.counts["tasks_sent"] >= self._pair_from else 1
+            self._pairing, self._pair_ahead, self._pair_behind = PAIR_WHILE_AHEAD, per_worker, per_worker - 1
+        hold.per_message = (self._pair_ahead if self.counts["tasks_sent"] >= self._pair_from
+                            else self._pair_behind)
         if self._holding:
             # (num_workers="auto") a retired worker gets no next task, nor one
             # that no longer pairs: what is held goes now.
@@ -144,8 +150,9 @@ class ProcessTransport(Transport):
         Adaptive pairing stops a while: the held task may be what it waits
         for (unless `filling`: the epoch's first window, the workers starting)."""
         with self.lock:
-            if self._pairing == PAIR_WHILE_AHEAD and self.put_task.per_message > 1 and not filling:
-                self.put_task.per_message = 1
+            if self._pairing == PAIR_WHILE_AHEAD and self.put_task.per_message > self._pair_behind \
+                    and not filling:
+                self.put_task.per_message = self._pair_behind
                 sent = self.counts["tasks_sent"]
                 if sent - self._pair_from < self._backoff:   # paired for less than the last stop lasted
                     self._backoff = min(2 * self._backoff, PAIR_BACKOFF_MAX_TASKS)
@@ -225,9 +232,9 @@ class ProcessTransport(Transport):
                 break  # the worker is dead; the fetcher reports it
             self.counts["tasks_sent"] += done
             self.counts["task_messages"] += messages
-            if self._pairing == PAIR_WHILE_AHEAD and self.put_task.per_message == 1 \
+            if self._pairing == PAIR_WHILE_AHEAD and self.put_task.per_message < self._pair_ahead \
                     and self.counts["tasks_sent"] >= self._pair_from:
-                self.put_task.per_message = 2
+                self.put_task.per_message = self._pair_ahead
             if unsent is not None:
                 started = done - (left - len(tasks))   # the message's tasks, still first in `tasks`
                 self._finish_message(handle, tasks, started, unsent)
