@@ -53,11 +53,12 @@ cdef class ClaimMismatch:
         self.task_slab_id = task_slab_id
 
 
-def claim_batch(RawBatch raw not None, list handles not None, release):
+def claim_batch(RawBatch raw not None, list handles not None, release, BatchLender lender=None):
     """The batch the receive path stored for the worker in slot `raw.slot`
     (its ProcessHandle in `handles`): views of its task's slab, taken off
     the handle, from the layout the worker named before; `release(slab)`
-    returns the slab to the pool when the batch's last view dies.
+    returns the slab to the pool when the batch's last view dies (or, with
+    `lender`, its owner(): the slab's views, or a copy's).
 
     None if the task is no longer that handle's (its worker was replaced:
     the restart released the slab and sends the task again); a
@@ -91,7 +92,8 @@ def claim_batch(RawBatch raw not None, list handles not None, release):
     # Kept on the RawBatch before any Python code runs (VIEWS_ASSEMBLE): the
     # slab is off the handle now, and only this claim may hand it out.
     raw._template = <ViewTemplate?>(<tuple?>cached)[1]
-    raw._owner = BatchOwner(slab, 0, raw.nbytes, release)
+    raw._owner = (BatchOwner(slab, 0, raw.nbytes, release) if lender is None
+                  else lender.owner(<Slab?>slab, raw.nbytes))
     return (<ViewTemplate>raw._template).views(<BatchOwner>raw._owner)
 
 

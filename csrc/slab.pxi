@@ -4,22 +4,34 @@
 # main process map the same descriptor, so a worker collates straight into
 # memory the main process reads without a copy.  A BatchOwner is what numpy
 # arrays of one batch keep alive (their .base); when the last of them dies the
-# owner's dealloc hands the slab back to its pool.
+# owner's dealloc hands the slab back to its pool.  A batch the training loop
+# keeps among many others may instead be copied out to private memory
+# (BatchLender), so that its slab goes back to the pool at once.
 
 
 cdef class Slab:
-    """A read-write MAP_SHARED mapping of `size` bytes of file descriptor `fd`.
+    """A read-write MAP_SHARED mapping of `size` bytes of file descriptor `fd`;
+    `private`: `size` bytes of this process's heap memory instead (fd unused).
 
     The mapping outlives the descriptor (the caller may close fd at once) and
     is unmapped when the Slab and every buffer exported from it are gone."""
     cdef char *_ptr
+    cdef bint _heap
     cdef readonly Py_ssize_t size
     cdef readonly object slab_id
 
-    def __cinit__(self, int fd, Py_ssize_t size, slab_id=None, bint populate=False):
+    def __cinit__(self, int fd, Py_ssize_t size, slab_id=None, bint populate=False, bint private=False):
         self._ptr = NULL
+        self._heap = private
         if size <= 0:
             raise ValueError(f"slab size must be positive, got {size}")
+        if self._heap:
+            self._ptr = <char *>PyMem_RawMalloc(<size_t>size)
+            if self._ptr is NULL:
+                raise MemoryError(f"could not allocate {size} bytes")
+            self.size = size
+            self.slab_id = slab_id
+            return
         cdef int flags = MAP_SHARED | (MXL_MAP_POPULATE if populate else 0)
         cdef void *p
         with nogil:
@@ -35,8 +47,16 @@ cdef class Slab:
 
     def __dealloc__(self):
         if self._ptr is not NULL:
-            munmap(self._ptr, <size_t>self.size)
+            if self._heap:
+                PyMem_RawFree(self._ptr)
+            else:
+                munmap(self._ptr, <size_t>self.size)
             self._ptr = NULL
+
+    @property
+    def shared(self):
+        """Whether this is shared memory (a mapping), not a private copy."""
+        return not self._heap
 
     @property
     def address(self):
@@ -142,3 +162,55 @@ cdef class FreeSlabs:
 
     def __len__(self):
         return len(self._free)
+
+
+@cython.final
+@cython.auto_pickle(False)
+cdef class BatchLender:
+    """Makes the owner of each batch the main process hands to the training
+    loop, and counts the slabs such batches hold (`lent`: handed out, some
+    view still alive).  A loop that keeps many batches (a list of them, a
+    cache) would pin a slab each: a mapping (vm.max_map_count, 65530 by
+    default, caps them) and at least a 64 KiB slab for a batch of a few
+    bytes, and with the pool's slabs all pinned every next batch needs a new
+    slab, made by the worker and passed to this process.  So once
+    `copy_from_lent` slabs are lent, a batch of at most `copy_max_bytes` is
+    copied to private memory (an allocation of its own size, not a
+    mapping) and its slab freed at once.  Below that, and for larger
+    batches, the loop gets views of the slab itself (no copy).  One C call
+    with the GIL held, as FreeSlabs's."""
+    cdef FreeSlabs _free
+    cdef dict _counts                   # the pool's counters: "batches_copied"
+    cdef object _returned               # bound once: the callback every lent batch's owner gets
+    cdef readonly Py_ssize_t lent
+    cdef public Py_ssize_t copy_from_lent
+    cdef public Py_ssize_t copy_max_bytes
+
+    def __cinit__(self, FreeSlabs free not None, dict counts not None, Py_ssize_t copy_from_lent,
+                  Py_ssize_t copy_max_bytes):
+        self._free = free
+        self._counts = counts
+        self._returned = self.returned
+        self.lent = 0
+        self.copy_from_lent = copy_from_lent
+        self.copy_max_bytes = copy_max_bytes
+
+    cpdef BatchOwner owner(self, Slab slab, Py_ssize_t nbytes):
+        """The owner of a batch of `nbytes` at the start of `slab`, from which
+        its views are made: the slab's, or a private copy's."""
+        cdef Slab copy
+        if self.lent < self.copy_from_lent or nbytes > self.copy_max_bytes or nbytes <= 0:
+            owner = BatchOwner(slab, 0, nbytes, self._returned)
+            self.lent += 1
+            return owner
+        copy = Slab(-1, nbytes, private=True)
+        # With the GIL: a few µs at most, where giving it up could cost the loop a switch interval.
+        memcpy(copy._ptr, slab._ptr, <size_t>nbytes)
+        self._counts["batches_copied"] += 1
+        self._free.release(slab)
+        return BatchOwner(copy, 0, nbytes)
+
+    def returned(self, Slab slab not None):
+        """A lent batch's last view died: its slab is free again."""
+        self.lent -= 1
+        self._free.release(slab)

@@ -395,7 +395,8 @@ class DataLoader(_Settings, Generic[_T_co]):
     def stats(self) -> dict[str, int]:
         """Counters of the latest worker engine (batches, slabs created/reused/
         retired, worker restarts; with worker processes, tasks sent and the
-        messages that carried them); empty before workers ran.
+        messages that carried them, and the small batches copied out of their
+        slabs because the loop kept many alive); empty before workers ran.
 
         Example:
             >>> import numpy as np, mxload

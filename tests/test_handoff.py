@@ -91,6 +91,51 @@ def test_a_claimed_batch_is_views_of_its_tasks_slab_and_recycles_it():
     assert released == [slab]
 
 
+def _lender(copy_from_lent: int, copy_max_bytes: int):
+    pooled, counts = {}, {"slabs_reused": 0, "batches_copied": 0}
+    free = _core.FreeSlabs(pooled, counts)
+    return _core.BatchLender(free, counts, copy_from_lent, copy_max_bytes), free, pooled, counts
+
+
+def test_a_lender_gives_views_of_the_slab_until_the_loop_keeps_many_then_copies_small_batches():
+    """Below `copy_from_lent` batches alive, a batch is views of its slab,
+    which comes back when they die; from then on one of at most
+    `copy_max_bytes` is a private copy (equal, writable, independent) and
+    its slab is free at once; a larger one still gets its slab."""
+    lender, free, pooled, counts = _lender(copy_from_lent=2, copy_max_bytes=32)
+    slabs = [_slab(i) for i in range(5)]
+    for i, slab in enumerate(slabs):
+        pooled[i] = slab
+        np.ndarray((4,), np.int64, buffer=slab)[...] = np.arange(4) + 10 * i
+    kept = [np.ndarray((4,), np.int64, buffer=lender.owner(slab, 32)) for slab in slabs[:4]]
+    assert lender.lent == 2 and counts["batches_copied"] == 2
+    assert [bool(np.shares_memory(k, np.frombuffer(s, np.uint8))) for k, s in zip(kept, slabs)] == \
+        [True, True, False, False]
+    assert [k.base.slab.shared for k in kept] == [True, True, False, False]
+    assert len(free) == 2   # the copied batches' slabs, free at once
+    assert [k.tolist() for k in kept] == [[10 * i + j for j in range(4)] for i in range(4)]
+    np.ndarray((4,), np.int64, buffer=slabs[3])[...] = -1   # the slab reused: the copy keeps its values
+    kept[3][0] = 99
+    assert kept[3].tolist() == [99, 31, 32, 33]
+    big = np.ndarray((4,), np.int64, buffer=lender.owner(slabs[4], 64))   # over copy_max_bytes
+    assert big.base.slab is slabs[4] and lender.lent == 3 and counts["batches_copied"] == 2
+    del kept[:2], big
+    gc.collect()
+    assert lender.lent == 0 and len(free) == 5
+    assert np.ndarray((4,), np.int64, buffer=lender.owner(slabs[0], 32)).base.slab.shared
+
+
+def test_a_private_slab_is_heap_memory_of_its_size():
+    slab = _core.Slab(-1, 100, "copy", private=True)
+    assert not slab.shared and slab.size == 100 and slab.slab_id == "copy"
+    view = np.frombuffer(slab, np.uint8)
+    view[:] = 7
+    assert view.sum() == 700
+    with pytest.raises(ValueError, match="slab size must be positive"):
+        _core.Slab(-1, 0, private=True)
+    assert _slab(1).shared
+
+
 def test_a_batch_whose_task_is_gone_is_not_claimed():
     """Its worker was replaced (another tag in the slot), the slot is
     unknown, or the handle holds no such task: None, nothing released."""
@@ -110,7 +155,7 @@ def test_a_batch_contradicting_its_task_is_a_protocol_error_naming_both(case):
     task_slab = {"another slab": _slab(6), "no slab": None, "unknown layout": slab}[case]
     layouts = {} if case == "unknown layout" else {1: (None, _xy_template())}
     handle = _handle(slabs={(3, 4): task_slab}, layouts=layouts)
-    pool = SimpleNamespace(released=[])
+    pool = SimpleNamespace(released=[], lender=None)
     pool.release = pool.released.append
     raw = _raw_batch(3, 4, 5, 80, 1)
     got = _core.claim_batch(raw, [handle], pool.release)

@@ -23,6 +23,7 @@ from datasets_for_tests import (
 
 import mxload
 from mxload import batchify
+from mxload._runtime.local.slabs import COPY_KEPT_FROM
 from mxload.sampler import BatchSampler, SequentialSampler
 
 pytestmark = pytest.mark.timeout(120)
@@ -329,6 +330,7 @@ def test_slabs_are_recycled_over_a_long_epoch():
     # prefetch + the batch the consumer holds + one being recycled: bounded, not 1000.
     assert stats["slabs_created"] <= 3 + 3, stats
     assert stats["slabs_reused"] >= 990, stats
+    assert stats["batches_copied"] == 0, stats   # a loop that keeps none gets views of the slabs
 
 
 def test_consumer_keeping_batches_does_not_deadlock():
@@ -336,7 +338,53 @@ def test_consumer_keeping_batches_does_not_deadlock():
     loader = mxload.DataLoader(ds, batch_size=4, num_workers=2, prefetch=2)
     kept = list(loader)  # every batch held at once
     assert np.concatenate(kept).tolist() == list(range(200))
-    assert loader.stats["slabs_created"] >= 50 - 2
+    # Each of the first COPY_KEPT_FROM + prefetch pins its slab; the rest, small, are copied out.
+    stats = loader.stats
+    assert COPY_KEPT_FROM <= stats["slabs_created"] <= COPY_KEPT_FROM + 2 + 3, stats
+    assert stats["batches_copied"] >= 50 - COPY_KEPT_FROM - 2 - 3, stats
+    del kept
+
+
+def _mappings() -> int:
+    with open("/proc/self/maps") as f:
+        return sum(1 for _ in f)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_loop_keeping_thousands_of_small_batches_pins_no_slab_for_each(workers):
+    """Every batch kept (a list of them, a cache): past the first few, a
+    small batch is copied out of its slab, which goes back to the pool at
+    once, so the loop does not hold a 64 KiB slab and a memory mapping per
+    batch (vm.max_map_count, 65530 by default, would end it) and the
+    workers keep reusing the pool's slabs.  The batches are right, and stay
+    so after the loader is gone."""
+    n = 3000
+    ds = mxload.ArrayDataset(np.arange(n * 4, dtype=np.float32).reshape(n, 4), np.arange(n))
+    before = _mappings()
+    loader = mxload.DataLoader(ds, batch_size=1, num_workers=workers, persistent_workers=True)
+    kept = list(loader)
+    grew = _mappings() - before
+    stats = loader.stats
+    loader.close()
+    del loader
+    assert grew < 400, grew   # the workers' sockets, the pool's slabs (3000 before)
+    assert stats["slabs_created"] <= 64, stats
+    assert stats["batches_copied"] >= n - COPY_KEPT_FROM - 2 * workers - 3, stats
+    assert kept[-1][0].base.slab.shared is False
+    assert np.concatenate([x for x, _ in kept]).ravel().tolist() == list(range(n * 4))
+    assert [int(y[0]) for _, y in kept] == list(range(n))
+    kept[-1][0][0, 0] = -1   # writable, as a slab's views are
+    del kept
+
+
+def test_a_loop_keeping_large_batches_keeps_their_slabs():
+    """A batch larger than the smallest slab is never copied: its slab
+    holds little more than its own bytes."""
+    ds = mxload.ArrayDataset(np.zeros((60, 20_000), np.float32))   # 80 KB a sample
+    with mxload.DataLoader(ds, batch_size=1, num_workers=2) as loader:
+        kept = list(loader)
+        assert loader.stats["batches_copied"] == 0
+        assert all(x.base.slab.shared for x in kept)
     del kept
 
 

@@ -31,7 +31,6 @@ from typing import Any
 from ... import _core
 from ..._collate.layout import compile_template, views_from_layout
 from ..._core import (
-    BatchOwner,
     ClaimMismatch,
     FrameReceiver,
     RawBatch,
@@ -64,7 +63,7 @@ def adopt_raw(raw: RawBatch, handles: list[ProcessHandle], pool: SlabPool) -> An
     """The batch the receive path stored for the worker in slot `raw.slot`,
     as views of its slab from the cached layout (compiled: claim_batch);
     None if its task is no longer that worker's handle's (engine lock held)."""
-    batch = claim_batch(raw, handles, pool.release)
+    batch = claim_batch(raw, handles, pool.release, pool.lender)
     if type(batch) is ClaimMismatch:
         raise claim_mismatch_error(raw, batch, handles)
     return batch
@@ -122,8 +121,9 @@ def _views(msg: m.Batch | m.NewSlab, slab: Slab | None, pool: SlabPool) -> objec
             pool.release(slab)
         return views_from_layout(msg.layout, bytearray())   # writable, as a slab's views are
     # The slab returns to the pool when the batch's last view dies (or when
-    # the engine drops the batch of an abandoned epoch at once).
-    return views_from_layout(msg.layout, BatchOwner(slab, 0, msg.nbytes, pool.release))
+    # the engine drops the batch of an abandoned epoch at once), or at once
+    # where the loop keeps many batches and this one is copied out.
+    return views_from_layout(msg.layout, pool.lender.owner(slab, msg.nbytes))
 
 
 class Fetcher:

@@ -12,12 +12,20 @@ import os
 import secrets
 from collections.abc import Callable
 
-from ..._core import FreeSlabs, Slab
+from ..._core import BatchLender, FreeSlabs, Slab
 from ...errors import SHARED_MEMORY_ADVICE, SharedMemoryError, WorkerError
 from . import fds as _fds
 
 _PAGE = 4096
 _GRANULE = 64 * 1024
+
+# A training loop that keeps this many batches alive (their slabs lent to it) keeps batches, not
+# just the one in hand and a few in flight to an accelerator: from then on, a batch of at most
+# COPY_KEPT_MAX_BYTES (smaller than the smallest slab) is copied out of its slab, which is freed at
+# once (see BatchLender).  Larger batches keep their slab (a copy's cost grows with the batch,
+# what a slab wastes does not).
+COPY_KEPT_FROM = 32
+COPY_KEPT_MAX_BYTES = _GRANULE
 
 
 def slab_size_for(nbytes: int, current: int = 0) -> int:
@@ -119,12 +127,15 @@ class SlabPool:
         self._next_id = 0
         self._closed = False
         self.max_fds = max_fds
-        self.counts = {"slabs_created": 0, "slabs_reused": 0, "slabs_retired": 0}
+        self.counts = {"slabs_created": 0, "slabs_reused": 0, "slabs_retired": 0, "batches_copied": 0}
         self._free = FreeSlabs(self._slabs, self.counts)
         # A free slab, or None (the worker then makes a new one).
         self.acquire: Callable[[], Slab | None] = self._free.acquire
-        # `slab` is free again (its batch's last view died).
+        # `slab` is free again (unused, or a batch's last view died).
         self.release: Callable[[Slab], None] = self._free.release
+        # The owner of a batch handed to the training loop: its slab's, or a copy's where the loop
+        # keeps many (see COPY_KEPT_FROM).
+        self.lender = BatchLender(self._free, self.counts, COPY_KEPT_FROM, COPY_KEPT_MAX_BYTES)
 
     def adopt(self, fd: int, size: int) -> Slab:
         """Take ownership of a descriptor (received from a worker); map it."""

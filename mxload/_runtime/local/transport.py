@@ -17,7 +17,7 @@ from ..transport import Transport, TransportSetup, WorkerLoss
 from . import launcher
 from .launcher import Closing, Launcher, Process, ProcessHandle, describe_exit, process_state
 from .receiver import Fetcher, adopt_raw, claim_mismatch_error
-from .slabs import SlabPool
+from .slabs import COPY_KEPT_FROM, SlabPool
 
 # How a worker's tasks share messages, by the window per worker taking tasks (k).
 PAIR_NEVER = 0        # k < 2: a held task would leave its worker idle
@@ -61,14 +61,15 @@ class ProcessTransport(Transport):
         self._pair_ahead = self._pair_behind = 1    # per_message while the loop is ahead, after a stop
         self._pair_from = 0                         # adaptive: tasks_sent at which pairing resumes
         self._backoff = PAIR_BACKOFF_MIN_TASKS      # adaptive: the last stop's length, in tasks
-        self.set_window(setup.prefetch, setup.config.num_workers)
         self._timeout = setup.timeout               # the loader's: also bounds a task's send
         self._stopping = False                      # the shutdown began: a send waiting on a worker gives up
         self._config = setup.config
         self.launcher = Launcher(setup.config, start_method, setup.dataset_type, owner=self)
         self.pool = SlabPool(MAX_POOLED_SLABS)
+        self.set_window(setup.prefetch, setup.config.num_workers)
         # The engine's compiled claim: the views of a raw batch's slab.
-        self.claim_raw = functools.partial(claim_batch, handles=self._handles, release=self.pool.release)
+        self.claim_raw = functools.partial(claim_batch, handles=self._handles, release=self.pool.release,
+                                           lender=self.pool.lender)
         self._fetcher: Fetcher | None = None
         self._ending: list[Process] | None = None   # what refuse_starts left to end
 
@@ -100,6 +101,8 @@ class ProcessTransport(Transport):
         machine), twice the last stop's where pairing lasted less than that,
         up to PAIR_BACKOFF_MAX_TASKS; a loader-bound loop so pays one late
         task in that many."""
+        # Batches in the reorder buffer are lent too: the loop keeps batches beyond the window's.
+        self.pool.lender.copy_from_lent = COPY_KEPT_FROM + window
         hold = self.put_task
         per_worker = min(window // workers, MAX_TASKS_PER_MESSAGE) if workers > 0 else 1
         if per_worker < 2:
