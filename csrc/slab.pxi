@@ -160,6 +160,15 @@ cdef class FreeSlabs:
         self._closed = True
         del self._free[:]
 
+    def trim(self, Py_ssize_t keep):
+        """Take the free slabs beyond the first `keep` still pooled out of
+        the free list (the last freed first) and return them."""
+        cdef list out = []
+        self._free = [slab for slab in self._free if (<Slab>slab).slab_id in self._pooled]
+        while len(self._free) > keep:
+            out.append(self._free.pop())
+        return out
+
     def __len__(self):
         return len(self._free)
 

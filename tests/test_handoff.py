@@ -125,6 +125,19 @@ def test_a_lender_gives_views_of_the_slab_until_the_loop_keeps_many_then_copies_
     assert np.ndarray((4,), np.int64, buffer=lender.owner(slabs[0], 32)).base.slab.shared
 
 
+def test_trimming_the_free_slabs_keeps_the_first_still_pooled_and_hands_out_the_rest():
+    pooled, counts = {}, {"slabs_reused": 0}
+    free = _core.FreeSlabs(pooled, counts)
+    slabs = [_slab(i) for i in range(5)]
+    for slab in slabs:
+        pooled[slab.slab_id] = slab
+        free.release(slab)
+    del pooled[1]   # retired meanwhile: not counted, not handed out
+    assert free.trim(2) == [slabs[4], slabs[3]]
+    assert len(free) == 2 and free.acquire() is slabs[0] and free.acquire() is slabs[2]
+    assert free.trim(0) == [] and free.acquire() is None
+
+
 def test_a_private_slab_is_heap_memory_of_its_size():
     slab = _core.Slab(-1, 100, "copy", private=True)
     assert not slab.shared and slab.size == 100 and slab.slab_id == "copy"

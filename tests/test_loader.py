@@ -377,6 +377,39 @@ def test_a_loop_keeping_thousands_of_small_batches_pins_no_slab_for_each(workers
     del kept
 
 
+def _slab_mappings(pid: int) -> int:
+    with open(f"/proc/{pid}/maps") as f:
+        return sum("mxload-slab" in line for line in f)
+
+
+def test_slabs_freed_after_a_loop_kept_many_batches_go_back_as_the_next_epoch_begins():
+    """Persistent workers; one epoch keeps every batch (large ones: each pins
+    its slab), then drops them: the pool does not keep those slabs for the
+    loader's lifetime.  The next epoch retires the free ones beyond the
+    window's and a few spare, in the main process and in every worker that
+    mapped one."""
+    from mxload._runtime.local.transport import SPARE_SLABS
+
+    ds = mxload.ArrayDataset(np.arange(40 * 20_000, dtype=np.float32).reshape(40, 20_000))  # 80 KB each
+    most = 2 * 4 + SPARE_SLABS   # the window's 4 and the spare ones, plus the window's again made meanwhile
+    with mxload.DataLoader(ds, batch_size=1, num_workers=2, persistent_workers=True) as loader:
+        kept = list(loader)
+        assert loader.stats["slabs_created"] >= 40 and loader.stats["batches_copied"] == 0
+        assert _slab_mappings(os.getpid()) >= 40
+        del kept
+        pids = [pid for pid in loader._iterations.engine.worker_pids() if pid is not None]
+        for epoch in range(2):
+            got = [int(x[0, 0]) for x in loader]
+            assert got == list(range(0, 40 * 20_000, 20_000)), epoch
+        stats = loader.stats
+        assert len(loader._iterations.engine.transport.pool) <= most, stats
+        assert stats["slabs_retired"] >= 40 - most, stats
+        assert stats["slabs_created"] <= 40 + 4, stats
+        assert _slab_mappings(os.getpid()) <= most
+        # A worker maps the pool's slabs it is sent, and unmaps those its next task says are retired.
+        assert max(_slab_mappings(pid) for pid in pids) <= most, [_slab_mappings(pid) for pid in pids]
+
+
 def test_a_loop_keeping_large_batches_keeps_their_slabs():
     """A batch larger than the smallest slab is never copied: its slab
     holds little more than its own bytes."""

@@ -157,6 +157,7 @@ class Engine:
             self.transport.epoch_closed = False
             for wid, key in self.transport.drop_held():   # the epoch before's, never sent
                 self.roster.workers[wid].outstanding.pop(key, None)
+            self.transport.tidy_between_epochs()
             stale = self.buffer.start_epoch(epoch)
             for item in stale.values():
                 if isinstance(item, RawBatch):

@@ -173,6 +173,12 @@ class Transport(ABC):
         over); returns (worker id, (epoch, batch index)) of each."""
         return []
 
+    def tidy_between_epochs(self) -> None:
+        """A new epoch begins, none of its tasks sent yet (engine lock held):
+        give back what the epochs before needed and the next will not.  By
+        default there is nothing to give back."""
+        return None
+
     @abstractmethod
     def restart(self, worker_id: int, epoch: int) -> bool:
         """Replace a lost worker, started exactly as the original was (seeded

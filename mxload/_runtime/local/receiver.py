@@ -49,7 +49,7 @@ from .launcher import ProcessHandle
 from .slabs import SlabPool, fd_limit_error
 from .zygote import block_sigint_in_this_thread
 
-__all__ = ["Fetcher", "adopt_raw", "claim_mismatch_error", "take_result"]
+__all__ = ["Fetcher", "adopt_raw", "claim_mismatch_error", "retire_everywhere", "take_result"]
 
 
 def _out_of_fds(error: OSError, doing: str) -> BaseException:
@@ -100,12 +100,7 @@ def take_result(msg: m.Message, fds: list[int], handle: ProcessHandle, handles: 
         assert fds, "recv checks that a frame carries the descriptors it announces"
         slab = pool.adopt(fds.pop(), msg.size)
         if assigned is not None:
-            # Too small for this batch: retire it everywhere.
-            pool.retire(assigned)
-            for h in handles:
-                if assigned.slab_id in h.known_slabs:
-                    h.known_slabs.discard(assigned.slab_id)
-                    h.pending_drops.append(assigned.slab_id)
+            retire_everywhere(assigned, pool, handles)   # too small for this batch
         assigned = slab
     if not isinstance(msg, (m.Batch, m.NewSlab)):
         if assigned is not None:
@@ -113,6 +108,16 @@ def take_result(msg: m.Message, fds: list[int], handle: ProcessHandle, handles: 
         return msg
     batch = _views(msg, assigned, pool)
     return m.Loaded(msg.epoch, msg.batch_index, batch, msg.timings)
+
+
+def retire_everywhere(slab: Slab, pool: SlabPool, handles: Sequence[ProcessHandle]) -> None:
+    """Retire `slab` from the pool, and have every worker that mapped it
+    unmap it (the drops its next task carries): its memory then goes."""
+    pool.retire(slab)
+    for h in handles:
+        if slab.slab_id in h.known_slabs:
+            h.known_slabs.discard(slab.slab_id)
+            h.pending_drops.append(slab.slab_id)
 
 
 def _views(msg: m.Batch | m.NewSlab, slab: Slab | None, pool: SlabPool) -> object:

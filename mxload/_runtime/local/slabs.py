@@ -155,6 +155,10 @@ class SlabPool:
         self._fds[slab_id] = fd
         return slab
 
+    def trim(self, keep: int) -> list[Slab]:
+        """Take the free slabs beyond `keep` out of the free list, for the caller to retire."""
+        return self._free.trim(keep)
+
     def retire(self, slab: Slab) -> None:
         """Forget a slab (too small): its memory goes when its last view does."""
         if self._slabs.pop(slab.slab_id, None) is not None:

@@ -16,7 +16,7 @@ from .. import wire
 from ..transport import Transport, TransportSetup, WorkerLoss
 from . import launcher
 from .launcher import Closing, Launcher, Process, ProcessHandle, describe_exit, process_state
-from .receiver import Fetcher, adopt_raw, claim_mismatch_error
+from .receiver import Fetcher, adopt_raw, claim_mismatch_error, retire_everywhere
 from .slabs import COPY_KEPT_FROM, SlabPool
 
 # How a worker's tasks share messages, by the window per worker taking tasks (k).
@@ -35,8 +35,13 @@ PAIR_BACKOFF_MAX_TASKS = 1024
 # Slab descriptors the main process keeps for recycling (beyond this, kept
 # batches cost a mapping each, never a descriptor; see SlabPool).
 MAX_POOLED_SLABS = 64
+# Free slabs kept between epochs beyond the window's: those the loop holds (the batch in hand, one
+# on its way to an accelerator) and one being recycled.  The rest, freed after a loop kept many
+# batches a while, are retired as the next epoch begins, in this process and in the workers.
+SPARE_SLABS = 4
 
-__all__ = ["MAX_POOLED_SLABS", "PAIR_BACKOFF_MAX_TASKS", "PAIR_BACKOFF_MIN_TASKS", "ProcessTransport"]
+__all__ = ["MAX_POOLED_SLABS", "PAIR_BACKOFF_MAX_TASKS", "PAIR_BACKOFF_MIN_TASKS", "ProcessTransport",
+           "SPARE_SLABS"]
 
 
 class ProcessTransport(Transport):
@@ -103,6 +108,7 @@ class ProcessTransport(Transport):
         task in that many."""
         # Batches in the reorder buffer are lent too: the loop keeps batches beyond the window's.
         self.pool.lender.copy_from_lent = COPY_KEPT_FROM + window
+        self._window = window
         hold = self.put_task
         per_worker = min(window // workers, MAX_TASKS_PER_MESSAGE) if workers > 0 else 1
         if per_worker < 2:
@@ -205,6 +211,10 @@ class ProcessTransport(Transport):
             if wid < len(self._handles):
                 self._send_held(self._handles[wid])
             self._holding.discard(wid)
+
+    def tidy_between_epochs(self) -> None:
+        for slab in self.pool.trim(self._window + SPARE_SLABS):
+            retire_everywhere(slab, self.pool, self._handles)
 
     def drop_held(self) -> list[tuple[int, tuple[int, int]]]:
         dropped = [(h.worker_id, (epoch, idx)) for h in self._handles for epoch, idx, _, _ in h.held]
