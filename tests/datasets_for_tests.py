@@ -64,6 +64,29 @@ class WorkerInfoDataset(mxload.Dataset):
         return np.array([i, wid, os.getpid()], np.int64), np.random.randint(0, 2 ** 31)
 
 
+class SharedCounting(mxload.Dataset):
+    """Counts its loads in multiprocessing objects of context `ctx` (a Value, an Array by
+    worker, a Lock, an Event), as torch programs do: shared only by inheritance."""
+
+    def __init__(self, ctx, n: int, workers: int):
+        self.n = n
+        self.lock = ctx.Lock()
+        self.loads = ctx.Value("i", 0, lock=False)
+        self.by_worker = ctx.Array("i", workers, lock=False)
+        self.loaded = ctx.Event()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        info = mxload.get_worker_info()
+        with self.lock:
+            self.loads.value += 1
+            self.by_worker[info.id if info is not None else 0] += 1
+        self.loaded.set()
+        return np.int64(i)
+
+
 def epoch_batches(base: int, n: int) -> list[list[int]]:
     """`n` batches of 2 consecutive sample indices from `base` on."""
     return [[base + 2 * b, base + 2 * b + 1] for b in range(n)]

@@ -15,6 +15,7 @@ from datasets_for_tests import (
     DictDataset,
     EpochBatches,
     ShardedStream,
+    SharedCounting,
     TupleDataset,
     WorkerInfoDataset,
     record_worker_id,
@@ -27,6 +28,10 @@ from mxload._runtime.local.slabs import COPY_KEPT_FROM
 from mxload.sampler import BatchSampler, SequentialSampler
 
 pytestmark = pytest.mark.timeout(120)
+
+# multiprocessing's shared heap (Value, Array) maps its first arena for the process's life: made
+# here, at import, not by the test that first uses one (whose leak check would count it).
+_MP_HEAP_ARENA = mp.Value("i", 0, lock=False)
 
 
 def as_plain(batch):
@@ -505,6 +510,34 @@ def test_unpicklable_dataset_with_spawn_names_the_type():
 
     loader = mxload.DataLoader(Local(), batch_size=2, num_workers=2, start_method="spawn")
     with pytest.raises(TypeError, match="Local.*cannot be pickled"):
+        iter(loader)
+
+
+@pytest.mark.parametrize("method", start_methods("fork", "spawn", "forkserver"))
+def test_a_dataset_holding_multiprocessing_objects_shares_them_with_every_start_method(method):
+    """Locks, events and Value/Array memory pickle only while a process
+    starts (multiprocessing's "through inheritance"): torch's loader passes
+    its dataset to the worker Process, so they work there; mxload pickles
+    the payload once, as multiprocessing would, and passes their descriptors
+    with it.  Every worker's loads show in the main process's objects."""
+    ctx = mp.get_context(method)
+    ds = SharedCounting(ctx, 24, workers=2)
+    with mxload.DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context=method,
+                           persistent_workers=True) as loader:
+        for _epoch in range(2):
+            assert np.concatenate(list(loader)).tolist() == list(range(24))
+    assert ds.loads.value == 48 and sum(ds.by_worker) == 48 and min(ds.by_worker) > 0
+    assert ds.loaded.is_set()
+
+
+@pytest.mark.slow
+def test_multiprocessing_objects_of_a_fork_context_with_spawn_workers_is_an_error_naming_them():
+    """As with torch's loader: multiprocessing refuses to share a lock made
+    for fork children with a spawned process, and the error says so."""
+    ds = SharedCounting(mp.get_context("fork"), 8, workers=1)
+    loader = mxload.DataLoader(ds, batch_size=4, num_workers=1, multiprocessing_context="spawn")
+    with pytest.raises(TypeError, match=r"SharedCounting.*cannot be pickled for 'spawn' workers: "
+                                        r"A SemLock created in a fork context"):
         iter(loader)
 
 

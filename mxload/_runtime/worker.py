@@ -33,6 +33,7 @@ from .._torch_compat import enter_worker
 from . import messages as m
 from . import wire
 from .local.heap import freeze_inherited_objects, keep_freed_memory
+from .local.inherit import unpickle_payload
 from .local.slabs import create_shared_fd, map_slab, slab_size_for
 from .local.zygote import reset_inherited_signals
 from .source import SampleSource
@@ -131,6 +132,9 @@ class WorkerConfig:
     zygote_child: bool
     # batch_size=None: each task is one sampler key for dataset[key] (source.encode_key).
     keyed: bool = False
+    # With a pickled payload, the descriptors its multiprocessing objects need (local/inherit.py):
+    # a list in the worker; in a forkserver worker's arguments, a ForChild.
+    payload_fds: Any = ()
 
     @classmethod
     def first(cls, options: LoaderOptions, epoch: int) -> WorkerConfig:
@@ -263,7 +267,7 @@ def worker_process_main(config: WorkerConfig, sock: socket.socket) -> None:
     payload = config.payload
     if isinstance(payload, bytes):
         try:
-            payload = pickle.loads(payload)
+            payload = unpickle_payload(payload, list(config.payload_fds))
         except Exception as e:
             report_start_failure(sock, e, "unpickling the dataset, batchify_fn and worker_init_fn")
             return

@@ -13,7 +13,6 @@ import functools
 import itertools
 import multiprocessing as mp
 import os
-import pickle
 import signal
 import socket
 import sys
@@ -29,6 +28,7 @@ from ...errors import WorkerError
 from ..shutdown import SHUTDOWN_DEADLINE_S, SHUTDOWN_GRACE_S, SHUTDOWN_TERMINATE_S
 from ..worker import Payload, WorkerConfig, in_worker_process, worker_process_main
 from . import fds as _fds
+from .inherit import ForChild, pickle_payload
 from .slabs import fd_limit_error
 from .zygote import SpawnedWorker, Zygote, ZygoteWorker, ensure_fork_server, sigint_deferred
 
@@ -199,6 +199,7 @@ class Launcher:
         self._owner = owner
         self._zygote: Zygote | None = None
         self._spawn_payload: bytes | None = None
+        self._payload_fds: list[int] = []   # what the payload's multiprocessing objects need (inherit.py)
         # Every worker process started and not yet closed, registered under
         # _start_lock the moment it exists; once closing is set, no start
         # begins and one that was under way ends its process itself.
@@ -217,7 +218,8 @@ class Launcher:
 
     def _pickled_payload(self) -> bytes:
         try:
-            return pickle.dumps(self._template.payload, protocol=pickle.HIGHEST_PROTOCOL)
+            data, self._payload_fds = pickle_payload(self._template.payload)
+            return data
         except Exception as e:
             raise TypeError(
                 f"the dataset ({self._dataset_type}), batchify_fn or worker_init_fn cannot be pickled "
@@ -295,10 +297,12 @@ class Launcher:
         config = dataclasses.replace(self._template, worker_id=wid, epoch=epoch, payload=payload,
                                      zygote_child=False)
         if self.start_method == "spawn":
-            spawned = SpawnedWorker(config, child_end)
+            spawned = SpawnedWorker(config, child_end, self._payload_fds)
             if hand_over:
                 spawned.hand_over(parent_end)
             return spawned
+        if self._payload_fds:
+            config = dataclasses.replace(config, payload_fds=ForChild(self._payload_fds))
         ensure_fork_server()
         _check_fd_room(_FORKSERVER_START_FDS, f"starting worker {wid} through the fork server")
         ctx: Any = mp.get_context(self.start_method)  # typeshed's BaseContext lacks Process

@@ -42,6 +42,7 @@ the main process holds, and SIGKILL themselves when it hangs up (worker.py).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import select
 import signal
@@ -166,13 +167,14 @@ class SpawnedWorker:
     """A spawn worker: a fresh interpreter in its own process group (the
     subset of multiprocessing.Process the engine uses)."""
 
-    def __init__(self, config: WorkerConfig, sock: socket.socket):
+    def __init__(self, config: WorkerConfig, sock: socket.socket, payload_fds: list[int]):
         """Start it serving `sock` (the caller closes its copy); it waits for
-        hand_over()."""
+        hand_over(), which passes it `payload_fds` (inherit.py) with its config."""
         from multiprocessing import spawn, util
         prep = spawn.get_preparation_data(f"mxload-worker-{config.worker_id}")
         prep["authkey"] = bytes(prep["authkey"])   # pickled outside a spawning context
         self._handover: m.Handover | None = m.Handover(prep, config)
+        self._payload_fds = payload_fds
         flags: list[str] = util._args_from_interpreter_flags()  # type: ignore[attr-defined]  # as mp's spawn
         entry = "from mxload._runtime.local.zygote import spawned_worker_main; spawned_worker_main()"
         cmd = [spawn.get_executable(), *flags, "-c", entry, str(sock.fileno())]
@@ -196,7 +198,7 @@ class SpawnedWorker:
         if handover is None:
             return
         try:
-            wire.send(parent_end, handover)
+            wire.send(parent_end, handover, self._payload_fds)
         except OSError:
             pass
 
@@ -236,11 +238,13 @@ def spawned_worker_main() -> None:
     # Before the main module is imported (spawn.prepare), which can take
     # seconds (torch, models): a main process killed meanwhile takes us along.
     watch_main_process(sock.fileno())
-    handover, _ = wire.recv(sock)
+    handover, payload_fds = wire.recv(sock, "the descriptors of the dataset's multiprocessing objects",
+                                      WorkerError)
     if not isinstance(handover, m.Handover):
         raise wire.ProtocolError(
             f"a spawn worker's first message is a Handover, not {type(handover).__name__}")
     prep, config = handover
+    config = dataclasses.replace(config, payload_fds=payload_fds)
     # As multiprocessing's spawn: while the main module is imported, this
     # process is "bootstrapping", so a script without the
     # ``if __name__ == "__main__":`` guard that starts workers again there
