@@ -108,17 +108,14 @@ def own_cpu_s() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-_warned: set[tuple[int, int]] = set()
-
-
 def warn_if_oversubscribed(num_workers: int, stacklevel: int = 3) -> None:
-    """Warn once per process (per worker count) when `num_workers` worker
-    processes exceed the cores this process may use, as PyTorch's DataLoader
-    does (when it is built, and when an iteration starts its workers)."""
+    """Warn when `num_workers` worker processes exceed the cores this process
+    may use, as PyTorch's DataLoader does (when it is built, and when an
+    iteration starts its workers): each time, the warnings filters deciding
+    what shows (by default, once per line of the program that made it)."""
     cores = usable_cores()
-    if num_workers <= cores or (num_workers, cores) in _warned:
+    if num_workers <= cores:
         return
-    _warned.add((num_workers, cores))
     warnings.warn(
         f"This DataLoader will create {num_workers} worker processes in total, but this process can "
         f"use only {cores} CPU cores (its CPU affinity and cgroup CPU quota), which is smaller than "

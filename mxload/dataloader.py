@@ -216,7 +216,7 @@ class DataLoader(_Settings, Generic[_T_co]):
     While iterating, a worker that dies raises :class:`WorkerError`, a missing batch
     :class:`LoaderTimeoutError`, exhausted shared memory :class:`SharedMemoryError`; an exception in
     the dataset is re-raised as the worker's own exception object, the worker's traceback as its
-    cause.  More workers than usable CPU cores warns once (``UserWarning``).  Setting `batch_size`,
+    cause.  More workers than usable CPU cores warns, as torch's (``UserWarning``).  Setting `batch_size`,
     `sampler`, `batch_sampler`, `drop_last`, `dataset` or `persistent_workers` after construction
     raises ``ValueError``, as in torch.
 
