@@ -14,7 +14,7 @@ from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.list cimport PyList_New
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.exc cimport PyErr_CheckSignals
-from cpython.mem cimport PyMem_Malloc, PyMem_Free, PyMem_Realloc, PyMem_RawMalloc, PyMem_RawFree
+from cpython.mem cimport PyMem_Malloc, PyMem_Free, PyMem_Realloc
 from libc.errno cimport errno, EAGAIN, EINTR
 from libc.stdint cimport int64_t, uint64_t
 from libc.stdlib cimport malloc

@@ -47,6 +47,12 @@ cdef extern from "mxl_cond.h" nogil:
     int mxl_cond_init(pthread_cond_t *c)
     void mxl_cond_deadline(timespec *ts, double seconds)
 
+cdef extern from "<stdlib.h>" nogil:
+    # A slab's private copy (BatchLender): aligned as a slab's fields are.
+    int posix_memalign(void **memptr, size_t alignment, size_t size)
+    void free(void *ptr)
+
+
 cdef extern from "<sys/mman.h>" nogil:
     int PROT_READ
     int PROT_WRITE

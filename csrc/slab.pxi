@@ -11,7 +11,8 @@
 
 cdef class Slab:
     """A read-write MAP_SHARED mapping of `size` bytes of file descriptor `fd`;
-    `private`: `size` bytes of this process's heap memory instead (fd unused).
+    `private`: `size` bytes of this process's heap memory instead (fd unused),
+    64-byte aligned as a mapping's fields are.
 
     The mapping outlives the descriptor (the caller may close fd at once) and
     is unmapped when the Slab and every buffer exported from it are gone."""
@@ -25,15 +26,15 @@ cdef class Slab:
         self._heap = private
         if size <= 0:
             raise ValueError(f"slab size must be positive, got {size}")
+        cdef void *p
         if self._heap:
-            self._ptr = <char *>PyMem_RawMalloc(<size_t>size)
-            if self._ptr is NULL:
+            if posix_memalign(&p, 64, <size_t>size) != 0:
                 raise MemoryError(f"could not allocate {size} bytes")
+            self._ptr = <char *>p
             self.size = size
             self.slab_id = slab_id
             return
         cdef int flags = MAP_SHARED | (MXL_MAP_POPULATE if populate else 0)
-        cdef void *p
         with nogil:
             p = mmap(NULL, <size_t>size, PROT_READ | PROT_WRITE, flags, fd, 0)
         if p == MAP_FAILED:
@@ -48,7 +49,7 @@ cdef class Slab:
     def __dealloc__(self):
         if self._ptr is not NULL:
             if self._heap:
-                PyMem_RawFree(self._ptr)
+                free(self._ptr)
             else:
                 munmap(self._ptr, <size_t>self.size)
             self._ptr = NULL

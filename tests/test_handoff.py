@@ -141,6 +141,7 @@ def test_trimming_the_free_slabs_keeps_the_first_still_pooled_and_hands_out_the_
 def test_a_private_slab_is_heap_memory_of_its_size():
     slab = _core.Slab(-1, 100, "copy", private=True)
     assert not slab.shared and slab.size == 100 and slab.slab_id == "copy"
+    assert slab.address % 64 == 0   # as a slab's fields are
     view = np.frombuffer(slab, np.uint8)
     view[:] = 7
     assert view.sum() == 700
