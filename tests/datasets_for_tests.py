@@ -66,7 +66,8 @@ class WorkerInfoDataset(mxload.Dataset):
 
 class SharedCounting(mxload.Dataset):
     """Counts its loads in multiprocessing objects of context `ctx` (a Value, an Array by
-    worker, a Lock, an Event), as torch programs do: shared only by inheritance."""
+    worker, a Lock, an Event) and sends each index it loads down a Pipe, as torch programs do:
+    shared only by inheritance (the Pipe's ends and the Value's memory are descriptors)."""
 
     def __init__(self, ctx, n: int, workers: int):
         self.n = n
@@ -74,6 +75,7 @@ class SharedCounting(mxload.Dataset):
         self.loads = ctx.Value("i", 0, lock=False)
         self.by_worker = ctx.Array("i", workers, lock=False)
         self.loaded = ctx.Event()
+        self.indices, self.sent = ctx.Pipe(duplex=False)
 
     def __len__(self) -> int:
         return self.n
@@ -83,6 +85,7 @@ class SharedCounting(mxload.Dataset):
         with self.lock:
             self.loads.value += 1
             self.by_worker[info.id if info is not None else 0] += 1
+            self.sent.send(i)
         self.loaded.set()
         return np.int64(i)
 

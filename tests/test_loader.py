@@ -528,6 +528,9 @@ def test_a_dataset_holding_multiprocessing_objects_shares_them_with_every_start_
             assert np.concatenate(list(loader)).tolist() == list(range(24))
     assert ds.loads.value == 48 and sum(ds.by_worker) == 48 and min(ds.by_worker) > 0
     assert ds.loaded.is_set()
+    assert sorted(ds.indices.recv() for _ in range(48)) == sorted(2 * list(range(24)))
+    ds.indices.close()
+    ds.sent.close()
 
 
 @pytest.mark.slow
@@ -539,6 +542,8 @@ def test_multiprocessing_objects_of_a_fork_context_with_spawn_workers_is_an_erro
     with pytest.raises(TypeError, match=r"SharedCounting.*cannot be pickled for 'spawn' workers: "
                                         r"A SemLock created in a fork context"):
         iter(loader)
+    ds.indices.close()
+    ds.sent.close()
 
 
 def test_persistent_workers_survive_epochs_and_close_ends_them():

@@ -58,7 +58,9 @@ MAGIC = b"MX"
 VERSION = 2        # 2: only the types that travel have a tag
 # magic, protocol version, message type tag, payload bytes, descriptors carried.
 _HEADER = struct.Struct("<2sBBIB")
-_MAX_FDS = 1
+_MAX_FDS = 1       # a frame's descriptors, unless the receiver expects more (recv's max_fds)
+# The most descriptors one message can pass (Linux's SCM_MAX_FD; the header's count is a byte).
+MAX_FDS_PER_MESSAGE = 253
 
 
 class ProtocolError(Exception):
@@ -201,19 +203,21 @@ def send_encoded(sock: socket.socket, frame: bytes, fds: list[int] | tuple[int, 
 
 
 def recv(sock: socket.socket, carrying: str = "a shared-memory slab's descriptor",
-         error_type: type[WorkerError] = SharedMemoryError) -> tuple[Message, list[int]]:
-    """One message and the descriptors that came with it.  EOFError if the
-    channel is closed or the frame is cut short; ProtocolError for a frame
-    that is not this protocol's; `error_type` (naming what the descriptors
-    are: `carrying`) if this process had no room for them (RLIMIT_NOFILE).
+         error_type: type[WorkerError] = SharedMemoryError,
+         max_fds: int = _MAX_FDS) -> tuple[Message, list[int]]:
+    """One message and the descriptors that came with it (at most
+    `max_fds`).  EOFError if the channel is closed or the frame is cut
+    short; ProtocolError for a frame that is not this protocol's;
+    `error_type` (naming what the descriptors are: `carrying`) if this
+    process had no room for them (RLIMIT_NOFILE).
     Anything unpickling the payload raises (a class the receiver cannot
     import) propagates."""
     fds: list[int] = []
     truncated: list[bool] = []
     try:
-        header = _recv_exact(sock, _HEADER.size, fds, False, truncated)
+        header = _recv_exact(sock, _HEADER.size, fds, False, truncated, max_fds)
         _, _, _, length, nfds = _check_header(header)
-        data = _recv_exact(sock, length, fds, True, truncated)
+        data = _recv_exact(sock, length, fds, True, truncated, max_fds)
         if truncated:
             # The whole frame was read (the channel stays in step); the
             # descriptors did not fit.  The message goes with the error, for
@@ -262,14 +266,14 @@ def decode(header: bytes, data: bytes, fds_carried: int) -> Message:
 
 
 def _recv_exact(sock: socket.socket, n: int, fds: list[int], frame_started: bool,
-                truncated: list[bool]) -> bytes:
+                truncated: list[bool], max_fds: int) -> bytes:
     """`n` bytes of a frame, the descriptors that come with them added to
     `fds`; True appended to `truncated` if some did not fit here."""
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
     while got < n:
-        nbytes, ancillary, flags, _ = sock.recvmsg_into([view[got:]], socket.CMSG_SPACE(4 * _MAX_FDS),
+        nbytes, ancillary, flags, _ = sock.recvmsg_into([view[got:]], socket.CMSG_SPACE(4 * max_fds),
                                                         socket.MSG_CMSG_CLOEXEC)
         for level, kind, cdata in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:

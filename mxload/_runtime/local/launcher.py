@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from ..._core import WorkerChannel
 from ...errors import WorkerError
+from .. import wire
 from ..shutdown import SHUTDOWN_DEADLINE_S, SHUTDOWN_GRACE_S, SHUTDOWN_TERMINATE_S
 from ..worker import Payload, WorkerConfig, in_worker_process, worker_process_main
 from . import fds as _fds
@@ -219,12 +220,18 @@ class Launcher:
     def _pickled_payload(self) -> bytes:
         try:
             data, self._payload_fds = pickle_payload(self._template.payload)
-            return data
         except Exception as e:
             raise TypeError(
                 f"the dataset ({self._dataset_type}), batchify_fn or worker_init_fn cannot be pickled "
                 f"for {self.start_method!r} workers: {e}. Make them picklable (module-level "
                 f"functions and classes) or use start_method='fork'") from e
+        if len(self._payload_fds) > wire.MAX_FDS_PER_MESSAGE:
+            raise TypeError(
+                f"the dataset ({self._dataset_type}), batchify_fn or worker_init_fn hold multiprocessing "
+                f"objects with {len(self._payload_fds)} descriptors (shared memory of Values and Arrays, "
+                f"pipes, sockets): a {self.start_method!r} worker can receive at most "
+                f"{wire.MAX_FDS_PER_MESSAGE}. Share fewer, or use start_method='fork'")
+        return data
 
     def start_all(self, num_workers: int, epoch: int) -> list[ProcessHandle]:
         """The first workers (and, for fork, the zygote that forks them)."""

@@ -239,7 +239,7 @@ def spawned_worker_main() -> None:
     # seconds (torch, models): a main process killed meanwhile takes us along.
     watch_main_process(sock.fileno())
     handover, payload_fds = wire.recv(sock, "the descriptors of the dataset's multiprocessing objects",
-                                      WorkerError)
+                                      WorkerError, wire.MAX_FDS_PER_MESSAGE)
     if not isinstance(handover, m.Handover):
         raise wire.ProtocolError(
             f"a spawn worker's first message is a Handover, not {type(handover).__name__}")
