@@ -134,12 +134,14 @@ cdef class FreeSlabs:
     cdef dict _pooled
     cdef dict _counts             # the pool's counters: "slabs_reused"
     cdef bint _closed
+    cdef Py_ssize_t _fewest       # the fewest free since the last trim: slabs nothing needed
 
     def __cinit__(self, dict pooled not None, dict counts not None):
         self._free = []
         self._pooled = pooled
         self._counts = counts
         self._closed = False
+        self._fewest = 0
 
     def acquire(self):
         """A free slab, or None (the worker then makes a new one)."""
@@ -148,7 +150,10 @@ cdef class FreeSlabs:
             slab = <Slab>self._free.pop(0)
             if slab.slab_id in self._pooled:
                 self._counts["slabs_reused"] += 1
+                if len(self._free) < self._fewest:
+                    self._fewest = len(self._free)
                 return slab
+        self._fewest = 0
         return None
 
     def release(self, Slab slab not None):
@@ -162,12 +167,17 @@ cdef class FreeSlabs:
         del self._free[:]
 
     def trim(self, Py_ssize_t keep):
-        """Take the free slabs beyond the first `keep` still pooled out of
-        the free list (the last freed first) and return them."""
+        """Take the free slabs that stayed free since the last trim (none
+        was needed meanwhile), beyond the first `keep` still pooled, out of
+        the free list (the last freed first) and return them.  A slab a loop
+        needs every epoch (it keeps its batches until the next) is kept."""
         cdef list out = []
+        cdef Py_ssize_t unused = self._fewest
         self._free = [slab for slab in self._free if (<Slab>slab).slab_id in self._pooled]
-        while len(self._free) > keep:
+        while len(self._free) > keep and unused > 0:
             out.append(self._free.pop())
+            unused -= 1
+        self._fewest = len(self._free)
         return out
 
     def __len__(self):

@@ -125,17 +125,27 @@ def test_a_lender_gives_views_of_the_slab_until_the_loop_keeps_many_then_copies_
     assert np.ndarray((4,), np.int64, buffer=lender.owner(slabs[0], 32)).base.slab.shared
 
 
-def test_trimming_the_free_slabs_keeps_the_first_still_pooled_and_hands_out_the_rest():
+def test_trimming_the_free_slabs_hands_out_those_free_since_the_last_trim_beyond_the_first_kept():
+    """trim(keep): of the slabs no acquire needed since the last trim, those
+    beyond the first `keep` still pooled (the last freed first)."""
     pooled, counts = {}, {"slabs_reused": 0}
     free = _core.FreeSlabs(pooled, counts)
-    slabs = [_slab(i) for i in range(5)]
+    slabs = [_slab(i) for i in range(6)]
     for slab in slabs:
         pooled[slab.slab_id] = slab
         free.release(slab)
+    assert free.trim(2) == []   # none known to be unused yet (the pool's first trim)
     del pooled[1]   # retired meanwhile: not counted, not handed out
-    assert free.trim(2) == [slabs[4], slabs[3]]
-    assert len(free) == 2 and free.acquire() is slabs[0] and free.acquire() is slabs[2]
+    taken = free.acquire()       # the fewest free since that trim: 5
+    assert taken is slabs[0]
+    free.release(taken)
+    assert free.trim(2) == [slabs[0], slabs[5], slabs[4]]   # of the 5 pooled, all but the 2 kept
+    assert len(free) == 2 and free.acquire() is slabs[2] and free.acquire() is slabs[3]
     assert free.trim(0) == [] and free.acquire() is None
+    # A slab needed each epoch (the free list ran dry) is never retired.
+    free.release(slabs[2])
+    free.release(slabs[3])
+    assert free.trim(0) == []
 
 
 def test_a_private_slab_is_heap_memory_of_its_size():

@@ -37,7 +37,8 @@ PAIR_BACKOFF_MAX_TASKS = 1024
 MAX_POOLED_SLABS = 64
 # Free slabs kept between epochs beyond the window's: those the loop holds (the batch in hand, one
 # on its way to an accelerator) and one being recycled.  The rest, freed after a loop kept many
-# batches a while, are retired as the next epoch begins, in this process and in the workers.
+# batches a while, are retired as an epoch begins once no batch needed them since the last one
+# began (FreeSlabs.trim), in this process and in the workers.
 SPARE_SLABS = 4
 
 __all__ = ["MAX_POOLED_SLABS", "PAIR_BACKOFF_MAX_TASKS", "PAIR_BACKOFF_MIN_TASKS", "ProcessTransport",
