@@ -267,10 +267,10 @@ def is_slab_mapping(maps_line: str) -> bool:
     return path.startswith(("/memfd:mxload-slab", "/dev/shm/mxload-"))
 
 
-def slab_mappings() -> set:
-    """Address ranges where this process maps an mxload slab: a slab still mapped
-    after the test is memory the test leaked."""
-    with open("/proc/self/maps") as f:
+def slab_mappings(pid: int | str = "self") -> set:
+    """Address ranges where this process (or process `pid`) maps an mxload slab:
+    a slab still mapped after the test is memory the test leaked."""
+    with open(f"/proc/{pid}/maps") as f:
         return {line.split(None, 1)[0] for line in f if is_slab_mapping(line)}
 
 

@@ -10,7 +10,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import asleep_in, start_methods
+from conftest import asleep_in, slab_mappings, start_methods
 from datasets_for_tests import (
     DictDataset,
     EpochBatches,
@@ -382,11 +382,6 @@ def test_a_loop_keeping_thousands_of_small_batches_pins_no_slab_for_each(workers
     del kept
 
 
-def _slab_mappings(pid: int) -> int:
-    with open(f"/proc/{pid}/maps") as f:
-        return sum("mxload-slab" in line for line in f)
-
-
 def test_slabs_freed_after_a_loop_kept_many_batches_go_back_as_the_next_epoch_begins():
     """Persistent workers; one epoch keeps every batch (large ones: each pins
     its slab), then drops them: the pool does not keep those slabs for the
@@ -400,7 +395,7 @@ def test_slabs_freed_after_a_loop_kept_many_batches_go_back_as_the_next_epoch_be
     with mxload.DataLoader(ds, batch_size=1, num_workers=2, persistent_workers=True) as loader:
         kept = list(loader)
         assert loader.stats["slabs_created"] >= 40 and loader.stats["batches_copied"] == 0
-        assert _slab_mappings(os.getpid()) >= 40
+        assert len(slab_mappings()) >= 40
         del kept
         pids = [pid for pid in loader._iterations.engine.worker_pids() if pid is not None]
         # The first epoch after shows which slabs it does not need; the next begins by retiring them.
@@ -411,9 +406,9 @@ def test_slabs_freed_after_a_loop_kept_many_batches_go_back_as_the_next_epoch_be
         assert len(loader._iterations.engine.transport.pool) <= most, stats
         assert stats["slabs_retired"] >= 40 - most, stats
         assert stats["slabs_created"] <= 40 + 4, stats
-        assert _slab_mappings(os.getpid()) <= most
+        assert len(slab_mappings()) <= most
         # A worker maps the pool's slabs it is sent, and unmaps those its next task says are retired.
-        assert max(_slab_mappings(pid) for pid in pids) <= most, [_slab_mappings(pid) for pid in pids]
+        assert max(len(slab_mappings(pid)) for pid in pids) <= most, [len(slab_mappings(pid)) for pid in pids]
 
 
 def test_a_loop_keeping_each_epoch_s_batches_until_the_next_keeps_the_slabs_it_needs():

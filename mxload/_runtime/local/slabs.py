@@ -156,7 +156,8 @@ class SlabPool:
         return slab
 
     def trim(self, keep: int) -> list[Slab]:
-        """Take the free slabs beyond `keep` out of the free list, for the caller to retire."""
+        """Take the free slabs no batch needed since the last trim, beyond the
+        first `keep`, out of the free list, for the caller to retire."""
         return self._free.trim(keep)
 
     def retire(self, slab: Slab) -> None:
