@@ -2,8 +2,10 @@
 
 Tiers: a bare ``python -m pytest`` runs the fast default tier; a test marked with one of
 OPT_IN_TIERS runs only when asked for (``-m faults``; ``-m ""`` runs every tier) or when
-named (``pytest tests/test_faults.py``).  Random tests draw their seed from the
-``seed`` fixture: ``MXLOAD_TEST_SEED`` replays one, and a failure prints the seed it used.
+named (``pytest tests/test_faults.py``).  Every other test is marked ``fast`` here, so
+``-m "not fast"`` runs the opt-in tiers alone (as CI does: its other steps run the fast
+tier).  Random tests draw their seed from the ``seed`` fixture: ``MXLOAD_TEST_SEED``
+replays one, and a failure prints the seed it used.
 
 After each test (without a gc.collect(): mxload must not need one) no child
 process, thread, file descriptor, /dev/shm entry or mapped slab that the test
@@ -37,14 +39,15 @@ def _chose_tests(config) -> bool:
     return config.args_source != pytest.Config.ArgsSource.TESTPATHS
 
 
+@pytest.hookimpl(tryfirst=True)   # before -m deselects: `-m fast` and `-m "not fast"` see the mark
 def pytest_collection_modifyitems(config, items):
-    if _chose_tests(config):
-        return
     keep, opt_in = [], []
     for item in items:
         tiered = any(item.get_closest_marker(tier) for tier in OPT_IN_TIERS)
+        if not tiered:
+            item.add_marker(pytest.mark.fast)
         (opt_in if tiered else keep).append(item)
-    if opt_in:
+    if opt_in and not _chose_tests(config):
         config.hook.pytest_deselected(items=opt_in)
         items[:] = keep
 

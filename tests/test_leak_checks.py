@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -102,3 +104,28 @@ def test_ray_allowance_is_narrow():
             p.wait()
         for s in (*pair, tcp):
             s.close()
+
+
+def _collected(*args: str) -> set[str]:
+    """Test ids a fresh pytest collects from this folder with `args`."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           *args], cwd=os.path.dirname(here), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {line for line in done.stdout.splitlines() if "::" in line}
+
+
+@pytest.mark.e2e
+def test_tiers_split_the_suite_into_the_default_tier_and_the_opt_in_ones():
+    # CI runs -m "not fast" once and the default tier in its other steps: together, every test.
+    files = ("tests/test_loader.py", "tests/test_leak_checks.py")
+    every, fast, opt_in, named = (_collected(*files, *m) for m in
+                                  (["-m", ""], ["-m", "fast"], ["-m", "not fast"], []))
+    assert fast and opt_in and not fast & opt_in and fast | opt_in == every == named
+    assert "tests/test_loader.py::test_worker_info_seeds_and_init_fn[fork]" in fast
+    assert "tests/test_loader.py::test_worker_info_seeds_and_init_fn[spawn]" in opt_in
+    assert not [t for t in fast if "[spawn" in t or "[forkserver" in t]
+    this_test = sys._getframe().f_code.co_name
+    assert f"tests/test_leak_checks.py::{this_test}" in opt_in
+    bare = _collected()   # nothing named, no -m: the default tier of the whole suite
+    assert {t for t in bare if t.startswith(files)} == fast
