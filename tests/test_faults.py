@@ -262,6 +262,46 @@ def test_worker_killed_from_outside_is_detected_without_timeout():
     assert time.monotonic() - t0 < 1.5
 
 
+class ExitsWhenTold(mxload.Dataset):
+    """Loading sample i leaves a file began-i in `folder`; sample `at` waits for a file go, then
+    its worker exits."""
+
+    def __init__(self, n: int, at: int, folder: str):
+        self.n, self.at, self.folder = n, at, folder
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        open(os.path.join(self.folder, f"began-{i}"), "w").close()
+        if i == self.at:
+            deadline = time.monotonic() + 20
+            while not os.path.exists(os.path.join(self.folder, "go")) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            os._exit(3)
+        return np.array([i])
+
+
+def test_a_dead_worker_s_error_tells_its_batches_from_those_still_queued_for_it_here(tmp_path):
+    """Tasks wait in the main process to share a message with the worker's next ones: the error
+    names the batches the worker held apart from those it never received."""
+    ds = ExitsWhenTold(n=30, at=3, folder=str(tmp_path))
+    loader = mxload.DataLoader(ds, batch_size=1, num_workers=1, prefetch=8, timeout=30)
+    it = iter(loader)
+    assert next(it).ravel().tolist() == [0]     # tasks 0-7 went as one message; 8 waits for 7 more
+    wait_until((tmp_path / "began-3").exists, what="the worker reaching sample 3")
+    assert [next(it).ravel().tolist() for _ in range(2)] == [[1], [2]]   # were ready: 9, 10 wait too
+    (tmp_path / "go").touch()
+    # The watcher records the death (a next() now would first send the queued tasks to the socket).
+    wait_until(lambda: it.engine.supervisor.failure is not None, what="the worker's death recorded")
+    with pytest.raises(mxload.WorkerError) as info:
+        next(it)
+    text = str(info.value)
+    assert "while holding batches [3, 4, 5, 6, 7] (batches [8, 9, 10] were queued for it here, " \
+           "not sent yet)" in text, text
+    assert info.value.batch_index == 3 and info.value.exitcode == 3
+
+
 def test_sigbus_reports_shared_memory_exhaustion():
     loader = mxload.DataLoader(DyingDataset(at=4, how="bus"), batch_size=2, num_workers=1)
     with pytest.raises(mxload.SharedMemoryError,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import EpochAbortedError, LoaderTimeoutError, WorkerError
@@ -27,13 +28,17 @@ def torch_words(loss: WorkerLoss) -> str:
     return f"DataLoader worker (pid(s) {loss.pid}) exited unexpectedly:"
 
 
-def worker_died(loss: WorkerLoss, held: list[int], restarts_limit: int) -> WorkerError:
-    """A worker that died and is not restarted, holding the tasks of batches `held`."""
+def worker_died(loss: WorkerLoss, held: list[int], restarts_limit: int,
+                queued: Sequence[int] = ()) -> WorkerError:
+    """A worker that died and is not restarted, holding the tasks of batches `held`; those of
+    `queued` were waiting in this process to go to it with a later task."""
+    first = held[0] if held else (queued[0] if queued else None)
     return loss.error_type(
         f"{torch_words(loss)} mxload worker {loss.worker_id} (pid {loss.pid}) died ({loss.how}){loss.hint} "
         f"while holding batches {held}" +
+        (f" (batches {queued} were queued for it here, not sent yet)" if queued else "") +
         (f"; max_worker_restarts={restarts_limit} exhausted" if restarts_limit else ""),
-        loss.worker_id, loss.pid, loss.exitcode, held[0] if held else None)
+        loss.worker_id, loss.pid, loss.exitcode, first)
 
 
 def start_failure(failed: m.InitFailed, worker_id: int, pid: int | None) -> WorkerError:

@@ -101,7 +101,9 @@ class Supervisor:
             engine.roster.lost(wid)
             if engine.state != RUNNING:
                 return
-            held = sorted(self.held(wid))
+            # The worker's tasks, less those still queued for it here (waiting to share a message).
+            queued = sorted(idx for epoch, idx in engine.transport.queued(wid) if epoch == engine.epoch)
+            held = sorted(set(self.held(wid)) - set(queued))
             if loss.final is not None:
                 first = held[0] if held else None
                 self.fail(loss.error_type(loss.final(held), wid, loss.pid, loss.exitcode, first))
@@ -118,7 +120,7 @@ class Supervisor:
                               f"restarting it ({self.restarts}/{limit})", RuntimeWarning, stacklevel=1)
                 self._restart(wid)
                 return
-            self.fail(worker_died(loss, held, limit))
+            self.fail(worker_died(loss, held, limit, queued))
 
     def _restart(self, wid: int) -> None:
         """Replace a lost worker and dispatch its batches again (engine lock held)."""

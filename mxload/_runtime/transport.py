@@ -173,6 +173,11 @@ class Transport(ABC):
         over); returns (worker id, (epoch, batch index)) of each."""
         return []
 
+    def queued(self, worker_id: int) -> list[tuple[int, int]]:
+        """(epoch, batch index) of the tasks dispatch() holds back for worker
+        `worker_id`, not sent to it yet (engine lock held).  By default none."""
+        return []
+
     def tidy_between_epochs(self) -> None:
         """A new epoch begins, none of its tasks sent yet (engine lock held):
         give back what the epochs before needed and the next will not.  By

@@ -217,6 +217,11 @@ class ProcessTransport(Transport):
         for slab in self.pool.trim(self._window + SPARE_SLABS):
             retire_everywhere(slab, self.pool, self._handles)
 
+    def queued(self, worker_id: int) -> list[tuple[int, int]]:
+        if worker_id >= len(self._handles):
+            return []
+        return [(epoch, idx) for epoch, idx, _, _ in self._handles[worker_id].held]
+
     def drop_held(self) -> list[tuple[int, tuple[int, int]]]:
         dropped = [(h.worker_id, (epoch, idx)) for h in self._handles for epoch, idx, _, _ in h.held]
         for h in self._handles:
