@@ -10,6 +10,8 @@ replayed from the epoch start and its first batches are dropped.
 """
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .sampler import load_sampler_state, sampler_state
@@ -21,10 +23,16 @@ STATE_VERSION = 1
 
 
 class EpochProgress:
-    """Which batch indices of one epoch the consumer has taken."""
+    """Which batch indices of one epoch the consumer has taken.
 
-    __slots__ = ("epoch", "sampler_state", "dataset_state", "prefix", "extra", "count", "_finished", "total",
-                 "on_complete")
+    Retry-safe: the iterator's thread updates it where a signal handler may
+    raise between any two bytecodes.  A batch counts from the moment it is
+    added to `extra` (one C call); moving it into `prefix` afterwards may be
+    cut short at any point and leaves `extra` holding indices below
+    `prefix`, which every reader ignores.  Taking a batch twice counts it once."""
+
+    __slots__ = ("epoch", "sampler_state", "dataset_state", "prefix", "extra", "_finished", "total",
+                 "_on_complete", "pending", "_slot")
 
     def __init__(self, epoch: int, sampler_state: Any, dataset_state: Any,
                  done: dict[str, Any] | None = None):
@@ -33,13 +41,19 @@ class EpochProgress:
         self.dataset_state = dataset_state
         done = done or {}
         self.prefix = int(done.get("prefix", 0))       # batches 0..prefix-1 taken
-        self.extra = set(int(i) for i in done.get("extra", ()))
-        self.count = self.prefix + len(self.extra)      # batches taken in all
+        self.extra = set(int(i) for i in done.get("extra", ()))   # and these (those < prefix: stale)
         self._finished = False                          # the epoch ran to its end
         self.total: int | None = None                # batches in the epoch, when known
         # Called once when every batch was taken (e.g. to pass a rollover
-        # batch sampler's leftovers on to the next epoch).
-        self.on_complete: Any = None
+        # batch sampler's leftovers on to the next epoch): popped by one C
+        # call, so two threads that see the epoch complete call it once.
+        self._on_complete: list[Callable[[], Any]] = []
+        # The batch being handed to the loop: taken once `_slot` (where the
+        # epoch keeps a batch until the loop has it) no longer holds it.  A
+        # signal handler's exception before then leaves it there for the
+        # next call, and a checkpoint taken meanwhile must not count it.
+        self.pending: int | None = None
+        self._slot: Any = None
 
     @property
     def finished(self) -> bool:
@@ -51,25 +65,73 @@ class EpochProgress:
         if value:
             self._completed()
 
+    @property
+    def on_complete(self) -> Callable[[], Any] | None:
+        return self._on_complete[0] if self._on_complete else None
+
+    @on_complete.setter
+    def on_complete(self, hook: Callable[[], Any] | None) -> None:
+        self._on_complete = [] if hook is None else [hook]
+
     def _completed(self) -> None:
-        hook, self.on_complete = self.on_complete, None
-        if hook is not None:
-            hook()
+        try:
+            hook = self._on_complete.pop()
+        except IndexError:
+            return   # called already
+        hook()
+
+    def _done(self) -> tuple[int, list[int]]:
+        """(prefix, the other taken indices, sorted), the pending batch
+        included if the loop has it: what a checkpoint records."""
+        prefix = self.prefix
+        extra = {i for i in list(self.extra) if i >= prefix}
+        delivered = self._delivered()
+        if delivered is not None:
+            extra.add(delivered)
+        while prefix in extra:
+            extra.remove(prefix)
+            prefix += 1
+        return prefix, sorted(extra)
+
+    @property
+    def count(self) -> int:
+        """Batches taken in all (the pending one only once settled)."""
+        prefix = self.prefix
+        return prefix + sum(1 for i in list(self.extra) if i >= prefix)
 
     @property
     def complete(self) -> bool:
         """Every batch was taken (even if the iterator has not said so yet)."""
-        return self.finished or (self.total is not None and self.count >= self.total)
+        return self.finished or (self.total is not None and
+                                 self.count + (self._delivered() is not None) >= self.total)
+
+    def handing(self, idx: int, slot: Any) -> None:
+        """Batch `idx` is on its way to the loop, kept in `slot.ready` until it got there."""
+        self.pending, self._slot = idx, slot
+
+    def _delivered(self) -> int | None:
+        """The pending batch, if the loop has it (its slot was cleared), not yet counted."""
+        idx = self.pending
+        if idx is None or idx < self.prefix or idx in self.extra:
+            return None
+        ready = self._slot.ready
+        return idx if ready is None or ready[0] != idx else None
+
+    def settle(self) -> None:
+        """Count the pending batch if the loop got it.  The iterator's own
+        thread only (under its next lock): readers from other threads use
+        _delivered(), which changes nothing."""
+        idx = self._delivered()
+        if idx is not None:
+            self.taken(idx)
 
     def taken(self, idx: int) -> None:
-        self.count += 1
-        if idx != self.prefix:
-            self.extra.add(idx)
-        else:
-            self.prefix += 1
-            while self.prefix in self.extra:
-                self.extra.remove(self.prefix)
-                self.prefix += 1
+        if idx < self.prefix or idx in self.extra:
+            return
+        self.extra.add(idx)   # counted from here on
+        while self.prefix in self.extra:
+            self.prefix += 1   # (cut short here: prefix - 1 stays in extra, ignored)
+            self.extra.discard(self.prefix - 1)
         if self.total is not None and self.count >= self.total:
             self._completed()
 
@@ -82,9 +144,10 @@ class EpochProgress:
         return [i for i in range(self.prefix, total) if i not in self.extra]
 
     def state(self, seed: int) -> dict[str, Any]:
+        prefix, extra = self._done()
         return {"version": STATE_VERSION, "seed": seed, "epoch": self.epoch,
-                "sampler": self.sampler_state, "dataset": self.dataset_state,
-                "done": {"prefix": self.prefix, "extra": sorted(self.extra)}}
+                "sampler": copy.deepcopy(self.sampler_state), "dataset": copy.deepcopy(self.dataset_state),
+                "done": {"prefix": prefix, "extra": extra}}
 
 
 def check_state(state: Any) -> dict[str, Any]:
@@ -103,7 +166,11 @@ def check_state(state: Any) -> dict[str, Any]:
     if missing:
         raise ValueError(f"loader state lacks {missing}")
     _check_count(state["seed"], "seed")
-    _check_count(state["epoch"], "epoch")
+    if _check_count(state["epoch"], "epoch") >= 2**63:   # the core counts epochs in an int64
+        raise bad_field("epoch", state["epoch"], "an int >= 0 and < 2**63")
+    for optional in ("batches", "samples"):   # (states of mxload before they were written lack them)
+        if state.get(optional) is not None:
+            _check_count(state[optional], optional)
     if state["sampler"] is not None and not isinstance(state["sampler"], dict):
         raise bad_field("sampler", state["sampler"], "a dict or None")
     done = state["done"]
@@ -155,6 +222,10 @@ class LoaderPosition:
     def epoch_starting(self, loader: DataLoader[Any]) -> EpochProgress:
         """The progress of the epoch about to start; call before the sampler advances."""
         resume, self.resume = self.resume, None
+        if self.progress is not None:
+            # The last epoch's last batch, if the loop got it and asked no more (its rollover
+            # leftovers go on to this epoch only once counted).
+            self.progress.settle()
         state = None if loader.iterable else sampler_state(loader.batch_sampler)
         progress = EpochProgress(loader.epoch, state, _dataset_state(loader.dataset),
                                  resume["done"] if resume is not None else None)
@@ -167,18 +238,32 @@ class LoaderPosition:
     def state(self, loader: DataLoader[Any]) -> dict[str, Any]:
         seed = loader.seed   # drawn now if torch's is still to come: the state must fix it
         if self.resume is not None:
-            return dict(self.resume)
+            return copy.deepcopy(self.resume)
         progress = self.progress
         if progress is None or progress.complete:
+            if progress is not None:
+                # Its last batch reached the loop, which asked no more: counted at the next
+                # call, but its rollover leftovers belong to the next epoch's state now.
+                progress._completed()
             progress = EpochProgress(loader.epoch,
                                      None if loader.iterable else sampler_state(loader.batch_sampler),
                                      _dataset_state(loader.dataset))
-        return progress.state(seed)
+        state = progress.state(seed)
+        # What the position means: a loader with another batch size, dataset length or
+        # number of replicas would read it as other samples (checked by load()).
+        batches = progress.total if progress.total is not None else _length(loader.batch_sampler)
+        samples = None if loader.iterable else _length(loader.dataset)
+        if batches is not None and not loader.iterable:
+            state["batches"] = batches
+        if samples is not None:
+            state["samples"] = samples
+        return state
 
     def load(self, loader: DataLoader[Any], state: Any) -> None:
         """Check `state` as a whole, then make the loader's next iter() resume
         it; nothing changes if any part is wrong."""
-        state = check_state(state)
+        # A copy: the caller may change its dict afterwards (checked now, used at the next iter()).
+        state = check_state(copy.deepcopy(state))
         load = getattr(loader.dataset, "load_state_dict", None)
         if state.get("dataset") is not None and load is None:
             raise ValueError(f"the state carries dataset state but {type(loader.dataset).__name__} "
@@ -189,23 +274,42 @@ class LoaderPosition:
             before = sampler_state(loader.batch_sampler)
             try:
                 load_sampler_state(loader.batch_sampler, state["sampler"])
-                try:
-                    batches = len(loader.batch_sampler)
-                except TypeError:
-                    pass   # a user batch sampler without len(): its epoch's size is unknown here
-                else:
+                samples = _length(loader.dataset)
+                if state.get("samples") is not None and samples is not None and samples != state["samples"]:
+                    raise ValueError(f"the loader state was written for a dataset of {state['samples']} "
+                                     f"samples; this loader's has {samples}: load it into a loader over "
+                                     f"the same dataset")
+                batches = _length(loader.batch_sampler)   # None: a user batch sampler without len()
+                if batches is not None:
+                    if state.get("batches") is not None and batches != state["batches"]:
+                        raise ValueError(
+                            f"the loader state was written for an epoch of {state['batches']} batches; "
+                            f"this loader makes {batches} of the same epoch: its batch_size, drop_last "
+                            f"(last_batch) or number of replicas (distributed) differ from the loader "
+                            f"that wrote it, so its position would name other samples")
                     check_position(state, batches)
+                if state.get("dataset") is not None:
+                    assert load is not None
+                    load(state["dataset"])   # the dataset's own check: it may refuse
             except BaseException:
                 load_sampler_state(loader.batch_sampler, before)
                 raise
+        elif state.get("dataset") is not None:
+            assert load is not None
+            load(state["dataset"])
         loader.close()  # a live epoch or persistent workers belong to the old position
         loader.seed = state["seed"]
         loader.epoch = state["epoch"]
-        if state.get("dataset") is not None:
-            assert load is not None
-            load(state["dataset"])
         self.progress = None
         self.resume = state
+
+
+def _length(obj: Any) -> int | None:
+    """len(obj), or None where it has none (or refuses, as an IterableDataset may)."""
+    try:
+        return len(obj)
+    except TypeError:
+        return None
 
 
 def _dataset_state(dataset: Any) -> Any:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import numpy as np
 import pytest
@@ -344,3 +346,180 @@ def test_tampered_state_is_refused_naming_the_field(path, value):
     with pytest.raises(ValueError, match=rf"\b{field}\b"):
         loader.load_state_dict(_tampered(path, value))
     assert loader.load_state_dict(_tampered("done.prefix", 2)) is None   # a valid one still loads
+
+
+class _HandlerRaised(Exception):
+    """What a signal handler raises (a SIGTERM handler that checkpoints and exits, say)."""
+
+
+def test_a_checkpoint_taken_while_a_batch_never_reached_the_loop_does_not_count_it(monkeypatch):
+    """A signal handler's exception between the epoch giving out a batch and the loop receiving
+    it keeps the batch for the next call; a state_dict() taken meanwhile (in the except block)
+    must not count it, or the resumed loader skips it.  (The handler's moment is simulated: it
+    raises in the conversion to tensors, the last Python code before the loop.)"""
+    pytest.importorskip("torch")
+    import mxload.dataloader as dataloader_module
+    from mxload.torch import DataLoader
+    convert, calls = dataloader_module.to_tensors, []
+
+    def interrupted_once(batch):
+        calls.append(1)
+        if len(calls) == 3:
+            raise _HandlerRaised
+        return convert(batch)
+
+    monkeypatch.setattr(dataloader_module, "to_tensors", interrupted_once)
+    for num_workers in (0, 2):
+        calls.clear()
+        loader = DataLoader(mxload.ArrayDataset(np.arange(20)), batch_size=2, num_workers=num_workers)
+        it, received = iter(loader), []
+        with pytest.raises(_HandlerRaised):
+            while True:
+                received.append(next(it).tolist())
+        state = json.loads(json.dumps(loader.state_dict()))
+        assert received == [[0, 1], [2, 3]] and state["done"] == {"prefix": 2, "extra": []}
+        assert next(it).tolist() == [4, 5]              # kept for the loop
+        assert loader.state_dict()["done"] == {"prefix": 3, "extra": []}
+        loader.close()
+        resumed = DataLoader(mxload.ArrayDataset(np.arange(20)), batch_size=2, num_workers=num_workers)
+        resumed.load_state_dict(state)
+        assert [b.tolist() for b in resumed][0] == [4, 5]
+
+
+def test_a_checkpoint_after_the_last_batch_carries_rollover_leftovers_before_the_loop_asks_again():
+    # The loop took the epoch's last batch and asked no more: the state is the next epoch's,
+    # with this epoch's leftover samples carried into it.
+    loader = _loader(n=7, batch_size=3, seed=4, last_batch="rollover")
+    reference = _loader(n=7, batch_size=3, seed=4, last_batch="rollover")
+    ref = [flat(reference) for _ in range(2)]
+    it = iter(loader)
+    assert flat([next(it), next(it)]) == ref[0]
+    resumed = _loader(n=7, batch_size=3, seed=4, last_batch="rollover")
+    resumed.load_state_dict(json.loads(json.dumps(loader.state_dict())))
+    assert flat(resumed) == ref[1]
+
+
+class _StatefulDataset(mxload.Dataset):
+    def __init__(self):
+        self.version = 1
+
+    def __len__(self) -> int:
+        return 20
+
+    def __getitem__(self, i: int):
+        return np.int64(i)
+
+    def state_dict(self):
+        return {"version": self.version}
+
+    def load_state_dict(self, state):
+        if type(state.get("version")) is not int:
+            raise ValueError("dataset state field 'version' must be an int")
+        self.version = state["version"]
+
+
+def test_a_state_the_dataset_refuses_leaves_the_loader_and_its_live_epoch_unchanged():
+    loader = mxload.DataLoader(_StatefulDataset(), batch_size=2, shuffle=True, seed=5, num_workers=2)
+    list(loader)
+    it = iter(loader)
+    first = next(it)
+    before = loader.state_dict()
+    refused = dict(before, seed=77, epoch=9, sampler={"carry": [], "sampler": {"epoch": 0, "seed": 3}},
+                   dataset={"version": "x"})
+    with pytest.raises(ValueError, match="dataset state field 'version'"):
+        loader.load_state_dict(refused)
+    assert loader.state_dict() == before and (loader.seed, loader.epoch) == (5, 2)
+    rest = list(it)
+    assert len(rest) == 9
+    reference = mxload.DataLoader(_StatefulDataset(), batch_size=2, shuffle=True, seed=5)
+    list(reference)
+    assert flat([first] + rest) == flat(reference)
+
+
+@pytest.mark.parametrize("other,match", [
+    ({"batch_size": 8}, "epoch of 10 batches; this loader makes 5"),
+    ({"batch_size": 2}, "epoch of 10 batches; this loader makes 20"),
+    ({"n": 12}, "dataset of 40 samples; this loader's has 12"),
+    ({"last_batch": "discard", "n": 41}, "dataset of 40 samples; this loader's has 41"),
+])
+def test_a_state_from_a_loader_that_cuts_its_epoch_otherwise_is_refused_naming_the_difference(other, match):
+    loader = _loader(n=40, batch_size=4, seed=1)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    kw = {"n": 40, "batch_size": 4, "seed": 1, **other}
+    mismatched = _loader(**kw)
+    with pytest.raises(ValueError, match=match):
+        mismatched.load_state_dict(state)
+    assert flat(mismatched) == flat(_loader(**kw))   # unchanged: its own first epoch
+    legacy = {k: v for k, v in state.items() if k not in ("batches", "samples")}   # written before them
+    _loader(n=40, batch_size=4, seed=1).load_state_dict(legacy)
+
+
+def test_the_loader_keeps_its_own_copy_of_a_loaded_state():
+    loader = _loader(n=20, batch_size=2, seed=3)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    del it
+    resumed = _loader(n=20, batch_size=2, seed=3)
+    resumed.load_state_dict(state)
+    state["done"]["prefix"] = -3      # the caller's dict, changed after it was checked
+    handed = resumed.state_dict()
+    handed["done"]["prefix"] = 7      # the copy state_dict() returned
+    assert len(list(resumed)) == 9
+
+
+def test_an_epoch_number_the_core_cannot_count_is_refused():
+    state = _loader(seed=1).state_dict()
+    with pytest.raises(ValueError, match="'epoch' must be an int >= 0 and < 2\\*\\*63"):
+        _loader(seed=1).load_state_dict(dict(state, epoch=2**63))
+
+
+class _SignalsItselfOnce(mxload.Dataset):
+    """Loading sample `at` the first time sends this process SIGUSR1: its handler runs (and
+    raises) in the middle of the dataset's code, as a timer's would."""
+
+    def __init__(self, at: int):
+        self.at, self.sent = at, False
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, i: int):
+        if i == self.at and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return np.int64(i)
+
+
+def test_a_signal_handler_s_exception_while_loading_in_process_loses_no_batch():
+    def handler(signum, frame):
+        raise _HandlerRaised
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        loader = mxload.DataLoader(_SignalsItselfOnce(at=5), batch_size=2, num_workers=0)
+        it, got, caught = iter(loader), [], 0
+        while True:
+            try:
+                got.append(next(it).tolist())
+            except _HandlerRaised:
+                caught += 1
+                assert loader.state_dict()["done"] == {"prefix": 2, "extra": []}
+            except StopIteration:
+                break
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert caught == 1 and got == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+    # The dataset's own exception still uses its batch up, as torch's does.
+    raising = mxload.DataLoader(mxload.ArrayDataset(np.arange(6)), batch_size=2, num_workers=0,
+                                batchify_fn=lambda samples: 1 / 0 if 2 in samples else np.array(samples))
+    it, got = iter(raising), []
+    for _ in range(3):
+        try:
+            got.append(next(it).tolist())
+        except ZeroDivisionError:
+            got.append("failed")
+    assert got == [[0, 1], "failed", [4, 5]]

@@ -49,7 +49,7 @@ One batch with worker processes:
       owned by a BatchOwner) -> Loaded -> Engine.deliver -> ReorderBuffer.put)
       -> a raw one becomes views through the transport's claim (_core.claim_batch)
       -> (batch index, batch), and dispatch_more refills the window
-      -> progress.taken(index) -> the batch
+      -> progress.handing(index) -> the batch (counted taken once the loop has it)
     fetcher thread (FrameReceiver.watch): asleep on the workers' sentinels; when one
       ends it takes what that worker sent and reports the loss (restart) at once
 """

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
 import threading
 import time
@@ -74,6 +75,28 @@ class _Ready(Protocol):
     ready: tuple[int, Any] | None
 
 
+def raised_by_signal_handler(error: BaseException) -> bool:
+    """Whether `error` was raised by (a function called from) a Python signal
+    handler installed now: one of its frames runs a handler's code.  Only a
+    handler raises in the middle of a dataset's code that is not the
+    dataset's doing (a SIGALRM step timeout, a SIGTERM checkpoint-and-exit)."""
+    codes = set()
+    for signum in signal.valid_signals():
+        try:
+            handler = signal.getsignal(signum)
+        except (ValueError, OSError):
+            continue
+        code = getattr(getattr(handler, "__func__", handler), "__code__", None)
+        if code is not None:
+            codes.add(code)
+    tb = error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in codes:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 class InProcessBatches:
     """num_workers=0: fetch and collate in the calling thread."""
 
@@ -110,6 +133,8 @@ class InProcessBatches:
             else:
                 batch = self._collate_profiled(idx, samples, t0)
         except Exception as e:
+            if order is not None and raised_by_signal_handler(e):
+                raise   # not the batch's failure: the next call loads it again
             failure = BatchFailure(e)
             self.ready = (idx, failure)   # plain stores: no signal handler runs between them
             self._position += 1
@@ -239,6 +264,7 @@ class EpochIterator:
             producer = self._producer
             profiler = producer.profiler
             call_ns = time.monotonic_ns() if profiler is not None else 0
+            self._progress.settle()      # the last call's batch, if the loop got it
             got = self._ready_in.ready   # a batch an exception kept from the loop last time
             if got is None:
                 try:
@@ -267,8 +293,8 @@ class EpochIterator:
                 del fresh   # (an error's traceback keeps this frame: see below)
             idx, batch = got
             progress = self._progress
-            if not (idx < progress.prefix or idx in progress.extra):   # not counted by a call cut short
-                progress.taken(idx)
+            # Taken once handing_next cleared the slot (the loop has it): settled at the next call.
+            progress.handing(idx, self._ready_in)
         except BaseException:
             del self   # the traceback keeps this frame: it must not keep the iterator (see below)
             raise
