@@ -43,7 +43,15 @@ _started: dict[int, threading.Thread] = {}   # native id -> one of mxload's thre
 
 
 def start(thread: threading.Thread) -> None:
-    """Start one of mxload's threads and record its native id."""
+    """Start one of mxload's threads and record its native id.
+
+    The thread also leaves `threading._dangling`, a WeakSet (kept for
+    CPython's own test suite) whose callback runs Python code when the
+    thread object dies, often in a garbage collection: a Ctrl-C landing there
+    was swallowed ("Exception ignored in: ... WeakSet ... _remove")."""
+    dangling = getattr(threading, "_dangling", None)
+    if dangling is not None:
+        dangling.discard(thread)
     thread.start()
     tid = thread.native_id   # set before start() returns
     if tid is not None:

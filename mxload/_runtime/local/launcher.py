@@ -21,7 +21,7 @@ import time
 import weakref
 from collections.abc import Iterator
 from multiprocessing import connection as mp_connection
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from ..._core import WorkerChannel
 from ...errors import WorkerError
@@ -33,7 +33,10 @@ from .inherit import ForChild, pickle_payload
 from .slabs import fd_limit_error
 from .zygote import SpawnedWorker, Zygote, ZygoteWorker, ensure_fork_server, sigint_deferred
 
-__all__ = ["Closing", "Launcher", "ProcessHandle", "choose_start_method", "describe_exit", "process_state"]
+__all__ = ["Closing", "Launcher", "ProcessHandle", "WeakRegistry", "choose_start_method", "describe_exit",
+           "process_state"]
+
+T = TypeVar("T")
 
 
 def choose_start_method(requested: str | None) -> str:
@@ -157,9 +160,29 @@ class Pausable(Protocol):
     def resume(self) -> None: ...
 
 
+class WeakRegistry(Generic[T]):
+    """The objects added to it that are still alive.  Weak references
+    without a callback, not a WeakSet: a WeakSet's callback runs Python code
+    where the object dies (often inside a garbage collection), and a Ctrl-C
+    landing there is swallowed ("Exception ignored in: ... WeakSet ...
+    _remove").  Dead references go as objects are added; each step is one C
+    call, so threads adding at once lose none."""
+
+    def __init__(self) -> None:
+        self._refs: set[weakref.ref[T]] = set()
+
+    def add(self, obj: T) -> None:
+        for ref in [ref for ref in list(self._refs) if ref() is None]:
+            self._refs.discard(ref)
+        self._refs.add(weakref.ref(obj))
+
+    def alive(self) -> list[T]:
+        return [obj for obj in (ref() for ref in list(self._refs)) if obj is not None]
+
+
 # Every process transport of this process: forking a zygote pauses the
 # others' fetcher threads, so that mxload never forks while a thread of its own runs.
-_running: weakref.WeakSet[Pausable] = weakref.WeakSet()
+_running: WeakRegistry[Pausable] = WeakRegistry()
 _fork_lock = threading.Lock()
 
 
@@ -175,12 +198,12 @@ def _forget_inherited_workers() -> None:
     children = getattr(mp.process, "_children", None)
     if children is None:
         return
-    for launcher in list(_launchers):
+    for launcher in _launchers.alive():
         for proc in list(launcher.processes):
             children.discard(proc)
 
 
-_launchers: weakref.WeakSet[Launcher] = weakref.WeakSet()
+_launchers: WeakRegistry[Launcher] = WeakRegistry()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_inherited_workers)
 
@@ -247,7 +270,7 @@ class Launcher:
                 if self.start_method == "fork":
                     template = dataclasses.replace(self._template, epoch=epoch, zygote_child=True)
                     with _fork_lock:
-                        paused = [t for t in list(_running) if t is not self._owner and t.pause()]
+                        paused = [t for t in _running.alive() if t is not self._owner and t.pause()]
                         try:
                             self._zygote = Zygote(functools.partial(_zygote_worker_entry, template))
                         finally:
