@@ -198,7 +198,9 @@ class DataLoader(_Settings, Generic[_T_co]):
         start_method (str | None): ``"fork"``, ``"spawn"`` or ``"forkserver"``; default: the one set
             with ``multiprocessing.set_start_method()`` (as torch), else ``fork`` on Linux.
         max_worker_restarts (int): restart a dead worker and retry its batches up to this many
-            times per loader. Default ``0``.
+            times per loader. Default ``0``. Worker processes of a map-style dataset only: an
+            IterableDataset's worker holds its place in the stream, and a thread worker
+            (``thread_pool=True``) cannot be replaced; their deaths are errors that say so.
         profile (bool): record per-stage timings in ``loader.profiler`` (a :class:`Profiler`).
             Default ``False``.
         distributed (bool): shard the data by rank with a

@@ -72,8 +72,10 @@ SHARED_MEMORY_ADVICE = (
 class SharedMemoryError(WorkerError):
     """Shared memory ran out (a worker got SIGBUS, or a slab could not be allocated).
 
-    A :class:`WorkerError` subclass with the same attributes.  Lower `prefetch`
-    or the batch size, or enlarge ``/dev/shm`` (in Docker: ``--shm-size``).
+    A :class:`WorkerError` subclass with the same attributes.  Slabs are
+    anonymous memfd memory, limited by RAM, the cgroup memory limit and
+    RLIMIT_AS/RLIMIT_FSIZE, not by the size of ``/dev/shm``: lower `prefetch`
+    or the batch size, or give the process more memory.
 
     Example:
         >>> import mxload

@@ -332,6 +332,33 @@ def test_restarts_exhausted_raise_worker_error():
     assert loader.stats["worker_restarts"] == 2
 
 
+class _StreamThatDies(mxload.IterableDataset):
+    def __iter__(self):
+        for i in range(100):
+            if i == 3:
+                os._exit(4)
+            yield np.int64(i)
+
+
+@pytest.mark.parametrize("thread_pool", [False, True])
+def test_a_worker_that_max_worker_restarts_cannot_replace_says_why(thread_pool):
+    """An IterableDataset's worker (its place in the stream died with it) and a thread worker
+    are never restarted: the error says so, not that the restarts were used up (none was)."""
+    if thread_pool:
+        from datasets_for_tests import ExitingDataset
+        dataset, expected = ExitingDataset(at=5), "A thread worker cannot be restarted"
+    else:
+        dataset = _StreamThatDies()
+        expected = ("not restarted (max_worker_restarts=2): an IterableDataset's worker held its place "
+                    "in the stream")
+    loader = mxload.DataLoader(dataset, batch_size=2, num_workers=1, max_worker_restarts=2,
+                               thread_pool=thread_pool, timeout=30)
+    with pytest.raises(mxload.WorkerError) as info:
+        list(loader)
+    assert expected in str(info.value), str(info.value)
+    assert "exhausted" not in str(info.value) and loader.stats["worker_restarts"] == 0
+
+
 @pytest.mark.parametrize("start_method", START_METHODS)
 def test_dataset_exception_is_reraised_with_context_and_next_epoch_works(start_method):
     loader = mxload.DataLoader(RaisingDataset(at=5), batch_size=2, num_workers=2, start_method=start_method)

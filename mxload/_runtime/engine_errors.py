@@ -28,16 +28,17 @@ def torch_words(loss: WorkerLoss) -> str:
     return f"DataLoader worker (pid(s) {loss.pid}) exited unexpectedly:"
 
 
-def worker_died(loss: WorkerLoss, held: list[int], restarts_limit: int,
+def worker_died(loss: WorkerLoss, held: list[int], why_not_restarted: str,
                 queued: Sequence[int] = ()) -> WorkerError:
-    """A worker that died and is not restarted, holding the tasks of batches `held`; those of
+    """A worker that died and is not restarted (`why_not_restarted`: the message's last
+    words, "" without max_worker_restarts), holding the tasks of batches `held`; those of
     `queued` were waiting in this process to go to it with a later task."""
     first = held[0] if held else (queued[0] if queued else None)
     return loss.error_type(
         f"{torch_words(loss)} mxload worker {loss.worker_id} (pid {loss.pid}) died ({loss.how}){loss.hint} "
         f"while holding batches {held}" +
         (f" (batches {queued} were queued for it here, not sent yet)" if queued else "") +
-        (f"; max_worker_restarts={restarts_limit} exhausted" if restarts_limit else ""),
+        why_not_restarted,
         loss.worker_id, loss.pid, loss.exitcode, first)
 
 

@@ -120,7 +120,16 @@ class Supervisor:
                               f"restarting it ({self.restarts}/{limit})", RuntimeWarning, stacklevel=1)
                 self._restart(wid)
                 return
-            self.fail(worker_died(loss, held, limit, queued))
+            if not limit:
+                why = ""
+            elif options.iterable:
+                why = (f"; not restarted (max_worker_restarts={limit}): an IterableDataset's worker "
+                       f"held its place in the stream, which died with it")
+            elif not engine.transport.restartable:
+                why = f"; not restarted (max_worker_restarts={limit}): this backend cannot replace a worker"
+            else:
+                why = f"; max_worker_restarts={limit} exhausted"
+            self.fail(worker_died(loss, held, why, queued))
 
     def _restart(self, wid: int) -> None:
         """Replace a lost worker and dispatch its batches again (engine lock held)."""
