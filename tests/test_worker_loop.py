@@ -93,3 +93,21 @@ def test_an_exception_that_is_not_a_batch_error_ends_the_loop_saying_what_it_was
     assert link.doing == "loading batch 4" and link.sent == []
     link = run([task(0, 4, [1])], dataset=Exiting(), batch_errors=(BaseException,))   # a process's
     assert isinstance(link.sent[0], m.Failed) and link.sent[0].error.qualname == "SystemExit"
+
+
+def test_a_call_site_outside_the_main_guard_is_told_from_one_inside(tmp_path):
+    from mxload._runtime.local.launcher import outside_main_guard
+    script = tmp_path / "train.py"
+    script.write_text("import mxload\n"               # 1
+                      "loader = None\n"               # 2
+                      "if __name__ == '__main__':\n"  # 3
+                      "    run(loader)\n"             # 4
+                      "if '__main__' == __name__:\n"  # 5
+                      "    run(loader)\n"             # 6
+                      "if __name__ != '__main__':\n"  # 7
+                      "    run(loader)\n")            # 8
+    site = str(script)
+    assert [outside_main_guard((site, line)) for line in (2, 4, 6, 8)] == [True, False, False, True]
+    assert not outside_main_guard((str(tmp_path / "missing.py"), 2))   # unreadable: no claim
+    (tmp_path / "broken.py").write_text("def (:\n")
+    assert not outside_main_guard((str(tmp_path / "broken.py"), 1))

@@ -7,6 +7,7 @@ deferred (_core.defer_sigint), so none is left half ended.
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import errno
 import functools
@@ -208,6 +209,51 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_inherited_workers)
 
 
+UNGUARDED_MAIN_HINT = (
+    "A spawn or forkserver worker runs the main script's top-level code again as it starts: this "
+    "script starts its loader outside `if __name__ == \"__main__\":`, so each worker tried to start "
+    "workers of its own and multiprocessing stopped it (its stderr shows \"An attempt has been made to "
+    "start a new process before the current process has finished its bootstrapping phase\"). Start "
+    "loaders under that guard, or use multiprocessing_context=\"fork\"")
+
+
+def main_call_site() -> tuple[str, int] | None:
+    """(file, line) of the main script's top-level code on the calling thread's stack (where
+    it started a loader), or None (no such frame, or no script file: -c, interactive)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals is getattr(main, "__dict__", None):
+            return (path, frame.f_lineno) if isinstance(path, str) and path.endswith(".py") else None
+        frame = frame.f_back   # type: ignore[assignment]
+    return None
+
+
+def outside_main_guard(site: tuple[str, int]) -> bool:
+    """Whether line `site[1]` of the script lies outside every `if __name__ == "__main__":`
+    block (False where the file cannot be read or parsed)."""
+    path, line = site
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_main_test(node.test) \
+                and node.lineno <= line <= (node.end_lineno or node.lineno):
+            return False
+    return True
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    return any(isinstance(x, ast.Name) and x.id == "__name__" for x in sides) and \
+        any(isinstance(x, ast.Constant) and x.value == "__main__" for x in sides)
+
+
 def _zygote_worker_entry(template: WorkerConfig, worker_id: int, epoch: int, sock: socket.socket) -> None:
     worker_process_main(dataclasses.replace(template, worker_id=worker_id, epoch=epoch), sock)
 
@@ -222,6 +268,8 @@ class Launcher:
         self._dataset_type = dataset_type
         self._owner = owner
         self._zygote: Zygote | None = None
+        # Where the main script's top-level code started these workers (spawn, forkserver).
+        self.main_site: tuple[str, int] | None = None
         self._spawn_payload: bytes | None = None
         self._payload_fds: list[int] = []   # what the payload's multiprocessing objects need (inherit.py)
         # Every worker process started and not yet closed, registered under
@@ -264,6 +312,7 @@ class Launcher:
                 "use num_workers=0 or thread_pool=True")
         if self.start_method != "fork":
             self._spawn_payload = self._pickled_payload()
+            self.main_site = main_call_site()
         handles: list[ProcessHandle] = []
         with sigint_deferred():
             try:

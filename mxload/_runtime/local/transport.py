@@ -15,7 +15,16 @@ from .. import messages as m
 from .. import wire
 from ..transport import Transport, TransportSetup, WorkerLoss
 from . import launcher
-from .launcher import Closing, Launcher, Process, ProcessHandle, describe_exit, process_state
+from .launcher import (
+    UNGUARDED_MAIN_HINT,
+    Closing,
+    Launcher,
+    Process,
+    ProcessHandle,
+    describe_exit,
+    outside_main_guard,
+    process_state,
+)
 from .receiver import Fetcher, adopt_raw, claim_mismatch_error, retire_everywhere
 from .slabs import COPY_KEPT_FROM, SlabPool
 
@@ -320,6 +329,14 @@ class ProcessTransport(Transport):
                             f"workers, died ({zygote_death}), and its workers die with it. No worker can be "
                             f"restarted; iterate the loader again to start new workers")
                 loss = WorkerLoss(handle.worker_id, handle.pid, exitcode, how, final=final)
+            elif (exitcode == 1 and self.start_method == "forkserver" and self.launcher.main_site is not None
+                  and outside_main_guard(self.launcher.main_site)):
+                # The worker's bootstrap (multiprocessing's, before any of mxload's code) failed.
+                def unguarded(held: list[int]) -> str:
+                    return (f"DataLoader worker (pid(s) {handle.pid}) exited unexpectedly: mxload worker "
+                            f"{handle.worker_id} (pid {handle.pid}) died ({how}) as it started, holding "
+                            f"batches {held}. {UNGUARDED_MAIN_HINT}")
+                loss = WorkerLoss(handle.worker_id, handle.pid, exitcode, how, final=unguarded)
             elif exitcode == -signal.SIGBUS:
                 hint = f" (SIGBUS: shared memory ran out; {SHARED_MEMORY_ADVICE})"
                 loss = WorkerLoss(handle.worker_id, handle.pid, exitcode, how, hint, SharedMemoryError)
