@@ -235,12 +235,18 @@ class LoaderPosition:
         self.progress = progress
         return progress
 
-    def state(self, loader: DataLoader[Any]) -> dict[str, Any]:
+    def state(self, loader: DataLoader[Any], redrawn: bool = False) -> dict[str, Any]:
+        """The loader's position; `redrawn`: the epoch auto_reload drew ahead is stale (the
+        sampler changed since) and the next iter() draws it again, under its epoch number,
+        from the sampler as it is now."""
         seed = loader.seed   # drawn now if torch's is still to come: the state must fix it
         if self.resume is not None:
             return copy.deepcopy(self.resume)
         progress = self.progress
-        if progress is None or progress.complete:
+        if redrawn:
+            progress = EpochProgress(loader.epoch - 1, sampler_state(loader.batch_sampler),
+                                     _dataset_state(loader.dataset))
+        elif progress is None or progress.complete:
             if progress is not None:
                 # Its last batch reached the loop, which asked no more: counted at the next
                 # call, but its rollover leftovers belong to the next epoch's state now.

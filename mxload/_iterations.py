@@ -57,6 +57,12 @@ class Iterations:
         self.ahead = start()
         self._ahead_marks = (before, sampler_marks(batch_sampler, iterable))
 
+    def ahead_is_stale(self, batch_sampler: Any, iterable: bool) -> bool:
+        """The epoch loaded ahead will be dropped by the next iter() (see take_ahead)."""
+        marks = self._ahead_marks
+        return (self.ahead is not None and marks is not None and not iterable
+                and not _still_valid(batch_sampler, *marks))
+
     def take_ahead(self, batch_sampler: Any, iterable: bool) -> tuple[Any, bool]:
         """(the epoch loaded ahead or None, whether one was dropped).  It is
         dropped (closed) unless it is the one iter() would draw now: the

@@ -355,7 +355,8 @@ class DataLoader(_Settings, Generic[_T_co]):
             >>> [b.tolist() for b in resumed] == [b.tolist() for b in it]
             True
         """
-        return self._position.state(self)
+        return self._position.state(self, redrawn=self._iterations.ahead_is_stale(self.batch_sampler,
+                                                                                  self.iterable))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict`: the next ``iter()`` resumes that epoch.

@@ -523,3 +523,23 @@ def test_a_signal_handler_s_exception_while_loading_in_process_loses_no_batch():
         except ZeroDivisionError:
             got.append("failed")
     assert got == [[0, 1], "failed", [4, 5]]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_with_auto_reload_a_state_taken_after_set_epoch_is_the_epoch_the_loop_will_draw(num_workers):
+    """auto_reload draws the next epoch as one ends; set_epoch(e) before the loop makes the
+    next iter() draw it again.  A state taken in between is that redrawn epoch's."""
+    def make():
+        return _loader(n=37, batch_size=4, seed=5, num_workers=num_workers, auto_reload=True)
+
+    loader, states, epochs = make(), [], []
+    for e in range(3):
+        loader.sampler.set_epoch(e * 10)
+        states.append(json.loads(json.dumps(loader.state_dict())))
+        epochs.append(flat(loader))
+    loader.close()
+    for state, expected in zip(states, epochs):
+        resumed = make()
+        resumed.load_state_dict(state)
+        assert flat(resumed) == expected, state["sampler"]
+        resumed.close()
