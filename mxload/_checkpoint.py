@@ -243,15 +243,12 @@ class LoaderPosition:
         if self.resume is not None:
             return copy.deepcopy(self.resume)
         progress = self.progress
-        if redrawn:
-            progress = EpochProgress(loader.epoch - 1, sampler_state(loader.batch_sampler),
-                                     _dataset_state(loader.dataset))
-        elif progress is None or progress.complete:
-            if progress is not None:
+        if redrawn or progress is None or progress.complete:
+            if progress is not None and not redrawn:
                 # Its last batch reached the loop, which asked no more: counted at the next
                 # call, but its rollover leftovers belong to the next epoch's state now.
                 progress._completed()
-            progress = EpochProgress(loader.epoch,
+            progress = EpochProgress(loader.epoch - 1 if redrawn else loader.epoch,
                                      None if loader.iterable else sampler_state(loader.batch_sampler),
                                      _dataset_state(loader.dataset))
         state = progress.state(seed)
@@ -274,6 +271,11 @@ class LoaderPosition:
         if state.get("dataset") is not None and load is None:
             raise ValueError(f"the state carries dataset state but {type(loader.dataset).__name__} "
                              f"has no load_state_dict()")
+
+        def load_dataset() -> None:   # the dataset's own check: it may refuse its part
+            if state.get("dataset") is not None:
+                assert load is not None
+                load(state["dataset"])
         if not loader.iterable:
             # The sampler checks its own entry; the position must lie in the
             # epoch that entry makes.
@@ -294,15 +296,12 @@ class LoaderPosition:
                             f"(last_batch) or number of replicas (distributed) differ from the loader "
                             f"that wrote it, so its position would name other samples")
                     check_position(state, batches)
-                if state.get("dataset") is not None:
-                    assert load is not None
-                    load(state["dataset"])   # the dataset's own check: it may refuse
+                load_dataset()
             except BaseException:
                 load_sampler_state(loader.batch_sampler, before)
                 raise
-        elif state.get("dataset") is not None:
-            assert load is not None
-            load(state["dataset"])
+        else:
+            load_dataset()
         loader.close()  # a live epoch or persistent workers belong to the old position
         loader.seed = state["seed"]
         loader.epoch = state["epoch"]
