@@ -26,7 +26,9 @@ class WorkerTraceback(Exception):
 
 
 class WorkerError(RuntimeError):
-    """A worker died, or raised an exception that cannot be rebuilt as its own type.
+    """A worker died, or raised an exception that cannot be rebuilt as its own type; or the
+    dataset raised a ``SystemExit``, ``KeyboardInterrupt`` or ``GeneratorExit`` (in any mode,
+    ``num_workers=0`` included: it is that batch's error, its ``__cause__`` the original).
 
     Raised by the loader's iterator within about a second of a worker's death
     (whatever the `timeout`), unless ``max_worker_restarts`` allows a restart.

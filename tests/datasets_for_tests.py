@@ -220,19 +220,97 @@ class UnpicklableError(Exception):
         self.lock = threading.Lock()
 
 
-class RaisingDataset(mxload.Dataset):
-    """Raises `exc_kind` at sample `at`."""
+class CorruptSample(Exception):
+    """A multi-argument exception as users write them (issue 39): its args are the message
+    alone, so unpickling calls CorruptSample(message), which fails."""
 
-    def __init__(self, at: int = 5, exc_kind: str = "value", n: int = 20):
+    def __init__(self, path: str, code: int):
+        super().__init__(f"{path}: {code}")
+        self.path = path
+        self.code = code
+
+
+class UnprintableError(Exception):
+    """str() raises (and so does repr(), which some messages fall back to)."""
+
+    def __str__(self) -> str:
+        raise ValueError("this error cannot be printed")
+
+    def __repr__(self) -> str:
+        raise ValueError("nor represented")
+
+
+class PicklingInterruptedError(Exception):
+    """Pickling it raises a BaseException that is no Exception."""
+
+    def __reduce__(self):
+        raise KeyboardInterrupt("pickling was refused")
+
+
+class ForgivingError(Exception):
+    """Answers every missing attribute, as proxy and mock errors do: its `__notes__` is no list."""
+
+    def __getattr__(self, name: str):
+        return f"<{name}>"
+
+
+class TupleNotesError(Exception):
+    """Its notes are a tuple, not the list add_note() needs."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.__notes__ = ("a note kept in a tuple",)
+
+
+class ExitsWhenUnpickledIn(Exception):
+    """Unpickling it in process `parent` (the training process) raises SystemExit; elsewhere
+    (the worker's own round trip) it unpickles."""
+
+    def __init__(self, parent: int, message: str):
+        super().__init__(parent, message)
+        self.parent = parent
+
+    def __reduce__(self):
+        return _exit_if_unpickled_in, (self.parent, self.args[1])
+
+
+def _exit_if_unpickled_in(parent: int, message: str) -> ExitsWhenUnpickledIn:
+    if os.getpid() == parent:
+        raise SystemExit(f"unpickling refused in process {parent}")
+    return ExitsWhenUnpickledIn(parent, message)
+
+
+class RaisingDataset(mxload.Dataset):
+    """Raises `exc_kind` at sample `at`; `parent`: the training process's pid (for
+    "unpickle-exit")."""
+
+    def __init__(self, at: int = 5, exc_kind: str = "value", n: int = 20, parent: int = 0):
         self.at = at
         self.exc_kind = exc_kind
         self.n = n
+        self.parent = parent
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int):
         if i == self.at:
+            if self.exc_kind == "stop":
+                raise StopIteration(f"sample {i}")
+            if self.exc_kind == "generator-exit":
+                raise GeneratorExit(f"sample {i}")
+            if self.exc_kind == "corrupt":
+                raise CorruptSample(f"/data/{i}.jpg", 7)
+            if self.exc_kind == "unprintable":
+                raise UnprintableError(f"sample {i}")
+            if self.exc_kind == "pickle-interrupt":
+                raise PicklingInterruptedError(f"sample {i}")
+            if self.exc_kind == "forgiving":
+                raise ForgivingError(f"sample {i}")
+            if self.exc_kind == "tuple-notes":
+                raise TupleNotesError(f"sample {i}")
+            if self.exc_kind == "unpickle-exit":
+                raise ExitsWhenUnpickledIn(self.parent, f"sample {i}")
             if self.exc_kind == "value":
                 raise ValueError(f"bad sample {i}")
             if self.exc_kind == "key":
@@ -306,23 +384,6 @@ class PayloadDataset(mxload.Dataset):
         return np.array([i])
 
 
-class ExitingDataset(mxload.Dataset):
-    """Calls sys.exit() at sample `at`: a thread worker's loop ends there."""
-
-    def __init__(self, at: int = 5, n: int = 20):
-        self.at = at
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        if i == self.at:
-            import sys
-            sys.exit(3)
-        return np.array([i])
-
-
 def exiting_init(worker_id: int) -> None:
     import sys
     sys.exit(0)
@@ -391,3 +452,52 @@ class PagesDataset(mxload.Dataset):
 
     def __getitem__(self, i: int):
         return np.full((256, 1024), i, np.uint8)
+
+
+class StopsInGetitems(mxload.Dataset):
+    """__getitems__ raises StopIteration for the batch that holds sample `at`."""
+
+    def __init__(self, at: int = 2, n: int = 8):
+        self.at = at
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitems__(self, indices):
+        if self.at in list(indices):
+            raise StopIteration(f"sample {self.at}")
+        return [np.array([i]) for i in indices]
+
+
+def batchify_stopping_at(at: int, samples):
+    """A batchify_fn (with functools.partial) that raises StopIteration for the batch holding
+    sample `at`, and stacks the others."""
+    if any(int(np.asarray(s).ravel()[0]) == at for s in samples):
+        raise StopIteration(f"sample {at}")
+    return np.stack([np.asarray(s) for s in samples])
+
+
+class CountingStream(mxload.IterableDataset):
+    """Yields 0 .. n-1 from an iterator object of its own, whose __next__ raises StopIteration
+    at the end (the stream's normal end)."""
+
+    def __init__(self, n: int = 8):
+        self.n = n
+
+    def __iter__(self):
+        return _Counter(self.n)
+
+
+class _Counter:
+    def __init__(self, n: int):
+        self.i, self.n = 0, n
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.i >= self.n:
+            raise StopIteration
+        self.i += 1
+        return np.array([self.i - 1])

@@ -24,6 +24,7 @@ if not hasattr(ray, "init"):   # a folder named ray on sys.path (Ray's /tmp/ray 
 import ray_harness  # noqa: E402
 from datasets_for_tests import (  # noqa: E402
     AugmentedDataset,
+    CorruptSample,
     DyingDataset,
     PagesDataset,
     RaisingDataset,
@@ -138,6 +139,17 @@ def test_dataset_exception_keeps_type_and_traceback_and_the_epoch_goes_on():
     assert len(errors) == 1 and "missing 5" in errors[0] and "Worker traceback" in errors[0]
     assert "__getitem__" in errors[0]
     assert taken == [i for i in range(20) if i not in (4, 5)]
+
+
+def test_a_multi_argument_exception_arrives_as_itself_with_its_attributes():
+    """As from local workers (issue 39): CorruptSample(path, code), whose args are its message
+    alone, is rebuilt without calling its __init__, not a WorkerError."""
+    loader = mxload.DataLoader(RaisingDataset(at=5, exc_kind="corrupt"), batch_size=2, num_workers=1,
+                               backend=SMALL)
+    with pytest.raises(CorruptSample) as info:
+        list(loader)
+    assert (info.value.path, info.value.code, str(info.value)) == ("/data/5.jpg", 7, "/data/5.jpg: 7")
+    assert "batch 2" in exception_text(info.value)
 
 
 def test_worker_init_fn_failure_is_reported():

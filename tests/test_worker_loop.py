@@ -9,12 +9,12 @@ from mxload._runtime.worker import _Link, serve
 
 
 class FakeLink(_Link):
-    def __init__(self, tasks, batch_errors=(Exception,)):
+    def __init__(self, tasks, broken_send=False):
         super().__init__()
         self.tasks = list(tasks)
         self.sent = []
         self.reseeded = []
-        self.batch_errors = batch_errors
+        self.broken_send = broken_send
 
     def next_task(self):
         return self.tasks.pop(0) if self.tasks else None
@@ -30,6 +30,8 @@ class FakeLink(_Link):
         self.sent.append(reply)
 
     def send(self, message):
+        if self.broken_send:
+            raise BrokenPipeError("the main process went away")
         self.sent.append(message)
 
 
@@ -83,16 +85,32 @@ def test_the_end_of_a_stream_is_exhausted_for_every_later_task():
     assert link.sent == [m.Loaded(0, 0, [10, 11], None), m.Loaded(0, 1, [12], None), m.Exhausted(0, 2)]
 
 
-def test_an_exception_that_is_not_a_batch_error_ends_the_loop_saying_what_it_was_doing():
-    class Exiting(Squares):
+@pytest.mark.parametrize("raised", [SystemExit(3), KeyboardInterrupt("k"), GeneratorExit("g"),
+                                    StopIteration("s")])
+def test_every_exception_out_of_the_dataset_is_that_batchs_failure_and_the_loop_goes_on(raised):
+    """In every kind of worker (process, thread, Ray actor): a SystemExit & co or a StopIteration
+    too (the training process makes them an error it can take: batch_errors.py).  Before, a
+    worker thread ended at a SystemExit, and the epoch with it."""
+    class Raising(Squares):
         def __getitem__(self, i):
-            raise SystemExit(3)
-    link = FakeLink([task(0, 4, [1])])   # a thread's link: SystemExit is not a batch's failure
-    with pytest.raises(SystemExit):
-        serve(link, 0, (Exiting(), list, None), SampleSource(Exiting(), False, 2, False, 1), epoch=0)
-    assert link.doing == "loading batch 4" and link.sent == []
-    link = run([task(0, 4, [1])], dataset=Exiting(), batch_errors=(BaseException,))   # a process's
-    assert isinstance(link.sent[0], m.Failed) and link.sent[0].error.qualname == "SystemExit"
+            if i == 1:
+                raise raised
+            return super().__getitem__(i)
+    try:
+        link = run([task(0, 4, [1]), task(0, 5, [2])], dataset=Raising())
+    except BaseException as e:   # noqa: BLE001 - a KeyboardInterrupt must fail this test, not end the run
+        pytest.fail(f"the worker loop ended with {type(e).__name__}: {e}")
+    failed, loaded = link.sent
+    assert isinstance(failed, m.Failed) and failed.batch_index == 4
+    assert failed.error.qualname == type(raised).__name__
+    assert loaded == m.Loaded(0, 5, [4], None)
+
+
+def test_a_loop_that_cannot_report_ends_saying_what_it_was_doing():
+    link = FakeLink([task(0, 4, [7])], broken_send=True)
+    with pytest.raises(BrokenPipeError):
+        serve(link, 0, (Squares(), list, None), SampleSource(Squares(), False, 2, False, 1), epoch=0)
+    assert link.doing == "loading batch 4"
 
 
 def test_a_call_site_outside_the_main_guard_is_told_from_one_inside(tmp_path):

@@ -28,6 +28,9 @@ layout) define a format that crosses processes.
                    (actor.py), workers anywhere in a Ray cluster
     worker.py      the one task loop of process and thread workers; WorkerInfo, seeding
     source.py      the samples of a batch (map-style indices or a stream)
+    remote_errors.py  a worker's exception rebuilt in the training process (never raises)
+    batch_errors.py   a batch's error as the loop gets it, in every mode (StopIteration,
+                   SystemExit & co made errors of that batch)
     messages.py    Task, Stop, Batch, NewSlab, Loaded, Failed, Exhausted, InitFailed,
                    zygote and spawn messages (the types)
     wire.py        their frames on a socket: send/recv of one frame, the packed Task and

@@ -20,6 +20,7 @@ from .._collate import plan as _plan
 from .._core import defer_sigint, handing_next, sigint_safe_finalizer
 from ..errors import EpochAbortedError
 from .autotune import AutoBatches, AutoTuner
+from .batch_errors import as_loop_error
 from .engine import Engine
 from .engine_errors import aborted_error, ended_error, superseded_error
 from .results import END, BatchFailure, Marker
@@ -97,6 +98,22 @@ def raised_by_signal_handler(error: BaseException) -> bool:
     return False
 
 
+def raised_by_a_signal(error: BaseException, retryable: bool) -> bool:
+    """Whether `error`, raised while the training process loaded a batch itself, came from a
+    signal rather than from the dataset: a KeyboardInterrupt where a Ctrl-C can land (the main
+    thread, with Python's default SIGINT handler: a Ctrl-C there cannot be told from the
+    dataset's own KeyboardInterrupt, and must stay one), or a signal handler's exception (an
+    Exception only where the batch can be loaded again, `retryable`: a stream's samples drawn
+    already are gone, so it is the batch's failure there; a SystemExit & co always, as a
+    SIGTERM handler's sys.exit() must end the program)."""
+    if (isinstance(error, KeyboardInterrupt) and threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+        return True
+    if isinstance(error, Exception) and not retryable:
+        return False
+    return raised_by_signal_handler(error)
+
+
 class InProcessBatches:
     """num_workers=0: fetch and collate in the calling thread."""
 
@@ -114,9 +131,10 @@ class InProcessBatches:
     def next_batch(self) -> tuple[int, Any] | Marker:
         """As torch: an error raised for one batch (dataset or collation)
         uses that batch up, so a loop that catches it goes on with the next
-        one.  A BaseException that is no Exception (a Ctrl-C) leaves the
-        epoch where it was.  The result is also left in `ready` (see
-        EngineWindow.next_batch)."""
+        one; a StopIteration or a SystemExit & co is made an error for the
+        batch (batch_errors.py), as with workers.  A Ctrl-C, or a signal
+        handler's exception, leaves the epoch where it was.  The result is
+        also left in `ready` (see EngineWindow.next_batch)."""
         order = self._plan.order
         if order is not None and self._position >= len(order):
             return END
@@ -132,10 +150,12 @@ class InProcessBatches:
                 batch = _plan.collate(self._batchify, samples, idx)
             else:
                 batch = self._collate_profiled(idx, samples, t0)
-        except Exception as e:
-            if order is not None and raised_by_signal_handler(e):
+        except BaseException as e:
+            if raised_by_a_signal(e, retryable=order is not None):
                 raise   # not the batch's failure: the next call loads it again
-            failure = BatchFailure(e)
+            origin = (f"Raised in the training process (pid {os.getpid()}, no workers) "
+                      f"while loading batch {idx}.")
+            failure = BatchFailure(as_loop_error(e, origin, None, os.getpid(), idx))
             self.ready = (idx, failure)   # plain stores: no signal handler runs between them
             self._position += 1
             return idx, failure

@@ -37,7 +37,7 @@ __all__ = [
 
 
 class ExceptionInfo(NamedTuple):
-    """An exception raised in a worker, as the main process rebuilds it."""
+    """An exception raised in a worker, as the main process rebuilds it (remote_errors.py)."""
     module: str
     qualname: str
     message: str
@@ -46,14 +46,81 @@ class ExceptionInfo(NamedTuple):
 
     @classmethod
     def of(cls, exc: BaseException) -> ExceptionInfo:
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        blob: bytes | None
+        """Never raises, whatever `exc` does (a worker must report every batch's error: one
+        that escaped here ended the worker, and every replacement the same way): a str() that
+        raises, a traceback that cannot be formatted, a pickling that raises a BaseException
+        each have a fallback that still names the exception's type."""
+        kind = type(exc)
+        module, qualname = _type_names(kind)
+        message = safe_text(exc)
+        return cls(module, qualname, message, _traceback_text(exc, qualname, message), _pickled(exc))
+
+
+def safe_text(exc: BaseException) -> str:
+    """str(exc), or where that raises, what it is and what its str() raised."""
+    try:
+        return str(exc)
+    except BaseException as e:   # noqa: BLE001 - a user's __str__ may raise anything
+        failure = _type_names(type(e))[1]
+    try:
+        shown = repr(exc)
+    except BaseException:   # noqa: BLE001
+        shown = "its repr() raised too"
+    return f"<{_type_names(type(exc))[1]} whose str() raised {failure}: {shown}>"
+
+
+def _type_names(kind: type) -> tuple[str, str]:
+    try:
+        return str(kind.__module__), str(kind.__qualname__)
+    except BaseException:   # noqa: BLE001 - a metaclass may make these anything
+        return "?", getattr(kind, "__name__", "?")
+
+
+def _traceback_text(exc: BaseException, qualname: str, message: str) -> str:
+    try:
+        return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except BaseException as e:   # noqa: BLE001 - its notes or cause may be as broken as its str()
+        failure = _type_names(type(e))[1]
+    try:
+        frames = "".join(traceback.format_tb(exc.__traceback__))
+    except BaseException:   # noqa: BLE001
+        frames = ""
+    return (f"Traceback (most recent call last):\n{frames}{qualname}: {message}\n"
+            f"(its notes and chained exceptions could not be formatted: {failure})\n")
+
+
+def _pickled(exc: BaseException) -> bytes | None:
+    """`exc` pickled, where it unpickles again: as itself, else as its class, args and
+    attributes, rebuilt without calling its __init__ (an exception whose __init__ takes
+    other arguments than its args, ``CorruptSample(path, code)`` with one message as args,
+    pickles but cannot be unpickled); None where neither round trip works."""
+    for candidate in (exc, _WithoutInit(exc)):
         try:
-            blob = pickle.dumps(exc)
-            pickle.loads(blob)  # some exceptions pickle but cannot be rebuilt
-        except Exception:
-            blob = None
-        return cls(type(exc).__module__, type(exc).__qualname__, str(exc), tb, blob)
+            blob = pickle.dumps(candidate)
+            pickle.loads(blob)
+            return blob
+        except BaseException:   # noqa: BLE001 - a __reduce__ may raise anything, SystemExit included
+            continue
+    return None
+
+
+class _WithoutInit:
+    """Pickles an exception as its class, args and attributes (see _pickled)."""
+
+    def __init__(self, exc: BaseException):
+        self._exc = exc
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        exc = self._exc
+        return _rebuilt_without_init, (type(exc), exc.args, dict(vars(exc)))
+
+
+def _rebuilt_without_init(kind: type[BaseException], args: tuple[Any, ...],
+                          state: dict[str, Any]) -> BaseException:
+    error = kind.__new__(kind, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class Timings(NamedTuple):

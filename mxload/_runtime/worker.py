@@ -153,9 +153,6 @@ R = TypeVar("R")
 
 class _Link(Generic[R]):
     """A worker's side of its transport; `R` is a collated batch ready to send."""
-    # Exceptions out of the dataset or batchify_fn that are one batch's
-    # failure; anything else ends the worker.
-    batch_errors: tuple[type[BaseException], ...] = (Exception,)
     # Exceptions out of worker_init_fn reported as its failure.
     init_errors: tuple[type[BaseException], ...] = (Exception,)
 
@@ -205,7 +202,11 @@ def serve(link: _Link[R], worker_id: int, payload: Payload, source: SampleSource
 
 def answer(link: _Link[R], task: m.Task, source: SampleSource, batchify_fn: Callable[..., Any]) -> None:
     """Load, collate and answer one task: exactly one message through `link`
-    (the task loop above, and a Ray actor's call)."""
+    (the task loop above, and a Ray actor's call).  Whatever the dataset or
+    batchify_fn raises is this batch's failure, SystemExit & co included:
+    nothing else raises them in a worker (a process ignores SIGINT and is
+    stopped by a message; signal handlers never run in a thread), and
+    batch_errors.py makes them an error the training loop can take."""
     link.doing = f"loading batch {task.batch_index}"
     t0 = time.monotonic_ns()
     try:
@@ -214,7 +215,7 @@ def answer(link: _Link[R], task: m.Task, source: SampleSource, batchify_fn: Call
             link.send(m.Exhausted(task.epoch, task.batch_index))
             return
         reply = link.collate(task, samples, batchify_fn, t0, time.monotonic_ns())
-    except link.batch_errors as e:
+    except BaseException as e:   # noqa: BLE001 - see above
         link.send(m.Failed(task.epoch, task.batch_index, m.ExceptionInfo.of(e)))
         return
     link.send_batch(reply)
@@ -325,10 +326,6 @@ class _ProcessLink(_Link[_Encoded]):
     behind already-dispatched tasks is seen before the next task starts
     (after `break`, queued work is skipped, not done); maps the slab
     descriptors that come with their tasks; collates into shared memory."""
-    # sys.exit(), KeyboardInterrupt... out of the dataset are this batch's
-    # failure too (the main process reports them as WorkerError); nothing
-    # else raises them here: SIGINT is ignored, a stop request is a message.
-    batch_errors = (BaseException,)
     init_errors = (Exception, SystemExit)
 
     def __init__(self, config: WorkerConfig, sock: socket.socket):

@@ -30,9 +30,6 @@ RESULT_TYPES = (m.RemoteBatch, m.Failed, m.Exhausted)
 
 class _ActorLink(_Link[m.RemoteBatch]):
     """One task's answer, kept for the actor call to return."""
-    # As in a worker process: sys.exit() or KeyboardInterrupt out of the
-    # dataset are this batch's failure, and the actor lives on.
-    batch_errors = (BaseException,)
 
     def __init__(self) -> None:
         super().__init__()
