@@ -233,6 +233,18 @@ def test_rebuilding_a_workers_exception_never_raises(hostile):
         assert "could not take the note" in str(error) and error.__cause__ is not None, str(error)
 
 
+def test_a_start_failure_whose_exception_cannot_be_unpickled_here_is_still_reported():
+    """The same for a worker that could not start: its error names the cause in words."""
+    from mxload._runtime.engine_errors import start_failure
+    info = m.ExceptionInfo("tests", "Gone", "no module named x", "tb", pickle.dumps(_Reducing(_interrupted)))
+    try:
+        error = start_failure(m.InitFailed(info, "unpickling the dataset"), 2, 77)
+    except BaseException as e:   # noqa: BLE001
+        pytest.fail(f"start_failure raised {type(e).__name__}: {e}")
+    assert isinstance(error, mxload.WorkerError) and "worker 2 (pid 77) could not start" in str(error)
+    assert "no module named x" in str(error) and error.__cause__ is None
+
+
 # ---------------------------------------------------------------- item 6: SystemExit & co
 
 

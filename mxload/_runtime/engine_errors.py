@@ -4,13 +4,13 @@ programs and people grep logs for."""
 from __future__ import annotations
 
 import os
-import pickle
 import signal
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import EpochAbortedError, LoaderTimeoutError, WorkerError
 from . import messages as m
+from .remote_errors import unpickled_exception
 from .transport import WorkerLoss
 
 if TYPE_CHECKING:
@@ -56,11 +56,9 @@ def start_failure(failed: m.InitFailed, worker_id: int, pid: int | None) -> Work
     err = WorkerError(f"mxload worker {worker_id} (pid {pid}) could not start: {failed.starting} raised "
                       f"{info.module}.{info.qualname}: {info.message}{hint}\n\nWorker traceback:\n"
                       f"{info.traceback}", worker_id, pid, None, None)
-    if info.pickled is not None:
-        try:
-            err.__cause__ = pickle.loads(info.pickled)
-        except Exception:
-            pass
+    original = unpickled_exception(info)[0]
+    if original is not None:
+        err.__cause__ = original
     return err
 
 

@@ -20,7 +20,7 @@ from ..errors import WorkerError, WorkerTraceback
 from . import messages as m
 from .batch_errors import as_loop_error
 
-__all__ = ["rebuild_exception", "worker_words"]
+__all__ = ["rebuild_exception", "unpickled_exception", "worker_words"]
 
 
 def worker_words(worker_id: int, pid: int | None) -> str:
@@ -35,7 +35,7 @@ def rebuild_exception(info: m.ExceptionInfo, worker_id: int, pid: int | None,
     where = f"loading batch {batch_index}" if batch_index >= 0 else "running worker_init_fn"
     origin = f"Raised in {worker_words(worker_id, pid)} while {where}."
     cause = WorkerTraceback(f"{origin} Worker traceback:\n{info.traceback}")
-    original, why = _unpickled(info)
+    original, why = unpickled_exception(info)
     try:
         if original is not None:
             original.__cause__ = cause
@@ -59,8 +59,8 @@ def _failure(error: BaseException) -> str:
     return f"{type(error).__name__}: {m.safe_text(error)}"
 
 
-def _unpickled(info: m.ExceptionInfo) -> tuple[BaseException | None, str]:
-    """The exception `info` carries, or None and why not."""
+def unpickled_exception(info: m.ExceptionInfo) -> tuple[BaseException | None, str]:
+    """The exception `info` carries, or None and why not (never raises)."""
     if info.pickled is None:
         return None, ""
     try:
