@@ -501,3 +501,7 @@ class _Counter:
             raise StopIteration
         self.i += 1
         return np.array([self.i - 1])
+
+
+def unprintable_init(worker_id: int) -> None:
+    raise UnprintableError(f"init of worker {worker_id}")

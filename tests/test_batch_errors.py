@@ -140,6 +140,15 @@ def test_an_exception_that_cannot_be_printed_or_pickled_is_still_that_batchs_err
         assert "Raised in worker 1" in text and "batch 1" in text, text
 
 
+@pytest.mark.parametrize("mode", WORKER_MODES)
+def test_a_worker_init_fn_error_that_cannot_be_printed_still_ends_the_epoch_as_itself(mode):
+    """The failure of worker_init_fn ends the epoch with its own exception, even where its
+    str() raises (before: that ValueError from recording it, in its place)."""
+    from datasets_for_tests import unprintable_init
+    with pytest.raises(UnprintableError):
+        list(loader_for(RaisingDataset(at=-1, n=8), mode, worker_init_fn=unprintable_init))
+
+
 def test_the_report_of_an_exception_never_fails_and_still_names_it():
     """ExceptionInfo.of, which every worker calls for a batch's error, never raises."""
     info = m.ExceptionInfo.of(UnprintableError("x"))

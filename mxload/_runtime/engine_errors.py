@@ -91,9 +91,9 @@ def ended_error(error: BaseException) -> EpochAbortedError:
     """What next() says after `error` (a worker's death, the loader's timeout) ended the epoch:
     the loop may not have seen it (a signal handler's exception can replace it)."""
     return EpochAbortedError(
-        f"this epoch ended with {type(error).__name__}: {error} -- its remaining batches were not "
-        f"delivered. Batches delivered before are correct. Start a new epoch with iter(loader) (a "
-        f"checkpoint from state_dict() resumes where it stopped)")
+        f"this epoch ended with {type(error).__name__}: {m.safe_text(error)} -- its remaining batches "
+        f"were not delivered. Batches delivered before are correct. Start a new epoch with iter(loader) "
+        f"(a checkpoint from state_dict() resumes where it stopped)")
 
 
 def timeout_error(engine: Engine, idx: int) -> LoaderTimeoutError:

@@ -92,7 +92,7 @@ class Supervisor:
         """Record a fatal error and wake the consumer with it."""
         if self.failure is None:
             self.failure = error
-        self._engine.buffer.close(str(error))
+        self._engine.buffer.close(m.safe_text(error))   # a worker_init_fn's error: its str() may raise
 
     def worker_lost(self, loss: WorkerLoss) -> None:
         engine = self._engine

@@ -53,8 +53,8 @@ class ThreadTransport(Transport):
         calls this last): the epoch fails now, as for a dead process."""
         def final(held: list[int]) -> str:
             return (f"mxload worker thread {worker_id} ended unexpectedly while {doing}: "
-                    f"{type(error).__name__}: {error} (holding batches {held}). A thread worker cannot "
-                    f"be restarted; catch the exception in the dataset or worker_init_fn")
+                    f"{type(error).__name__}: {m.safe_text(error)} (holding batches {held}). A thread "
+                    f"worker cannot be restarted; catch the exception in the dataset or worker_init_fn")
         with self.lock:
             self.sink.worker_lost(WorkerLoss(worker_id, None, None, "ended", final=final))
 
