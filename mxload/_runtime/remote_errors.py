@@ -20,10 +20,10 @@ from ..errors import WorkerError, WorkerTraceback
 from . import messages as m
 from .batch_errors import as_loop_error
 
-__all__ = ["rebuild_exception", "unpickled_exception", "worker_words"]
+__all__ = ["rebuild_exception", "unpickled_exception"]
 
 
-def worker_words(worker_id: int, pid: int | None) -> str:
+def _worker_words(worker_id: int, pid: int | None) -> str:
     """How an error names a worker: its pid, or (pid None) that it is a thread."""
     return f"worker {worker_id} (pid {pid})" if pid is not None else f"worker {worker_id} (a thread)"
 
@@ -33,7 +33,7 @@ def rebuild_exception(info: m.ExceptionInfo, worker_id: int, pid: int | None,
     """The error the loop gets for `info`, raised in worker `worker_id` while loading batch
     `batch_index` (-1: while running worker_init_fn).  Never raises."""
     where = f"loading batch {batch_index}" if batch_index >= 0 else "running worker_init_fn"
-    origin = f"Raised in {worker_words(worker_id, pid)} while {where}."
+    origin = f"Raised in {_worker_words(worker_id, pid)} while {where}."
     cause = WorkerTraceback(f"{origin} Worker traceback:\n{info.traceback}")
     original, why = unpickled_exception(info)
     try:
@@ -46,7 +46,7 @@ def rebuild_exception(info: m.ExceptionInfo, worker_id: int, pid: int | None,
             rebuilt.__cause__ = cause
             return as_loop_error(rebuilt, origin, worker_id, pid, batch_index)
     except BaseException as e:   # noqa: BLE001 - its class refused the note or the cause
-        why = f"it could not take the note naming worker and batch ({_failure(e)})"
+        why = f"it refused the note or the cause naming worker and batch ({_failure(e)})"
     error = WorkerError(f"{info.module}.{info.qualname}: {info.message}\n\n{origin} It could not be rebuilt "
                         f"here as its own type" + (f": {why}" if why else "") +
                         f". Worker traceback:\n{info.traceback}",
