@@ -330,13 +330,20 @@ def test_conflicting_arguments_raise_value_error_as_gluon(kwargs):
         mxload.DataLoader(Ones(), **kwargs)
 
 
-class Slow(mxload.Dataset):
+class Late(mxload.Dataset):
+    """Its samples come only once `released` is set: never in a forked worker, after the test's
+    checks in a thread, so only the loader's timeout can end a wait for a batch, however slow
+    the machine (a sample that slept 0.6 s against a 0.5 s bound depended on its speed)."""
+
+    def __init__(self):
+        import threading
+        self.released = threading.Event()
+
     def __len__(self):
         return 4
 
     def __getitem__(self, i):
-        import time
-        time.sleep(0.6)
+        self.released.wait(60)
         return np.float32(i)
 
 
@@ -344,17 +351,22 @@ class Slow(mxload.Dataset):
 def test_timeout_raises_when_a_batch_is_late_as_gluon(thread_pool):
     import multiprocessing
     import time
-    loader = mxload.DataLoader(Slow(), batch_size=1, num_workers=1, thread_pool=thread_pool, timeout=0.2)
+    dataset = Late()
+    loader = mxload.DataLoader(dataset, batch_size=1, num_workers=1, thread_pool=thread_pool, timeout=0.2)
     it = iter(loader)
     start = time.monotonic()
     # Gluon 1.9 raises multiprocessing's TimeoutError from its pool's get(timeout); torch a
     # RuntimeError "DataLoader timed out after N seconds": LoaderTimeoutError is both.
-    with pytest.raises(multiprocessing.TimeoutError) as info:
-        next(it)
-    waited = time.monotonic() - start
-    # When the batch's wait exceeds timeout, not when it arrives; a thread cannot be killed: its
-    # epoch ends once its current sample returns (its queued batch is dropped, not loaded).
-    assert 0.2 <= waited < (0.5 if not thread_pool else 0.9), waited
+    try:
+        with pytest.raises(multiprocessing.TimeoutError) as info:
+            next(it)
+        waited = time.monotonic() - start
+    finally:
+        # A thread cannot be killed: its epoch ends once its current sample returns (its queued
+        # batch is dropped, not loaded).  A worker process is ended still waiting.
+        dataset.released.set()
+    # When the batch's wait exceeds timeout (no batch ever comes here), never sooner.
+    assert 0.2 <= waited, waited
     error = info.value
     assert isinstance(error, mxload.LoaderTimeoutError) and isinstance(error, TimeoutError)
     assert isinstance(error, RuntimeError) and "DataLoader timed out after 0.2 seconds" in str(error)

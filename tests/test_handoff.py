@@ -553,18 +553,16 @@ def test_a_task_sent_again_by_a_restart_goes_at_once_to_a_loop_already_asleep(nu
     restart (the watcher thread's) sends that task again at once, though it
     is alone (no next task of that worker to share a message with): the
     loop is asleep, it would never send it.  Before (no flush after a
-    restart), the loop slept until its timeout."""
+    restart), the loop slept until its timeout: a LoaderTimeoutError here, however slow the
+    machine is to restart a worker (a bound on the seconds taken depended on its speed)."""
     ds = _DiesLoadingTheLastSample(20, str(tmp_path / "died"))
     with mxload.DataLoader(ds, batch_size=2, num_workers=num_workers, max_worker_restarts=1,
-                           timeout=10, prefetch=3 * num_workers) as loader:
-        t0 = time.monotonic()
+                           timeout=30, prefetch=3 * num_workers) as loader:
         with pytest.warns(RuntimeWarning, match="restarting"):
             got = np.concatenate(list(loader)).tolist()
-        took = time.monotonic() - t0
         stats = loader.stats
     assert got == list(range(20))
     assert stats["worker_restarts"] == 1 and stats["tasks_sent"] == 11, stats
-    assert took < 8, took   # the restart's time, not the timeout's
 
 
 def test_the_compiled_send_and_claim_take_only_a_typed_worker_channel():
