@@ -61,6 +61,13 @@ COMPUTING_SHARE = 0.7
 # sample (not the work inside it) dominates, and __getitems__ pays off.
 PER_SAMPLE_OVERHEAD_US = 50.0
 
+# A list-valued field (600 boxes in `sample['boxes']`) is collated element by element, each
+# element a field path of its own (`sample['boxes'][0]`...).  The report gives the list one
+# row: positions under one parent are its elements when there are at least this many and
+# they are alike (kernel, dtype, rank; the same shape unless padded).  Two alike positions
+# stay two rows: a sample's `(input, target)` pair is two fields, not a list.
+LIST_ELEMENTS_FROM = 3
+
 MAX_TRACE_EVENTS = 200_000
 FOLD_AT = 4096   # queued per-batch records aggregated at once
 
@@ -108,6 +115,73 @@ def _process_cpu_ns(pid: int) -> tuple[int, int] | None:
 
 def _clip(t: int, lo: int, hi: int) -> int:
     return lo if t < lo else hi if t > hi else t
+
+
+def _path_parts(path: str) -> tuple[str, ...]:
+    """A field path split into its root and its ``[...]`` parts (``sample['a]'][3]`` ->
+    ``('sample', "['a]']", '[3]')``): a key's repr may hold brackets of its own."""
+    parts: list[str] = []
+    start = path.find("[")
+    if start < 0:
+        return (path,)
+    parts.append(path[:start])
+    i = start
+    while i < len(path):
+        j = i + 1
+        if j < len(path) and path[j] in "'\"":   # a quoted key: up to its closing quote
+            quote, j = path[j], j + 1
+            while j < len(path) and path[j] != quote:
+                j += 2 if path[j] == "\\" else 1
+        j = path.find("]", j)
+        if path[i] != "[" or j < 0:   # not a path this module made: one part
+            return (path,)
+        parts.append(path[i:j + 1])
+        i = j + 1
+    return tuple(parts)
+
+
+_ANY = "[*]"
+_AS_ONE_ARRAY = ("return the list as one array (np.stack its elements in __getitem__, or pad them to "
+                 "one length): one copy per batch instead of one per element")
+
+
+def _alike(rows: list[list[Any]]) -> bool:
+    kernel, shape, dtype = rows[0][0], rows[0][4], rows[0][5]
+    return all(r[0] == kernel and r[5] == dtype and len(r[4]) == len(shape)
+               and (kernel == "pad" or tuple(r[4]) == tuple(shape)) for r in rows)
+
+
+def _list_rows(fields: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """The profiler's per-path totals ([kernel, calls, ns, bytes, shape, dtype]) with the
+    elements of list-valued fields summed into one row each (see LIST_ELEMENTS_FROM), as
+    path -> [kernel, calls, ns, bytes, shape, dtype, elements]: ``sample['boxes']`` for its
+    600 elements, ``sample['boxes'][*]['xy']`` for a part of each of a list's dicts."""
+    rows = {_path_parts(path): [*row, 1] for path, row in fields.items()}
+    while True:
+        groups: dict[tuple[str, ...], list[tuple[str, ...]]] = collections.defaultdict(list)
+        for parts in rows:
+            last = max((k for k, part in enumerate(parts) if k and part[1:-1].isdigit()), default=0)
+            if last:
+                groups[parts[:last] + (_ANY,) + parts[last + 1:]].append(parts)
+        merged = False
+        for key, members in groups.items():
+            alike = [rows[m] for m in members]
+            if len(members) < LIST_ELEMENTS_FROM or not _alike(alike):
+                continue
+            first = alike[0]
+            rows[key] = [first[0], max(r[1] for r in alike), sum(r[2] for r in alike),
+                         sum(r[3] for r in alike), first[4], first[5], sum(r[6] for r in alike)]
+            for m in members:
+                del rows[m]
+            merged = True
+        if not merged:
+            break
+    named = {}
+    for parts, row in rows.items():
+        while len(parts) > 1 and parts[-1] == _ANY:   # the list itself: sample['boxes']
+            parts = parts[:-1]
+        named["".join(parts)] = row
+    return named
 
 
 class Profiler:
@@ -347,11 +421,12 @@ class Profiler:
             stages = {k: v / 1e9 for k, v in self.stage_ns.items()}
             worker_total = sum(w[0] for w in self.workers.values()) or 1
             fields = []
-            for path, (kernel, calls, ns, nbytes, shape, dtype) in self.fields.items():
+            for path, (kernel, calls, ns, nbytes, shape, dtype, elements) in _list_rows(self.fields).items():
                 fields.append({
                     "path": path, "kernel": kernel, "batches": calls, "seconds": ns / 1e9,
                     "share_of_worker_time": ns / worker_total,
                     "bytes_per_batch": nbytes / max(calls, 1), "shape": list(shape), "dtype": dtype,
+                    "elements": elements,
                 })
             fields.sort(key=lambda f: f["seconds"], reverse=True)
             if self._epoch_start_ns is not None:
@@ -425,7 +500,10 @@ class Report:
         worker_stages (dict[str, float]): ``fetch``, ``collate`` and
             ``transport`` seconds summed over every batch and worker.
         fields (list[dict]): per collated field: path, kernel, seconds,
-            share of worker time, bytes per batch, shape, dtype; costliest first.
+            share of worker time, bytes per batch, shape, dtype, elements; costliest
+            first.  A list-valued field is one row (``sample['boxes']``) whose
+            ``elements`` were collated one by one (its shape and dtype are one
+            element's); a plain field has ``elements`` 1.
         workers (list[dict]): per worker: id (-1: the main process), pid,
             batches, busy and idle seconds, CPU seconds, restarts.
         cpu (dict): ``usable_cores`` (affinity and cgroup quota),
@@ -565,11 +643,16 @@ class Report:
         copying = sum(f["seconds"] for f in self.fields)   # the C kernels' own time
         if collate > fetch and self.fields:
             top = self.fields[0]
-            if top["seconds"] / worker_time < 0.25 and len(self.fields) > 3:
-                return (f"collation is {collate / worker_time:.0%} of worker time, spread over "
-                        f"{len(self.fields)} fields ({min(copying / max(collate, 1e-9), 1):.0%} of it "
-                        f"copying, the rest per-field work): return fewer, larger arrays (stack related "
-                        f"fields into one)")
+            arrays = sum(f["elements"] for f in self.fields)
+            if top["seconds"] / worker_time < 0.25 and arrays > 3:
+                spread = (f"collation is {collate / worker_time:.0%} of worker time, spread over "
+                          f"{arrays} arrays ({min(copying / max(collate, 1e-9), 1):.0%} of it copying, "
+                          f"the rest per-array work)")
+                listed = max(self.fields, key=lambda f: f["elements"])
+                if 2 * listed["elements"] > arrays:   # most of the per-array work is one list's
+                    return (f"{spread}, {listed['elements']} of them the elements of {listed['path']}: "
+                            f"{_AS_ONE_ARRAY}")
+                return f"{spread}: return fewer, larger arrays (stack related fields into one)"
             if copying >= 0.5 * collate:
                 return self._field_hint(top, worker_time)
         if self.samples:
@@ -593,6 +676,13 @@ class Report:
     @staticmethod
     def _field_hint(top: dict[str, Any], worker_time: float) -> str:
         mb = top["bytes_per_batch"] / 1e6
+        n = top["elements"]
+        if n > 1:
+            # Each element is collated (and, pickled, serialised) on its own: the per-element
+            # work, not the bytes, is what a list costs.
+            return (f"collation of {top['path']}, a list of {n} elements, is "
+                    f"{top['seconds'] / worker_time:.0%} of worker time ({mb:.2f} MB/batch via "
+                    f"{top['kernel']}, element by element): {_AS_ONE_ARRAY}")
         if top["kernel"] == "pickled":
             how, hint = "via pickled fallback", "return a numpy array instead of a list / Python objects"
         elif top["kernel"] == "pad":
@@ -641,11 +731,11 @@ class Report:
                         f"; workers waited for a free core {contention:.0%} of their busy time"))
         if self.fields:
             lines += ["", f"{'field':<28} {'kernel':<8} {'seconds':>8} {'% worker':>9} {'MB/batch':>9} "
-                          f"{'shape':<18} dtype"]
+                          f"{'elements':>8} {'shape':<18} dtype"]
             for f in self.fields[:12]:
                 lines.append(f"{f['path'][:28]:<28} {f['kernel']:<8} {f['seconds']:>8.3f} "
                              f"{f['share_of_worker_time']:>8.0%} {f['bytes_per_batch'] / 1e6:>9.2f} "
-                             f"{str(tuple(f['shape'])):<18} {f['dtype']}")
+                             f"{f['elements']:>8} {str(tuple(f['shape'])):<18} {f['dtype']}")
             if len(self.fields) > 12:
                 lines.append(f"... and {len(self.fields) - 12} more fields (all of them in to_dict())")
         if self.workers:

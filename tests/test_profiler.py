@@ -434,3 +434,97 @@ def test_report_while_the_fetcher_records_new_workers(monkeypatch):
         finally:
             thread.join(timeout=10)
         assert len(prof._cpu) == 3000
+
+
+# ------------------------------------------------ list-valued fields: one row, named by the verdict
+
+
+def _fed_report(monkeypatch, field_stats, field_ns, fetch_ns, batches=8):
+    """A report from the recording hooks fed by hand on a fake clock (in-process loading,
+    each batch's fetch and collation in the training loop's wait): its numbers and
+    verdict are exact, whatever the machine's speed."""
+    from mxload import profiler as profiler_module
+    clock = [0]
+    monkeypatch.setattr(profiler_module, "_now_ns", lambda: clock[0])
+    prof = mxload.Profiler()
+    prof.epoch_started(0, 0)
+    collate_ns = 2 * sum(field_ns)   # as much per-array bookkeeping as kernel time
+    for idx in range(batches):
+        call = clock[0]
+        clock[0] += fetch_ns + collate_ns
+        prof.worker_batch(-1, os.getpid(), idx, call, fetch_ns, collate_ns, clock[0], field_stats,
+                          field_ns, transported=False)
+        prof.batch_taken(idx, call)
+    prof.epoch_ended()
+    return prof.report()
+
+
+def _boxes_fields(boxes=600):
+    stats = [("sample['image']", "stack", 8 * 3 * 32 * 32 * 4, (8, 3, 32, 32), "<f4"),
+             ("sample['label']", "stack", 64, (8,), "<i8")]
+    stats += [(f"sample['boxes'][{j}]", "stack", 8 * 4 * 4, (8, 4), "<f4") for j in range(boxes)]
+    return stats
+
+
+@pytest.mark.parametrize("box_ns", [1_000, 100_000], ids=["per-array-work", "copying"])
+def test_a_list_valued_field_is_one_row_and_the_verdict_names_it(monkeypatch, box_ns):
+    """600 boxes were 600 rows of sample['boxes'][i] ('... and 593 more fields') and a verdict
+    about 'fields' that named none: now one row with its elements and its share."""
+    stats = _boxes_fields()
+    report = _fed_report(monkeypatch, stats, [50_000, 1_000] + [box_ns] * 600, fetch_ns=10_000)
+    rows = {f["path"]: f for f in report.fields}
+    assert set(rows) == {"sample['image']", "sample['label']", "sample['boxes']"}
+    boxes = rows["sample['boxes']"]
+    assert boxes["elements"] == 600 and rows["sample['image']"]["elements"] == 1
+    assert boxes["batches"] == 8 and boxes["bytes_per_batch"] == 600 * 8 * 4 * 4
+    assert boxes["shape"] == [8, 4] and boxes["dtype"] == "<f4" and boxes["kernel"] == "stack"
+    assert boxes["seconds"] == pytest.approx(8 * 600 * box_ns / 1e9)
+    worker_s = sum(w["busy_s"] for w in report.workers)
+    assert boxes["share_of_worker_time"] == pytest.approx(boxes["seconds"] / worker_s)
+    text = str(report)
+    assert "more fields" not in text and "sample['boxes'][" not in text
+    line = next(t for t in text.splitlines() if t.startswith("sample['boxes']"))
+    assert line.split()[1:] == ["stack", f"{boxes['seconds']:.3f}", f"{boxes['share_of_worker_time']:.0%}",
+                                "0.08", "600", "(8,", "4)", "<f4"], line
+    assert "sample['boxes']" in report.verdict and "600" in report.verdict, report.verdict
+    assert "np.stack its elements" in report.verdict, report.verdict
+
+
+def test_positions_that_are_different_fields_keep_their_rows(monkeypatch):
+    """A sample's (input, target) pair, unlike elements, a key with brackets in it, and the
+    parts of a list's dicts: each kind of path keeps the row it should have."""
+    stats = [("sample[0]", "stack", 32, (8, 4), "<f4"), ("sample[1]", "stack", 32, (8, 4), "<f4"),
+             ("sample[2][0]", "stack", 8, (8,), "<i8"), ("sample[2][1]", "stack", 32, (8, 4), "<f4"),
+             ("sample[2][2]", "pickled", 99, (), "str"),
+             ("sample[3]['a[1]']", "stack", 8, (8,), "<i8"), ("sample[3]['a[2]']", "stack", 8, (8,), "<i8"),
+             ("sample[3]['a[3]']", "stack", 8, (8,), "<i8")]
+    stats += [(f"sample[4][{j}]['{k}']", "stack", 16, (8, 2), "<f4") for j in range(5) for k in "xy"]
+    stats += [(f"sample[5][{j}][{k}]", "pad", 8 * (j + 1), (8, j + 1), "<f8") for j in range(4) for k in range(3)]
+    report = _fed_report(monkeypatch, stats, [1_000] * len(stats), fetch_ns=1_000_000)
+    rows = {f["path"]: f["elements"] for f in report.fields}
+    assert rows == {"sample[0]": 1, "sample[1]": 1, "sample[2][0]": 1, "sample[2][1]": 1, "sample[2][2]": 1,
+                    "sample[3]['a[1]']": 1, "sample[3]['a[2]']": 1, "sample[3]['a[3]']": 1,
+                    "sample[4][*]['x']": 5, "sample[4][*]['y']": 5, "sample[5]": 12}, rows
+
+
+class BoxesDataset(mxload.Dataset):
+    """A detection-style sample: an image and a list of 600 boxes (made once: collating is the work)."""
+
+    def __init__(self):
+        self.sample = {"image": np.zeros((3, 32, 32), np.float32), "label": 1,
+                       "boxes": [np.full(4, j, np.float32) for j in range(600)]}
+
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        return self.sample
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_list_valued_field_is_one_row_in_a_real_run(num_workers):
+    report = _profile(mxload.DataLoader(BoxesDataset(), batch_size=8, num_workers=num_workers))
+    rows = {f["path"]: f for f in report.fields}
+    assert set(rows) == {"sample['image']", "sample['label']", "sample['boxes']"}
+    assert rows["sample['boxes']"]["elements"] == 600 and rows["sample['boxes']"]["batches"] == 4
+    assert "more fields" not in str(report)
