@@ -72,7 +72,12 @@ def _bench_parser(sub: Any) -> None:
     p.add_argument("--workers", type=_int_at_least(0, "--workers"), nargs="+", default=[2], metavar="N",
                    help="worker counts, one row each (default: 2)")
     p.add_argument("--batches", type=_int_at_least(1, "--batches"), default=60, metavar="N",
-                   help="batches timed per run, after the first (default: 60)")
+                   help="batches timed per loader, split over its rounds (default: 60)")
+    p.add_argument("--rounds", type=_int_at_least(3, "--rounds"), default=5, metavar="N",
+                   help="alternated rounds per loader, each a fresh epoch timed after its first batch; "
+                        "workers are advised for or against only when their rounds and in-process "
+                        "loading's do not overlap (default: 5: equal loaders fail to overlap by chance "
+                        "under 1%% of the time)")
     p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), metavar="NAME",
                    help=f"any of {', '.join(WORKLOADS)} (default: all)")
     p.add_argument("--no-torch", action="store_true", help="skip the torch baseline")

@@ -6,16 +6,26 @@ Every row is one (workload, worker count); the datasets are generated in
 memory before anything is timed.  The consumer only reads one element of each
 array, so every run is loader-bound by design: the numbers are the loaders'
 ceilings, not a training run's speed.
+
+One run of each setting gave verdicts that flipped from run to run (augment at
+0.75, 1.66 and 0.95x in-process, "use num_workers=0" at 0.95x): a row's loaders
+run in alternated rounds instead (ABC, CBA, ...: drift on a shared machine falls
+on each alike), each round a fresh epoch on the same persistent workers, and a
+row gives each loader's median and spread.  Workers are advised for or against
+only when their rounds and in-process loading's do not overlap; with 5 rounds
+each, two equally fast loaders fail to overlap by chance 2 times in C(10, 5) =
+252 (under 1%).
 """
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import textwrap
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import numpy as np
@@ -31,12 +41,29 @@ WIDTH = 100   # every line of the output fits this many columns
 
 @dataclass
 class Run:
-    """One loader's timing on one workload."""
+    """One loader's rounds on one workload."""
 
-    first_s: float          # iter() to the first batch
-    batches_per_s: float    # after the first batch
+    first_s: float                 # the first round's iter() to its first batch (worker start-up)
+    rates: list[float]             # batches per second of each round, after its first batch
     bytes_per_batch: float
-    verdict: str = ""
+    verdicts: list[str] = field(default_factory=list)   # the profiler's, per round (mxload only)
+
+    @property
+    def batches_per_s(self) -> float:
+        return float(np.median(self.rates))
+
+    @property
+    def spread(self) -> float:
+        """Half the rounds' range, as a share of their median."""
+        return (max(self.rates) - min(self.rates)) / 2 / max(self.batches_per_s, 1e-9)
+
+    @property
+    def verdict(self) -> str:
+        """The profiler's verdict on the median round."""
+        if not self.verdicts:
+            return ""
+        median = sorted(range(len(self.rates)), key=self.rates.__getitem__)[(len(self.rates) - 1) // 2]
+        return self.verdicts[median]
 
 
 def _leaves(batch: Any) -> Iterator[Any]:
@@ -84,8 +111,9 @@ class Progress:
             self.stream.flush()
 
 
-def _time(loader: Iterable[Any], batches: int, tick: Callable[[int], None]) -> Run:
-    """Time `batches` batches after the first, over as many epochs as it takes."""
+def _time(loader: Iterable[Any], batches: int, tick: Callable[[int], None]) -> tuple[float, float, int]:
+    """One round: a fresh epoch's first batch, then `batches` batches timed (over as many
+    epochs as it takes); (seconds to the first batch, batches per second, bytes seen)."""
     t0 = time.perf_counter()
     it = iter(loader)
     nbytes = _touch(next(it))
@@ -106,27 +134,79 @@ def _time(loader: Iterable[Any], batches: int, tick: Callable[[int], None]) -> R
     if close is not None:
         close()
     del it
-    return Run(first, done / elapsed, nbytes / (done + 1))
+    return first, done / elapsed, nbytes
 
 
-def run_mxload(dataset: Any, batch_size: int, workers: int, batches: int,
-               tick: Callable[[int], None]) -> Run:
+class Timed:
+    """One loader's rounds: each call of round() times a fresh epoch (its workers persist)."""
+
+    def __init__(self, loader: Any, profiled: bool):
+        self.loader = loader
+        self.profiled = profiled
+        self.first_s: float | None = None
+        self.rates: list[float] = []
+        self.verdicts: list[str] = []
+        self.nbytes = self.batches = 0
+
+    def round(self, batches: int, tick: Callable[[int], None]) -> None:
+        if self.profiled:
+            with profile(self.loader) as prof:
+                first, rate, nbytes = _time(self.loader, batches, tick)
+                self.verdicts.append(prof.report().verdict)
+        else:
+            first, rate, nbytes = _time(self.loader, batches, tick)
+        if self.first_s is None:
+            self.first_s = first
+        self.rates.append(rate)
+        self.nbytes += nbytes
+        self.batches += batches + 1
+
+    def result(self) -> Run:
+        return Run(self.first_s or 0.0, self.rates, self.nbytes / max(self.batches, 1), self.verdicts)
+
+
+def alternate(rounds: int, timed: dict[str, Callable[[int], None]]) -> None:
+    """Call each of `timed` (name -> one round, given the round's number) `rounds` times,
+    in alternated order: ABC, CBA, ABC..."""
+    names = list(timed)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else reversed(names):
+            timed[name](r)
+
+
+def judge(workers: int, mx: Run, in_process: Run) -> str:
+    """The verdict on `workers` workers against in-process loading, from their rounds:
+    advice only where the rounds do not overlap."""
+    ratio = mx.batches_per_s / in_process.batches_per_s
+    rounds = f"{len(mx.rates)} alternated rounds"
+    span = (f"{min(mx.rates):.1f}-{max(mx.rates):.1f} b/s against "
+            f"{min(in_process.rates):.1f}-{max(in_process.rates):.1f}")
+    if max(mx.rates) < min(in_process.rates):
+        return (f"{_count(workers, 'worker')} {'was' if workers == 1 else 'were'} slower than "
+                f"in-process loading in all {rounds} "
+                f"({ratio:.2f}x; {span}): use num_workers=0 for this workload on this machine; "
+                f"profile: {mx.verdict}")
+    if min(mx.rates) <= max(in_process.rates):
+        return (f"{_count(workers, 'worker')} and in-process loading are within noise of each other "
+                f"({ratio:.2f}x; {rounds} overlap: {span}): no setting to recommend from this run "
+                f"(more --batches or --rounds narrow the spread)")
+    return mx.verdict
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def run_mxload(dataset: Any, batch_size: int, workers: int) -> Timed:
     loader: DataLoader[Any] = DataLoader(dataset, batch_size=batch_size, shuffle=True, seed=0,
                                          num_workers=workers, persistent_workers=workers > 0)
-    with profile(loader) as prof:
-        run = _time(loader, batches, tick)
-        run.verdict = prof.report().verdict
-    loader.close()
-    return run
+    return Timed(loader, profiled=True)
 
 
-def run_torch(torch_loader: Any, dataset: Any, batch_size: int, workers: int, batches: int,
-              tick: Callable[[int], None]) -> Run:
+def run_torch(torch_loader: Any, dataset: Any, batch_size: int, workers: int) -> Timed:
     loader = torch_loader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers,
                           persistent_workers=workers > 0)
-    run = _time(loader, batches, tick)
-    del loader   # ends torch's persistent workers
-    return run
+    return Timed(loader, profiled=False)
 
 
 def _import_torch() -> tuple[Any, str]:
@@ -146,12 +226,13 @@ def _header(args: Any, torch_status: str, torch_ok: bool, sizes: dict[str, str])
         f"machine: {cores} usable CPU cores (affinity and cgroup quota; os.cpu_count() "
         f"{os.cpu_count()}), {platform.system()} {platform.machine()}, Python "
         f"{platform.python_version()}, numpy {np.__version__}, torch {torch_status}",
-        f"measured: batches/s over {args.batches} batches after the first ('first ms': iter() to "
-        f"the first batch,",
-        "  worker start-up included); shuffled; the loop only reads one element of every array, "
-        "so every",
-        "  run is loader-bound by design (a ceiling, not a training run's speed)",
-        "baselines: 'in-process' is mxload with num_workers=0 (x in-proc = mxload / in-process);",
+        f"measured: each row's loaders take turns, {args.rounds} alternated rounds of "
+        f"{_per_round(args)} batches each (a fresh epoch's batches after its first, workers kept); "
+        f"b/s is the rounds' median, ± half their range ('first ms': the first round's iter() to "
+        f"its first batch, worker start-up included); shuffled; the loop only reads one element of "
+        f"every array, so every run is loader-bound by design (a ceiling, not a training run's speed)",
+        "baselines: 'in-process' is mxload with num_workers=0 (x in-proc = mxload / in-process, "
+        "medians);",
     ]
     if torch_ok:
         lines.append("  'torch' is torch.utils.data.DataLoader, same dataset, batch size and num_workers, "
@@ -167,9 +248,62 @@ def _header(args: Any, torch_status: str, torch_ok: bool, sizes: dict[str, str])
     return lines
 
 
+def _per_round(args: Any) -> int:
+    """Batches timed per round: --batches in all, over --rounds rounds."""
+    return max(1, -(-int(args.batches) // int(args.rounds)))
+
+
 def _cell(x: float | None, width: int, spec: str = ".1f", suffix: str = "") -> str:
     """`x` right-aligned in `width` columns, or "-" when there is no number."""
     return ("-" if x is None else format(x, spec) + suffix).rjust(width)
+
+
+def _rate(run: Run | None, width: int) -> str:
+    """A loader's median b/s and its spread (± half the rounds' range) in `width` columns."""
+    if run is None:
+        return "-".rjust(width)
+    return f"{run.batches_per_s:.1f} ±{run.spread:.0%}".rjust(width)
+
+
+def _measure_row(args: Any, name: str, dataset: Any, workers: int, torch_loader: Any,
+                 progress: Progress, torch_failures: list[str]) -> tuple[Run, Run, Run | None]:
+    """One row's loaders in alternated rounds: (in-process, mxload with `workers` workers (the
+    in-process run for 0), torch or None); a torch failure is noted in `torch_failures`."""
+    batch_size, per_round = WORKLOADS[name].batch_size, _per_round(args)
+    loaders = {"in-process": run_mxload(dataset, batch_size, 0)}
+    if workers:
+        loaders["mxload"] = run_mxload(dataset, batch_size, workers)
+    if torch_loader is not None:
+        loaders["torch"] = run_torch(torch_loader, dataset, batch_size, workers)
+
+    def one_round(r: int, who: str) -> None:
+        if who not in loaders:   # torch failed in an earlier round
+            return
+
+        def tick(done: int) -> None:
+            progress.show(f"{name}, {_count(workers, 'worker')}, round {r + 1}/{args.rounds}, {who}: "
+                          f"{done}/{per_round} batches")
+        try:
+            loaders[who].round(per_round, tick)
+        except Exception as e:   # the torch baseline failing is a finding, not the bench's end
+            if who != "torch":
+                raise
+            torch_failures.append(f"{name}, {_count(workers, 'worker')}: torch failed: "
+                                  f"{type(e).__name__}: {e}")
+            del loaders["torch"]   # its persistent workers end with it
+
+    try:
+        alternate(args.rounds, {who: functools.partial(one_round, who=who) for who in loaders})
+        in_process = loaders["in-process"].result()
+        return (in_process, loaders["mxload"].result() if workers else in_process,
+                loaders["torch"].result() if "torch" in loaders else None)
+    finally:
+        for timed in loaders.values():
+            close = getattr(timed.loader, "close", None)   # torch's workers end with the loader
+            if close is not None:
+                close()
+        loaders.clear()
+        progress.clear()
 
 
 def bench(args: Any, out: TextIO, err: TextIO) -> int:
@@ -179,17 +313,17 @@ def bench(args: Any, out: TextIO, err: TextIO) -> int:
     datasets, sizes = {}, {}
     for name in args.workloads:
         workload = WORKLOADS[name]
-        # One epoch holds every timed batch, up to the workload's full size (longer runs
+        # One epoch holds a round's batches, up to the workload's full size (longer rounds
         # take more epochs rather than more memory).
-        n = min(workload.batch_size * (args.batches + 1), max(workload.full_samples, workload.batch_size))
+        n = min(workload.batch_size * (_per_round(args) + 1), max(workload.full_samples, workload.batch_size))
         progress.show(f"generating {name} ({n:,} samples)")
         datasets[name] = workload.build(n)
         sizes[name] = f"{workload.batch_size} per batch, {n:,} samples"
     progress.clear()
     for line in _header(args, torch_status, TorchDataLoader is not None, sizes):
         print(textwrap.fill(line, WIDTH, subsequent_indent="  ", break_on_hyphens=False), file=out)
-    columns = (f"{'workload':<17}{'workers':>7}{'mxload b/s':>12}{'MB/s':>7}{'first ms':>10}"
-               f"{'in-process':>12}{'x in-proc':>10}{'torch b/s':>11}{'x torch':>9}")
+    columns = (f"{'workload':<17}{'workers':>7}{'mxload b/s':>14}{'MB/s':>7}{'first ms':>9}"
+               f"{'in-process':>14}{'x in-proc':>10}{'torch b/s':>13}{'x torch':>9}")
     print("", file=out)
     print(columns, file=out)
     print("-" * len(columns), file=out)
@@ -200,44 +334,19 @@ def bench(args: Any, out: TextIO, err: TextIO) -> int:
         # More workers than cores is what --workers asked for; the header says the core count.
         warnings.filterwarnings("ignore", message="This DataLoader will create")
         for name in args.workloads:
-            workload, dataset = WORKLOADS[name], datasets[name]
-            in_process: Run | None = None
             for workers in args.workers:
-                def tick(done: int, who: str = "", w: int = workers, name: str = name) -> None:
-                    progress.show(f"{name}, {w} workers, {who}: {done}/{args.batches} batches")
-
-                runs: dict[str, Run | None] = {}
-                if in_process is None:
-                    in_process = run_mxload(dataset, workload.batch_size, 0, args.batches,
-                                            lambda d: tick(d, "mxload in-process"))
-                runs["mxload"] = (in_process if workers == 0 else
-                                  run_mxload(dataset, workload.batch_size, workers, args.batches,
-                                             lambda d: tick(d, "mxload")))
-                runs["torch"] = None
-                if TorchDataLoader is not None:
-                    try:
-                        runs["torch"] = run_torch(TorchDataLoader, dataset, workload.batch_size, workers,
-                                                  args.batches, lambda d: tick(d, "torch"))
-                    except Exception as e:   # the baseline failing is a finding, not the bench's end
-                        torch_failures.append(f"{name}, {workers} workers: torch failed: "
-                                              f"{type(e).__name__}: {e}")
-                progress.clear()
-                mx, th = runs["mxload"], runs["torch"]
-                assert mx is not None and in_process is not None
+                in_process, mx, th = _measure_row(args, name, datasets[name], workers, TorchDataLoader,
+                                                  progress, torch_failures)
                 speedup = mx.batches_per_s / in_process.batches_per_s if workers else None
-                print(f"{name:<17}{workers:>7}{_cell(mx.batches_per_s, 12)}"
+                print(f"{name:<17}{workers:>7}{_rate(mx, 14)}"
                       f"{_cell(mx.batches_per_s * mx.bytes_per_batch / 1e6, 7, '.0f')}"
-                      f"{_cell(mx.first_s * 1e3, 10)}{_cell(in_process.batches_per_s, 12)}"
-                      f"{_cell(speedup, 10, '.2f', 'x')}{_cell(th.batches_per_s if th else None, 11)}"
+                      f"{_cell(mx.first_s * 1e3, 9)}{_rate(in_process, 14)}"
+                      f"{_cell(speedup, 10, '.2f', 'x')}{_rate(th, 13)}"
                       f"{_cell(mx.batches_per_s / th.batches_per_s if th else None, 9, '.2f', 'x')}",
                       file=out)
                 out.flush()
-                verdict = mx.verdict
-                if workers and mx.batches_per_s < in_process.batches_per_s:
-                    ratio = mx.batches_per_s / in_process.batches_per_s
-                    verdict = (f"{workers} workers were slower than in-process loading ({ratio:.2f}x): "
-                               f"use num_workers=0 for this workload on this machine; profile: {verdict}")
-                verdicts.append((f"{name}, {workers} workers", verdict))
+                verdicts.append((f"{name}, {_count(workers, 'worker')}",
+                                 judge(workers, mx, in_process) if workers else mx.verdict))
     for failure in torch_failures:
         print(textwrap.fill(failure, WIDTH, subsequent_indent="    "), file=out)
     print("", file=out)

@@ -95,6 +95,7 @@ def test_importing_mxload_and_its_command_line_never_imports_torch():
     (["--batches", "-5"], "--batches: must be a positive integer, got '-5'"),
     (["--batches", "many"], "--batches: must be a positive integer, got 'many'"),
     (["--workers", "-1"], "--workers: must be an integer >= 0, got '-1'"),
+    (["--rounds", "2"], "--rounds: must be an integer >= 3, got '2'"),
     (["--workers"], "--workers: expected at least one argument"),
     (["--workers", "2", "2"], "--workers lists a count twice"),
     (["--workers", "1000"], "more than 256"),
@@ -124,10 +125,22 @@ def test_bench_redirected_has_no_progress_fits_100_columns_and_shows_baselines()
     except ImportError:
         torch_there = False
     for row in rows:
-        float(row[2]), float(row[5])          # mxload b/s, in-process b/s
+        # mxload b/s ±spread, MB/s, first ms, in-process b/s ±spread: medians of the rounds
+        float(row[2]), float(row[6])
+        assert re.fullmatch(r"±\d+%", row[3]) and re.fullmatch(r"±\d+%", row[7]), row
         if torch_there:
-            float(row[-2]), float(row[-1].rstrip("x"))
-    assert "profiler verdicts" in text and text.count("bound") >= 4
+            float(row[-3]), float(row[-1].rstrip("x"))
+            assert re.fullmatch(r"±\d+%", row[-2]), row
+    assert "5 alternated rounds of 1 batches each" in " ".join(text.split())
+    assert "profiler verdicts" in text
+    verdicts = " ".join(text.split("profiler verdicts")[1].split())
+    for name in ("tabular", "dict16"):
+        assert f"{name}, 0 workers: " in verdicts
+        two = verdicts.split(f"{name}, 2 workers: ")[1]
+        # Advice for or against workers only from rounds that do not overlap.
+        assert (two.startswith("2 workers and in-process loading are within noise")
+                or two.startswith("2 workers were slower than in-process loading in all 5")
+                or two.startswith(("loader-bound", "CPU-bound", "consumer-bound"))), two
 
 
 def test_bench_without_torch_says_so():
@@ -281,3 +294,48 @@ def test_a_dataset_failing_while_profiled_shows_the_traceback(user_module):
     lines = _user_error(cli("profile", "userdata:make_broken", "--batch-size", "4", "--workers", "1",
                             cwd=user_module), "sample 9 is missing from the index")
     assert "loading batches from userdata:make_broken() failed with" in lines[-1]
+
+
+# ------------------------------------------------------------------ bench: rounds and their verdict
+
+
+def test_bench_rounds_alternate_so_drift_falls_on_every_loader_alike():
+    from mxload._bench import alternate
+    order = []
+    alternate(4, {who: (lambda r, who=who: order.append((r, who))) for who in "ABC"})
+    assert [who for _, who in order] == list("ABCCBAABCCBA")
+    assert [r for r, _ in order] == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3
+
+
+def _run(rates, verdict="loader-bound: the training loop waited for data 90% of the time; add workers"):
+    from mxload._bench import Run
+    return Run(0.1, list(rates), 1e6, [verdict] * len(rates))
+
+
+@pytest.mark.parametrize("workers, mx, in_process, starts, absent", [
+    # augment's flip-flop (0.75 / 1.66 / 0.95x over single runs): rounds that overlap advise nothing
+    (2, [9.5, 10.4, 11.0, 8.9, 10.1], [10.6, 9.8, 10.9, 11.2, 10.2],
+     "2 workers and in-process loading are within noise of each other (0.95x; 5 alternated rounds "
+     "overlap: 8.9-11.0 b/s against 9.8-11.2)", ("num_workers=0", "add workers")),
+    (1, [5.0, 5.2, 4.9], [9.0, 9.5, 9.2], "1 worker was slower than in-process loading", ()),
+    (2, [5.0, 5.2, 4.9], [9.0, 9.5, 9.2],
+     "2 workers were slower than in-process loading in all 3 alternated rounds (0.54x; 4.9-5.2 b/s "
+     "against 9.0-9.5): use num_workers=0 for this workload on this machine; profile: loader-bound",
+     ("within noise",)),
+    (2, [20.0, 21.0, 19.0], [9.0, 9.5, 9.2], "loader-bound: the training loop waited", ("within noise",)),
+])
+def test_bench_advises_on_workers_only_when_the_rounds_do_not_overlap(workers, mx, in_process, starts,
+                                                                      absent):
+    from mxload._bench import judge
+    verdict = judge(workers, _run(mx), _run(in_process, "consumer-bound"))
+    assert verdict.startswith(starts), verdict
+    assert not any(word in verdict for word in absent), verdict
+
+
+def test_bench_row_shows_each_loaders_median_and_spread():
+    from mxload._bench import _rate
+    run = _run([8.0, 10.0, 12.0, 9.0, 11.0])
+    run.verdicts = [f"round {r}" for r in range(5)]
+    assert run.batches_per_s == 10.0 and run.spread == pytest.approx(0.2)
+    assert _rate(run, 14) == "10.0 ±20%".rjust(14) and _rate(None, 14) == "-".rjust(14)
+    assert run.verdict == "round 1"   # the median round's (10.0 b/s)

@@ -499,7 +499,8 @@ def test_positions_that_are_different_fields_keep_their_rows(monkeypatch):
              ("sample[3]['a[1]']", "stack", 8, (8,), "<i8"), ("sample[3]['a[2]']", "stack", 8, (8,), "<i8"),
              ("sample[3]['a[3]']", "stack", 8, (8,), "<i8")]
     stats += [(f"sample[4][{j}]['{k}']", "stack", 16, (8, 2), "<f4") for j in range(5) for k in "xy"]
-    stats += [(f"sample[5][{j}][{k}]", "pad", 8 * (j + 1), (8, j + 1), "<f8") for j in range(4) for k in range(3)]
+    stats += [(f"sample[5][{j}][{k}]", "pad", 8 * (j + 1), (8, j + 1), "<f8")
+              for j in range(4) for k in range(3)]
     report = _fed_report(monkeypatch, stats, [1_000] * len(stats), fetch_ns=1_000_000)
     rows = {f["path"]: f["elements"] for f in report.fields}
     assert rows == {"sample[0]": 1, "sample[1]": 1, "sample[2][0]": 1, "sample[2][1]": 1, "sample[2][2]": 1,
