@@ -19,8 +19,10 @@ each, two equally fast loaders fail to overlap by chance 2 times in C(10, 5) =
 from __future__ import annotations
 
 import functools
+import io
 import os
 import platform
+import shutil
 import textwrap
 import time
 import warnings
@@ -93,22 +95,49 @@ def _touch(batch: Any) -> int:
     return total
 
 
+def terminal_columns(stream: TextIO) -> int:
+    """The width of the terminal `stream` writes to: $COLUMNS when set (as
+    shutil.get_terminal_size honours it), else the terminal's own, else shutil's answer
+    (which asks stdout's terminal, then falls back to 80)."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(stream.fileno()).columns
+        except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+            columns = 0
+    return columns if columns > 0 else shutil.get_terminal_size().columns
+
+
 class Progress:
-    """One self-overwriting status line on a terminal; nothing otherwise."""
+    """One self-overwriting status line on a terminal; nothing otherwise.
+
+    The line is cut to the terminal's width less one column (read at each update, so a
+    resized window is followed): a line that reaches the last column wraps on many
+    terminals, and then every update starts a new line (99 columns on an 80-column
+    terminal printed ~600 lines a bench).  It is padded only over what the previous
+    update left."""
 
     def __init__(self, stream: TextIO, enabled: bool):
         self.stream = stream
         self.enabled = enabled and stream.isatty()
+        self._shown = 0   # columns the line now on the terminal takes
 
     def show(self, text: str) -> None:
         if self.enabled:
-            self.stream.write("\r" + text[:WIDTH - 1].ljust(WIDTH - 1))
+            width = max(terminal_columns(self.stream) - 1, 1)
+            text = text[:width]
+            self.stream.write("\r" + text.ljust(min(self._shown, width)))
             self.stream.flush()
+            self._shown = len(text)
 
     def clear(self) -> None:
-        if self.enabled:
-            self.stream.write("\r" + " " * (WIDTH - 1) + "\r")
+        if self.enabled and self._shown:
+            self.stream.write("\r" + " " * self._shown + "\r")
             self.stream.flush()
+            self._shown = 0
 
 
 def _time(loader: Iterable[Any], batches: int, tick: Callable[[int], None]) -> tuple[float, float, int]:

@@ -151,12 +151,19 @@ def test_bench_without_torch_says_so():
     assert row.split()[-2:] == ["-", "-"]
 
 
-def _run_on_a_terminal(args, timeout=90):
-    """Run the CLI with stderr on a pseudo-terminal; (exit status, what the terminal got)."""
+def _run_on_a_terminal(args, timeout=90, columns=None):
+    """Run the CLI with stderr on a pseudo-terminal (`columns` wide); (exit status, what the
+    terminal got)."""
     master, slave = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     try:
+        if columns is not None:
+            import fcntl
+            import struct
+            import termios
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
         proc = subprocess.Popen([sys.executable, "-m", "mxload", *args], stdout=subprocess.DEVNULL,
-                                stderr=slave)
+                                stderr=slave, env=env)
     finally:
         os.close(slave)
     chunks = []
@@ -184,6 +191,20 @@ def test_bench_progress_only_on_a_terminal_and_not_with_no_progress():
     rc, shown = _run_on_a_terminal(["bench", "--batches", "3", "--workloads", "dict16", "--no-torch",
                                     "--no-progress"])
     assert rc == 0 and shown == ""
+
+
+@pytest.mark.parametrize("columns", [80, 40])
+def test_bench_progress_fits_the_terminal_so_it_never_wraps(columns):
+    """A progress line padded to 99 columns wrapped at every update on an 80-column terminal
+    (~600 lines a bench): each update fits the width less one column."""
+    rc, shown = _run_on_a_terminal(["bench", "--batches", "3", "--workloads", "dict16", "--no-torch",
+                                    "--workers", "1"], columns=columns)
+    assert rc == 0
+    updates = shown.split("\r")
+    assert len(updates) > 5 and any(u.startswith("dict16, 1 worker, round") for u in updates), shown
+    assert max(len(u) for u in updates) <= columns - 1, max(updates, key=len)
+    if columns == 40:   # cut, not wrapped
+        assert any(u.startswith("dict16, 1 worker, round 1/5") and len(u) == 39 for u in updates), updates
 
 
 # ------------------------------------------------------------------ profile
