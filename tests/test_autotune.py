@@ -753,3 +753,54 @@ def test_a_newer_iter_while_another_thread_s_epoch_starts_its_workers_leaves_not
 
         wait_until(lambda: left() == (set(), 0),
                    what=f"round {r}: the workers and their threads gone after close()")
+
+
+@pytest.mark.parametrize("num_workers", [0, "auto"])
+def test_a_signal_handlers_exception_in_the_probe_keeps_its_batch_as_in_process_loading(num_workers):
+    """auto's in-process phase has num_workers=0's semantics (docs/guarantees.md, "Signals"; the
+    guide said the opposite): a signal handler's exception raised inside the dataset's code
+    reaches the loop, and the next next() loads that batch again; the dataset's own exception
+    uses its batch up."""
+    import os
+    import signal
+
+    class Stop(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Stop("a step timeout")
+
+    class SignalledAt(mxload.Dataset):
+        def __init__(self):
+            self.signalled = self.failed = False
+
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            if i == 9 and not self.signalled:
+                self.signalled = True
+                os.kill(os.getpid(), signal.SIGUSR1)   # its handler runs here, in the dataset's code
+            if i == 21 and not self.failed:
+                self.failed = True
+                raise KeyError(i)
+            return np.int64(i)
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        loader = mxload.DataLoader(SignalledAt(), batch_size=4, num_workers=num_workers)
+        it = iter(loader)
+        got = []
+        for _ in range(8):   # the probe's batches (at least 4) and a few more: all in-process
+            try:
+                got.append(next(it).tolist())
+            except Stop:
+                got.append("signal")
+            except KeyError:
+                got.append("dataset")
+        assert it.engine is None
+        del it
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert got == [[0, 1, 2, 3], [4, 5, 6, 7], "signal", [8, 9, 10, 11], [12, 13, 14, 15],
+                   [16, 17, 18, 19], "dataset", [24, 25, 26, 27]], got

@@ -649,9 +649,9 @@ def test_an_exception_from_a_signal_handler_inside_next_leaves_the_epoch_going_o
 def test_a_signal_handler_raising_while_auto_adds_and_retires_workers_loses_nothing():
     """num_workers="auto" on workers, adding and retiring one every few batches (the climb forced
     to move), with a SIGALRM handler raising inside next() every few hundred microseconds: every
-    batch exactly once, in order.  (Its in-process probe has num_workers=0's semantics, as torch's
-    in-process loading: an exception inside the dataset's own code uses that batch up; so the
-    timer starts once the epoch is on workers.)"""
+    batch exactly once, in order.  (Its in-process probe has num_workers=0's semantics, tested in
+    test_autotune.py: the timer starts once the epoch is on workers, where they are added and
+    retired.)"""
     seed = _seed("MXLOAD_SIGNAL_SEED")
     out, err, rc = run_child(RAISING_TIMER + textwrap.dedent(f"""
         random.seed({seed})
