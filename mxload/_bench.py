@@ -34,6 +34,7 @@ import numpy as np
 
 from ._cpus import usable_cores
 from ._version import __version__
+from ._words import count
 from .dataloader import DataLoader
 from .profiler import profile
 from .synthetic import WORKLOADS
@@ -211,19 +212,15 @@ def judge(workers: int, mx: Run, in_process: Run) -> str:
     span = (f"{min(mx.rates):.1f}-{max(mx.rates):.1f} b/s against "
             f"{min(in_process.rates):.1f}-{max(in_process.rates):.1f}")
     if max(mx.rates) < min(in_process.rates):
-        return (f"{_count(workers, 'worker')} {'was' if workers == 1 else 'were'} slower than "
+        return (f"{count(workers, 'worker')} {'was' if workers == 1 else 'were'} slower than "
                 f"in-process loading in all {rounds} "
                 f"({ratio:.2f}x; {span}): use num_workers=0 for this workload on this machine; "
                 f"profile: {mx.verdict}")
     if min(mx.rates) <= max(in_process.rates):
-        return (f"{_count(workers, 'worker')} and in-process loading are within noise of each other "
+        return (f"{count(workers, 'worker')} and in-process loading are within noise of each other "
                 f"({ratio:.2f}x; {rounds} overlap: {span}): no setting to recommend from this run "
                 f"(more --batches or --rounds narrow the spread)")
     return mx.verdict
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def run_mxload(dataset: Any, batch_size: int, workers: int) -> Timed:
@@ -310,14 +307,14 @@ def _measure_row(args: Any, name: str, dataset: Any, workers: int, torch_loader:
             return
 
         def tick(done: int) -> None:
-            progress.show(f"{name}, {_count(workers, 'worker')}, round {r + 1}/{args.rounds}, {who}: "
+            progress.show(f"{name}, {count(workers, 'worker')}, round {r + 1}/{args.rounds}, {who}: "
                           f"{done}/{per_round} batches")
         try:
             loaders[who].round(per_round, tick)
         except Exception as e:   # the torch baseline failing is a finding, not the bench's end
             if who != "torch":
                 raise
-            torch_failures.append(f"{name}, {_count(workers, 'worker')}: torch failed: "
+            torch_failures.append(f"{name}, {count(workers, 'worker')}: torch failed: "
                                   f"{type(e).__name__}: {e}")
             del loaders["torch"]   # its persistent workers end with it
 
@@ -374,7 +371,7 @@ def bench(args: Any, out: TextIO, err: TextIO) -> int:
                       f"{_cell(mx.batches_per_s / th.batches_per_s if th else None, 9, '.2f', 'x')}",
                       file=out)
                 out.flush()
-                verdicts.append((f"{name}, {_count(workers, 'worker')}",
+                verdicts.append((f"{name}, {count(workers, 'worker')}",
                                  judge(workers, mx, in_process) if workers else mx.verdict))
     for failure in torch_failures:
         print(textwrap.fill(failure, WIDTH, subsequent_indent="    "), file=out)

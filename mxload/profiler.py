@@ -43,12 +43,19 @@ import numpy as np
 
 from . import _trace
 from ._cpus import usable_cores
+from ._words import count
 
 __all__ = ["Profiler", "Report", "profile"]
 
 # The training loop is "loader-bound" when it waits for data more than this
 # share of the wall time.
 LOADER_BOUND_SHARE = 0.2
+# Fewer batches than this get no verdict.  An epoch's first wait is the pipeline's fill (every
+# worker starts its first batch at once), about one batch's making; where the training step
+# takes as long as a batch, that wait alone is 1 / (k + 1) of k batches' wall time, which is
+# below LOADER_BOUND_SHARE only from k = 5 on: fewer batches would be called loader-bound for
+# starting, not for loading.
+MIN_BATCHES_TO_JUDGE = 5
 # Cores count as full when the loader's processes use this share of them.
 CPU_FULL_SHARE = 0.85
 # ... or when the workers spend this share of their runnable time waiting
@@ -143,6 +150,28 @@ def _path_parts(path: str) -> tuple[str, ...]:
 _ANY = "[*]"
 _AS_ONE_ARRAY = ("return the list as one array (np.stack its elements in __getitem__, or pad them to "
                  "one length): one copy per batch instead of one per element")
+
+
+def _smaller_dtype(dtype: str) -> str | None:
+    """What a big field of `dtype` (a numpy dtype string) could be stored as instead, named
+    with its own dtype; None where nothing narrower of the same kind exists."""
+    try:
+        wide = np.dtype(dtype)
+    except TypeError:
+        return None
+    half = wide.itemsize // 2
+    if wide.kind == "f" and half >= 2:
+        also = (", or uint8 if it holds 8-bit data such as pixels (normalise after the transfer)"
+                if half == 2 else "")
+        return (f"store it as {np.dtype(f'f{half}').name} instead of {wide.name} if that precision is "
+                f"enough{also}")
+    if wide.kind in "iu" and half >= 1:
+        return f"store it as {np.dtype(f'{wide.kind}{half}').name} instead of {wide.name} if its values fit"
+    if wide.kind == "c" and half >= 8:   # complex128 -> complex64 (two float32)
+        return f"store it as {np.dtype(f'c{half}').name} instead of {wide.name} if that precision is enough"
+    if wide.kind == "f":   # float16
+        return f"store it as uint8 instead of {wide.name} if it holds 8-bit data such as pixels"
+    return None
 
 
 def _alike(rows: list[list[Any]]) -> bool:
@@ -509,7 +538,8 @@ class Report:
         cpu (dict): ``usable_cores`` (affinity and cgroup quota),
             ``main_process_s`` and ``workers_s`` CPU seconds.
         batches (int): batches the training loop received.
-        verdict (str): one line: consumer- or loader-bound, and what to do.
+        verdict (str): one line: consumer- or loader-bound, and what to do ("too few
+            batches to judge" under 5 batches; "no batches" for none).
 
     Args:
         wall_s (float): see the attributes; a Report is made by
@@ -576,6 +606,13 @@ class Report:
         return min(1.0, float(waited) / float(busy))
 
     def _verdict(self) -> str:
+        if self.batches == 0:
+            return ("no batches: the dataset is empty, or the loader was not iterated while "
+                    "profiling")
+        if self.batches < MIN_BATCHES_TO_JUDGE:
+            return (f"too few batches to judge ({self.batches}; at least {MIN_BATCHES_TO_JUDGE}): the "
+                    f"first batches are the workers' start and the pipeline's fill, not loading; "
+                    f"profile more batches")
         wall = max(self.wall_s, 1e-9)
         wait = self.consumer_wait_s
         if not self.loader_bound:
@@ -632,7 +669,8 @@ class Report:
                 return (f"{head}; the workers are busy but use {cpu:.0%} of a core each (waiting on "
                         f"I/O or sleeping): add workers (more than {cores} is fine for I/O), or {hotspot}")
             if n_workers < cores:
-                return f"{head}; {n_workers} workers on {cores} usable cores: add workers, or {hotspot}"
+                return (f"{head}; {count(n_workers, 'worker')} on {cores} usable cores: add workers, "
+                        f"or {hotspot}")
             return f"{head}; {hotspot}"
         return f"{head}; workers idle {1 - worker_busy:.0%}: raise prefetch"
 
@@ -689,12 +727,8 @@ class Report:
             how, hint = "via pad", "bucket samples by length or cap the padded length"
         else:
             how = f"via {top['kernel']}"
-            try:
-                wide = np.dtype(top["dtype"]).itemsize > 1
-            except TypeError:
-                wide = False
-            hint = ("use a smaller dtype (e.g. uint8 or float16 instead of float32)" if mb > 1 and wide
-                    else "copy fewer bytes per batch")
+            smaller = _smaller_dtype(top["dtype"]) if mb > 1 else None
+            hint = smaller or "copy fewer bytes per batch"
         return (f"collation of {top['path']} is {top['seconds'] / worker_time:.0%} of worker time "
                 f"({mb:.1f} MB/batch {how}): {hint}")
 
@@ -720,7 +754,7 @@ class Report:
                      f"{sum(self.stages.values()) / wall:>10.0%}")
         ws = self.worker_stages
         processes = sum(1 for w in self.workers if w["worker"] >= 0)
-        where = f"{processes} workers, in parallel" if processes else "in the main process"
+        where = f"{count(processes, 'worker')}, in parallel" if processes else "in the main process"
         lines.append(f"worker time ({where}): fetch {ws['fetch']:.3f} s, collate {ws['collate']:.3f} s, "
                      f"transport {ws['transport']:.3f} s")
         busy = self.cores_busy
@@ -748,7 +782,7 @@ class Report:
                              f"{w['idle_s']:>8.3f} {w['busy_share']:>6.0%} {cpu:>6} {w['restarts']:>8}")
         if self.autotune is not None:
             auto, last = self.autotune, self.autotune["last_choice"]
-            lines += ["", f"num_workers='auto': {auto['workers']} workers, window {auto['window']} "
+            lines += ["", f"num_workers='auto': {count(auto['workers'], 'worker')}, window {auto['window']} "
                           f"(of at most {auto['max_workers']}); {len(auto['changes'])} adjustments"
                           + (f"; last choice: {last['reason']}" if last is not None else "")]
         lines += ["", f"verdict: {self.verdict}"]

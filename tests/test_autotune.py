@@ -804,3 +804,15 @@ def test_a_signal_handlers_exception_in_the_probe_keeps_its_batch_as_in_process_
         signal.signal(signal.SIGUSR1, previous)
     assert got == [[0, 1, 2, 3], [4, 5, 6, 7], "signal", [8, 9, 10, 11], [12, 13, 14, 15],
                    [16, 17, 18, 19], "dataset", [24, 25, 26, 27]], got
+
+
+def test_reasons_count_one_worker_in_the_singular(monkeypatch):
+    """loader.autotune's reasons said "1 workers predicted ..."."""
+    monkeypatch.setattr(autotune.os, "cpu_count", lambda: 2)
+    stays = autotune.AutoTuner(max_workers=1, cores=1, auto_window=True, fixed_window=2)
+    assert stays.choose(0, [200_000] * 8, [1_000_000] * 7, [1_000_000] * 7) == 0
+    goes = autotune.AutoTuner(max_workers=1, cores=2, auto_window=True, fixed_window=2)
+    assert goes.choose(0, [20_000_000] * 8, [20_000_000] * 7, [1_000_000] * 7) == 1   # a GPU step
+    for tuner, reason in ((stays, "in-process is as fast: 1 worker predicted"), (goes, "1 worker predicted")):
+        said = tuner.report()["last_choice"]["reason"]
+        assert said.startswith(reason) and "1 workers" not in said, said

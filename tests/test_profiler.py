@@ -529,3 +529,45 @@ def test_a_list_valued_field_is_one_row_in_a_real_run(num_workers):
     assert set(rows) == {"sample['image']", "sample['label']", "sample['boxes']"}
     assert rows["sample['boxes']"]["elements"] == 600 and rows["sample['boxes']"]["batches"] == 4
     assert "more fields" not in str(report)
+    if num_workers:
+        assert "worker time (1 worker, in parallel)" in str(report)   # was "1 workers"
+
+
+# ------------------------------------------------ the verdict's details
+
+
+@pytest.mark.parametrize("dtype, advice", [
+    ("<f8", "store it as float32 instead of float64 if that precision is enough"),
+    ("<f4", "store it as float16 instead of float32 if that precision is enough, or uint8 if it holds "
+            "8-bit data such as pixels"),
+    ("<i8", "store it as int32 instead of int64 if its values fit"),
+    ("|u1", "copy fewer bytes per batch"),
+])
+def test_a_huge_fields_advice_names_its_own_dtype(monkeypatch, dtype, advice):
+    """The advice said "instead of float32" for a float64 field."""
+    stats = [("sample['x']", "stack", 8 << 20, (8, 1 << 20 // np.dtype(dtype).itemsize), dtype),
+             ("sample['y']", "stack", 64, (8,), "<i8")]
+    report = _fed_report(monkeypatch, stats, [4_000_000, 1_000], fetch_ns=100_000)
+    assert "collation of sample['x'] is" in report.verdict and "8.4 MB/batch via stack" in report.verdict
+    assert report.verdict.split("MB/batch via stack): ")[1].startswith(advice), report.verdict
+
+
+@pytest.mark.parametrize("batches, verdict", [
+    (0, "no batches: the dataset is empty"),
+    (3, "too few batches to judge (3; at least 5)"),
+    (4, "too few batches to judge (4; at least 5)"),
+    (5, "loader-bound"),
+])
+def test_too_few_batches_get_no_verdict(monkeypatch, batches, verdict):
+    """0 or 3 batches had confident verdicts: the first batches are the pipeline's fill."""
+    stats = [("sample", "stack", 64, (8,), "<i8")]
+    report = _fed_report(monkeypatch, stats, [1_000], fetch_ns=1_000_000, batches=batches)
+    assert report.batches == batches
+    assert report.verdict.startswith(verdict) or (batches == 5 and report.verdict.startswith("CPU-bound")), \
+        report.verdict
+    assert f"verdict: {report.verdict}" in str(report)
+
+
+def test_an_empty_dataset_says_so():
+    report = _profile(mxload.DataLoader(mxload.ArrayDataset(np.zeros((0, 4))), batch_size=4))
+    assert report.batches == 0 and report.verdict.startswith("no batches: the dataset is empty")

@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._cpus import machine_busy_s, own_cpu_s
+from .._words import count
 from .results import CLOSED_BY_OTHER, Marker
 
 if TYPE_CHECKING:
@@ -289,7 +290,8 @@ class AutoTuner:
             detail = (f" ({measured_rate:.0f} vs {inprocess_before or 0:.0f} batches/s)"
                       if lost and measured_rate is not None else "")
             reason = (f"workers lost to in-process in an earlier epoch{detail}: in-process for this and "
-                      f"{self._inprocess_epochs} more epoch(s) (the model predicted {workers} workers)")
+                      f"{self._inprocess_epochs} more epoch(s) "
+                      f"(the model predicted {count(workers, 'worker')})")
             workers = 0
         elif workers and measured_rate is not None and self._inprocess_rate is not None \
                 and measured_rate < self._inprocess_rate * (1 - TRY_GAIN):
@@ -298,10 +300,11 @@ class AutoTuner:
             self._inprocess_epochs = self._backoff - 1   # this epoch is the first of them
             reason = (f"the last epoch's workers reached {measured_rate:.0f} batches/s, in-process "
                       f"{self._inprocess_rate:.0f}: in-process for this and {self._inprocess_epochs} more "
-                      f"epoch(s) (the model predicted {workers} workers)")
+                      f"epoch(s) (the model predicted {count(workers, 'worker')})")
             workers = 0
         if workers and self.settled is not None and self.settled[0] != workers:
-            reason += f"; starting where the last epoch's adjustments settled: {self.settled[0]} workers"
+            reason += (f"; starting where the last epoch's adjustments settled: "
+                       f"{count(self.settled[0], 'worker')}")
             workers = self.settled[0]
         if not workers:
             self.settled = None
@@ -329,16 +332,16 @@ class AutoTuner:
         inprocess = predicted[0]
         versus = f"{predicted[fewest] / 1e6:.3f} ms/batch vs {inprocess / 1e6:.3f} in-process"
         if predicted[best] <= inprocess * (1 - WORKERS_MARGIN):
-            return fewest, f"{fewest} workers predicted {versus}"
+            return fewest, f"{count(fewest, 'worker')} predicted {versus}"
         if predicted[best] <= inprocess * (1 + CLOSE_CALL) and not slowed and \
                 optimistic(best) < inprocess * (1 - WORKERS_MARGIN):
             # Workers would win but for the costs the model only estimates, which are as large as
             # their gain (images, 2 cores: 2 workers predicted 1.25x slower than in-process with
             # the earlier estimates, measured 1.37x faster over 2 s runs).  They are measured: from
             # the next epoch on, the measurement decides (losing workers back off as in choose).
-            return fewest, f"a close call, measured: {fewest} workers predicted {versus}"
-        return 0, (f"in-process is as fast: {best} workers predicted {predicted[best] / 1e6:.3f} ms/batch vs "
-                   f"{inprocess / 1e6:.3f} in-process")
+            return fewest, f"a close call, measured: {count(fewest, 'worker')} predicted {versus}"
+        return 0, (f"in-process is as fast: {count(best, 'worker')} predicted {predicted[best] / 1e6:.3f} "
+                   f"ms/batch vs {inprocess / 1e6:.3f} in-process")
 
     def changed(self, epoch: int, taken: int, before: tuple[int, int], after: tuple[int, int],
                 why: str) -> None:
@@ -692,8 +695,8 @@ class AutoBatches:
         verdict = statistics.fmean(self._verdicts) if not hopeless else 0.0   # (all of them are in)
         if verdict > base * (1 + TRY_GAIN):
             tuner.changed(self._epoch, self._taken, settled, tried,
-                          f"{tried[0]} workers, window {tuner.window(*tried)}: {verdict:.0f} batches/s vs "
-                          f"{base:.0f}")
+                          f"{count(tried[0], 'worker')}, window {tuner.window(*tried)}: {verdict:.0f} "
+                          f"batches/s vs {base:.0f}")
             tuner.engine_rate(verdict)
             rates = deque(self._verdicts, maxlen=SETTLED_WINDOWS)
             self._settled, self._rates, self._trying = tried, rates, None
