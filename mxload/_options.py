@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from ._checks import check_int
+from ._checks import check_bool, check_int
 from ._torch_compat import is_torch_iterable_dataset, seed_from_torch, torch_module
 from .backends import Backend, RayBackend, resolve_backend
 from .batchify import _Unbatched, default_batchify, default_convert
@@ -115,12 +115,17 @@ class LoaderOptions:
             pin_memory_device: str = "", in_order: bool = True, seed: int | None = None,
             start_method: str | None = None, max_worker_restarts: int = 0, profile: bool = False,
             distributed: bool = False, try_nopython: bool | None = None,
-            backend: Any = None) -> LoaderOptions:
+            backend: Any = None, torch_switches: bool = False) -> LoaderOptions:
         """Check DataLoader's arguments (its signature and defaults) and resolve them.
 
         Raises ValueError or TypeError naming the argument, what it allows
         and what it got, as documented on :class:`mxload.DataLoader`.
+        `torch_switches`: the switches are taken as torch takes them (mxload.torch).
         """
+        _check_switches(torch_switches, shuffle=shuffle, drop_last=drop_last, pin_memory=pin_memory,
+                        thread_pool=thread_pool, auto_reload=auto_reload,
+                        persistent_workers=persistent_workers, in_order=in_order, profile=profile,
+                        distributed=distributed, try_nopython=try_nopython)
         iterable = is_iterable_dataset(dataset)
         if iterable:   # first, as torch: an order argument means nothing to a stream, whatever its kind
             _check_stream_order(shuffle, sampler, batch_sampler)
@@ -180,7 +185,8 @@ class LoaderOptions:
             persistent_workers=bool(persistent_workers), in_order=bool(in_order),
             max_worker_restarts=max_worker_restarts, profile=bool(profile), pin_memory=bool(pin_memory),
             pin_device_id=pin_device_id, pin_memory_device=pin_memory_device, auto_reload=bool(auto_reload),
-            try_nopython=try_nopython, backend=ray_backend, autotune=autotune, auto_window=auto_window)
+            try_nopython=None if try_nopython is None else bool(try_nopython),
+            backend=ray_backend, autotune=autotune, auto_window=auto_window)
 
 
 def _resolve_auto(num_workers: object, prefetch: object, prefetch_factor: object, iterable: bool,
@@ -213,6 +219,23 @@ def is_iterable_dataset(dataset: object) -> bool:
     if isinstance(dataset, IterableDataset) or is_torch_iterable_dataset(dataset):
         return True
     return hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
+
+
+# Switches whose default is None ("not given"), which they may also be.
+_MAY_BE_NONE = ("shuffle", "drop_last", "try_nopython")
+
+
+def _check_switches(torch_switches: bool, **switches: object) -> None:
+    """True or False (numpy's bools too), a TypeError naming the first that is not: in_order="no"
+    would mean True.  torch takes any truthy value, and so does its face (`torch_switches`),
+    but for drop_last, whose BatchSampler raises ValueError (its words)."""
+    for name, value in switches.items():
+        if value is None and name in _MAY_BE_NONE:
+            continue
+        if not torch_switches:
+            check_bool(name, value)
+        elif name == "drop_last" and not isinstance(value, bool):
+            raise ValueError(f"drop_last should be a boolean value, but got drop_last={value}")
 
 
 def _check_stream_order(shuffle: object, sampler: object, batch_sampler: object) -> None:

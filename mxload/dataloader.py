@@ -11,6 +11,7 @@ from multiprocessing.context import BaseContext
 from typing import Any, Generic, TypeVar, cast, overload
 
 from ._checkpoint import LoaderPosition
+from ._checks import suggesting_keywords
 from ._core import defer_sigint, handing_next, sigint_safe_finalizer
 from ._cpus import warn_if_oversubscribed
 from ._iterations import Iterations
@@ -213,7 +214,10 @@ class DataLoader(_Settings, Generic[_T_co]):
     Raises:
         ValueError: conflicting or out-of-range arguments (the message names them).
         TypeError: a callable argument is not callable, a batch sampler sits in the fifth
-            (`last_batch`) position, or `generator` is not a torch.Generator.
+            (`last_batch`) position, `generator` is not a torch.Generator, a switch (`shuffle`,
+            `drop_last`, `in_order`, ...) is not True or False (numpy's bools are; ``"no"`` would
+            mean True; ``mxload.torch.DataLoader`` takes them as torch does), or a keyword is
+            unknown (the nearest one is named: ``num_worker`` -> ``num_workers``).
 
     While iterating, a worker that dies raises :class:`WorkerError`, a missing batch
     :class:`LoaderTimeoutError`, exhausted shared memory :class:`SharedMemoryError`; an exception in
@@ -236,7 +240,10 @@ class DataLoader(_Settings, Generic[_T_co]):
 
     # mxload.torch.DataLoader hands out torch tensors instead of numpy arrays.
     _as_tensors = False
+    # mxload.torch.DataLoader takes switches (shuffle, in_order, ...) as torch does: any truthy value.
+    _torch_switches = False
 
+    @suggesting_keywords
     def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = False,
                  sampler: Any = None, last_batch: str | None = None, batch_sampler: Any = None,
                  batchify_fn: Callable[..., Any] | None = None, num_workers: int | str = 0,
@@ -258,7 +265,7 @@ class DataLoader(_Settings, Generic[_T_co]):
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device, in_order=in_order, seed=seed, start_method=start_method,
             max_worker_restarts=max_worker_restarts, profile=profile, distributed=distributed,
-            try_nopython=try_nopython, backend=backend)
+            try_nopython=try_nopython, backend=backend, torch_switches=self._torch_switches)
         self.batch_sampler = _make_batch_sampler(self._options)
         self.sampler = getattr(self.batch_sampler, "sampler", None)  # e.g. loader.sampler.set_epoch(e)
         self.epoch = 0

@@ -39,3 +39,4 @@ class DataLoader(_NumpyDataLoader[_T_co]):
     """
 
     _as_tensors = True
+    _torch_switches = True

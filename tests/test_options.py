@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import re
 
 import numpy as np
 import pytest
@@ -147,3 +148,73 @@ def test_checks_run_in_a_fixed_order():
         LoaderOptions.from_arguments(DATA, batch_size=0, num_workers=-1, batchify_fn=3)
     with pytest.raises(ValueError, match="num_workers"):
         LoaderOptions.from_arguments(DATA, batch_size=0, num_workers=-1)
+
+
+# ------------------------------------------------------------------ switches and keyword names
+
+
+SWITCHES = ["shuffle", "drop_last", "pin_memory", "thread_pool", "auto_reload", "persistent_workers",
+            "in_order", "profile", "distributed", "try_nopython"]
+
+
+@pytest.mark.parametrize("name", SWITCHES)
+@pytest.mark.parametrize("value", ["no", "yes", 1, 0, 1.0, [True]])
+def test_a_switch_that_is_no_bool_is_a_type_error_naming_it(name, value):
+    """in_order="no" and shuffle="yes" were accepted (any truthy value meant True)."""
+    with pytest.raises(TypeError, match=re.escape(f"{name} must be True or False, got {value!r}")) as info:
+        mxload.DataLoader(DATA, batch_size=2, **{name: value})
+    assert ("would have meant True" in str(info.value)) == isinstance(value, str)
+
+
+@pytest.mark.parametrize("name", SWITCHES)
+def test_a_switch_takes_numpy_bools(name):
+    kwargs = {name: np.bool_(False)}
+    loader = mxload.DataLoader(DATA, batch_size=2, **kwargs)
+    assert getattr(loader._options, name) is False or name == "drop_last"
+    assert len(list(loader)) == 5
+
+
+@pytest.mark.parametrize("kwargs", [dict(in_order="no"), dict(shuffle="yes"), dict(shuffle=1),
+                                    dict(pin_memory="no"), dict(drop_last="no"),
+                                    dict(drop_last=np.bool_(True)), dict(drop_last=1),
+                                    dict(persistent_workers="yes", num_workers=1)])
+@pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true")
+def test_the_torch_face_takes_switches_as_torch_does(kwargs):
+    """torch takes any truthy value, but for drop_last (its BatchSampler's ValueError)."""
+    torch_data = pytest.importorskip("torch.utils.data")
+    import mxload.torch as mxtorch
+
+    def outcome(loader_class):
+        try:
+            loader = loader_class(list(range(8)), batch_size=4, **kwargs)
+        except (TypeError, ValueError) as e:
+            return type(e), str(e)
+        try:
+            return sorted(int(x) for batch in loader for x in batch)
+        finally:
+            close = getattr(loader, "close", None)   # mxload's persistent workers (torch's end with it)
+            if close is not None:
+                close()
+
+    assert outcome(mxtorch.DataLoader) == outcome(torch_data.DataLoader)
+
+
+@pytest.mark.parametrize("typo, meant", [("num_worker", "num_workers"), ("batchsize", "batch_size"),
+                                         ("shuffel", "shuffle"), ("colate_fn", "collate_fn"),
+                                         ("prefetch_factors", "prefetch_factor"), ("inorder", "in_order")])
+@pytest.mark.parametrize("face", ["mxload", "mxload.torch"])
+def test_a_misspelled_keyword_names_the_nearest(face, typo, meant):
+    if face == "mxload.torch":
+        pytest.importorskip("torch")
+        import mxload.torch as mxtorch
+        loader_class = mxtorch.DataLoader
+    else:
+        loader_class = mxload.DataLoader
+    with pytest.raises(TypeError, match=rf"^DataLoader\(\) got an unexpected keyword argument '{typo}'; "
+                                        rf"did you mean '{meant}'\?$"):
+        loader_class(DATA, **{typo: 2})
+
+
+def test_an_unknown_keyword_with_nothing_near_is_pythons_error():
+    with pytest.raises(TypeError, match=r"^DataLoader\(\) got an unexpected keyword argument 'frobnicate'$"):
+        mxload.DataLoader(DATA, frobnicate=True)
