@@ -6,8 +6,9 @@
 The dataset below is a stand-in for yours: each sample costs some CPU work in
 ``__getitem__`` (like decoding) and returns a dict of arrays.  The script runs
 it twice, with a fast training loop (the loader is the bottleneck) and with a
-slow one (the training loop is), prints both reports, and saves a trace for
-https://ui.perfetto.dev.  numpy only.
+slow one (the training loop is), prints both reports, and saves a trace of each for
+https://ui.perfetto.dev (in --trace-dir, or a fresh temporary folder: never a fixed
+name another run or user would overwrite).  numpy only.
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def make_dataset() -> MyDataset:
     return MyDataset()
 
 
-def profile_run(loader: mxload.DataLoader, step_s: float, batches: int) -> mxload.Report:
+def profile_run(loader: mxload.DataLoader, step_s: float, batches: int, trace: str) -> mxload.Report:
     with mxload.profile(loader) as prof:
         for k, _ in enumerate(loader):
             if step_s:
@@ -52,7 +53,6 @@ def profile_run(loader: mxload.DataLoader, step_s: float, batches: int) -> mxloa
             if k + 1 == batches:
                 break
         report = prof.report()
-        trace = os.path.join(tempfile.gettempdir(), "mxload-example-trace.json")
         prof.save_chrome_trace(trace)
     loader.close()
     print(report)
@@ -64,14 +64,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batches", type=int, default=12)
+    parser.add_argument("--trace-dir", help="folder for the two traces (default: a new temporary folder)")
     args = parser.parse_args()
+    folder = args.trace_dir or tempfile.mkdtemp(prefix="mxload-example-traces-")
     dataset = make_dataset()
     print("== a fast training loop: the loader is the bottleneck\n")
     profile_run(mxload.DataLoader(dataset, batch_size=32, shuffle=True, seed=0, num_workers=args.workers),
-                0.0, args.batches)
+                0.0, args.batches, os.path.join(folder, "fast-loop.json"))
     print("== a slow training loop (100 ms per step): the loader keeps up\n")
     report = profile_run(mxload.DataLoader(dataset, batch_size=32, shuffle=True, seed=0,
-                                           num_workers=args.workers), 0.1, args.batches)
+                                           num_workers=args.workers), 0.1, args.batches,
+                         os.path.join(folder, "slow-loop.json"))
     # The stages partition the wall time: nothing is counted twice.
     assert abs(sum(report.stages.values()) - report.wall_s) < 0.01 * report.wall_s + 0.002
 

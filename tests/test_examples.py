@@ -2,6 +2,7 @@
 against the installed wheel)."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -27,9 +28,30 @@ def test_text_pad_pads_and_bucketing_cuts_the_padding():
     assert bucketed < shuffled
 
 
-def test_profile_my_dataset_prints_both_reports():
-    text = run("profile_my_dataset.py", "--workers", "2", "--batches", "6")
+def test_profile_my_dataset_prints_both_reports(tmp_path):
+    text = run("profile_my_dataset.py", "--workers", "2", "--batches", "6", "--trace-dir", str(tmp_path))
     assert text.count("verdict:") == 2 and text.count("total ") == 2
+    traces = sorted(tmp_path.iterdir())
+    assert [p.name for p in traces] == ["fast-loop.json", "slow-loop.json"]
+    assert all(json.loads(p.read_text())["traceEvents"] for p in traces)
+    assert f"(trace: {traces[0]})" in text
+
+
+def test_profile_my_dataset_never_writes_a_fixed_temporary_name():
+    """Its trace went to <temp>/mxload-example-trace.json: two runs (or two users) overwrote
+    each other's, or met another user's file there."""
+    import re
+    import shutil
+    folders = []
+    for _ in range(2):
+        text = run("profile_my_dataset.py", "--workers", "0", "--batches", "6")
+        (fast,) = re.findall(r"\(trace: (.*fast-loop\.json)\)", text)
+        folders.append(os.path.dirname(fast))
+    try:
+        assert folders[0] != folders[1] and all(os.path.isdir(f) for f in folders)
+    finally:
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_image_folder_trains_on_a_generated_folder():
