@@ -280,7 +280,7 @@ class DataLoader(_Settings, Generic[_T_co]):
             from .profiler import Profiler
             self.profiler = Profiler()
         self._initialized = True
-        self._check_worker_count(stacklevel=4)
+        self._check_worker_count(stacklevel=5)   # the caller of DataLoader(), past suggesting_keywords'
         if self.auto_reload:   # the first epoch starts loading now
             self._iterations.load_ahead(self._start_iter, self.batch_sampler, self.iterable)
 
