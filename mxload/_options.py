@@ -150,6 +150,10 @@ class LoaderOptions:
         given_seed = None if seed is None else check_int("seed", seed, 0, or_none=True)
         from_torch = _seeded_by_torch(given_seed, generator)
         auto_batching = _check_batching(iterable, batch_size, shuffle, sampler, batch_sampler, last_batch)
+        if torch_switches and batch_size is not None and batch_sampler is None \
+                and drop_last is not None and not isinstance(drop_last, bool):
+            # Where torch checks it: making its BatchSampler, after the conflicts between arguments.
+            raise ValueError(f"drop_last should be a boolean value, but got drop_last={drop_last}")
         if batch_sampler is not None:
             batch_size = None
         prefetch = _check_prefetch(prefetch, prefetch_factor, num_workers)
@@ -228,14 +232,12 @@ _MAY_BE_NONE = ("shuffle", "drop_last", "try_nopython")
 def _check_switches(torch_switches: bool, **switches: object) -> None:
     """True or False (numpy's bools too), a TypeError naming the first that is not: in_order="no"
     would mean True.  torch takes any truthy value, and so does its face (`torch_switches`),
-    but for drop_last, whose BatchSampler raises ValueError (its words)."""
+    but for drop_last, which its BatchSampler checks (see from_arguments)."""
+    if torch_switches:
+        return
     for name, value in switches.items():
-        if value is None and name in _MAY_BE_NONE:
-            continue
-        if not torch_switches:
+        if value is not None or name not in _MAY_BE_NONE:
             check_bool(name, value)
-        elif name == "drop_last" and not isinstance(value, bool):
-            raise ValueError(f"drop_last should be a boolean value, but got drop_last={value}")
 
 
 def _check_stream_order(shuffle: object, sampler: object, batch_sampler: object) -> None:
