@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 class Iterations:
     def __init__(self, options: LoaderOptions) -> None:
         self.engine: Engine | None = None          # persistent workers' engine
+        # max_worker_restarts is a budget per loader: every epoch's engine spends from this one.
+        self.restarts = {"worker_restarts": 0}
         # num_workers="auto": picks the workers and window of every epoch (its counters join stats).
         self.tuner = AutoTuner(options.num_workers, usable_cores(), options.auto_window,
                                options.prefetch) if options.autotune else None

@@ -199,9 +199,10 @@ class DataLoader(_Settings, Generic[_T_co]):
         start_method (str | None): ``"fork"``, ``"spawn"`` or ``"forkserver"``; default: the one set
             with ``multiprocessing.set_start_method()`` (as torch), else ``fork`` on Linux.
         max_worker_restarts (int): restart a dead worker and retry its batches up to this many
-            times per loader. Default ``0``. Worker processes of a map-style dataset only: an
-            IterableDataset's worker holds its place in the stream, and a thread worker
-            (``thread_pool=True``) cannot be replaced; their deaths are errors that say so.
+            times per loader (over all its epochs, persistent workers or not). Default ``0``. Worker
+            processes of a map-style dataset only: an IterableDataset's worker holds its place in the
+            stream, and a thread worker (``thread_pool=True``) cannot be replaced; their deaths are
+            errors that say so.
         profile (bool): record per-stage timings in ``loader.profiler`` (a :class:`Profiler`).
             Default ``False``.
         distributed (bool): shard the data by rank with a
@@ -331,7 +332,8 @@ class DataLoader(_Settings, Generic[_T_co]):
         progress = self._position.epoch_starting(self)
         it = start_epoch(self._options, self.epoch, None if self.iterable else self._epoch_batches,
                          progress, self.profiler, runs.engine, self.persistent_workers, self.__len__,
-                         functools.partial(runs.use_engine, persistent=self.persistent_workers), runs.tuner)
+                         functools.partial(runs.use_engine, persistent=self.persistent_workers),
+                         runs.restarts, runs.tuner)
         self.epoch += 1
         runs.started(it)
         if self._pin_device is not None or self.auto_reload or self.iterable or self._as_tensors:
@@ -404,9 +406,10 @@ class DataLoader(_Settings, Generic[_T_co]):
     @property
     def stats(self) -> dict[str, int]:
         """Counters of the latest worker engine (batches, slabs created/reused/
-        retired, worker restarts; with worker processes, tasks sent and the
-        messages that carried them, and the small batches copied out of their
-        slabs because the loop kept many alive); empty before workers ran.
+        retired; with worker processes, tasks sent and the messages that
+        carried them, and the small batches copied out of their slabs because
+        the loop kept many alive) and the loader's worker restarts, over all
+        its epochs; empty before workers ran.
 
         Example:
             >>> import numpy as np, mxload

@@ -332,6 +332,26 @@ def test_restarts_exhausted_raise_worker_error():
     assert loader.stats["worker_restarts"] == 2
 
 
+@pytest.mark.parametrize("persistent", [False, True])
+def test_max_worker_restarts_is_spent_over_the_loaders_life_not_per_epoch(persistent, tmp_path):
+    """Documented "per loader": a worker killed once an epoch (an OOM kill each epoch) spends
+    the budget across epochs, with or without persistent workers (where each epoch has its own
+    workers), and stats["worker_restarts"] counts them all."""
+    marker = str(tmp_path / "died")
+    ds = DyingDataset(at=10, how="kill", n=40, only_once_file=marker)
+    loader = mxload.DataLoader(ds, batch_size=2, num_workers=2, max_worker_restarts=1,
+                               persistent_workers=persistent)
+    with loader:
+        with pytest.warns(RuntimeWarning, match=r"restarting it \(1/1\)"):
+            assert [b.ravel().tolist() for b in loader] == [[i, i + 1] for i in range(0, 40, 2)]
+        assert loader.stats["worker_restarts"] == 1
+        os.unlink(marker)   # the next epoch's worker dies again
+        with pytest.raises(mxload.WorkerError, match="max_worker_restarts=1 exhausted") as info:
+            list(loader)
+        assert info.value.batch_index == 5 and "killed by signal" in str(info.value)
+        assert loader.stats["worker_restarts"] == 1
+
+
 class _StreamThatDies(mxload.IterableDataset):
     def __iter__(self):
         for i in range(100):

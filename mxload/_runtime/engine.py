@@ -62,9 +62,13 @@ class Engine:
     wait, the claim and hand-over of each batch) is compiled: `window`, an
     EngineWindow (csrc/window.pxi), whose next_batch is this engine's."""
 
-    def __init__(self, options: LoaderOptions, epoch: int):
+    def __init__(self, options: LoaderOptions, epoch: int, restarts: dict[str, int]):
+        """`restarts`: the loader's {"worker_restarts": n}, the max_worker_restarts spent so far
+        (a budget per loader, as documented: each epoch without persistent workers has its own
+        engine, and a worker OOM-killed once an epoch must still exhaust it)."""
         self.options = options
-        self.counts = {"batches": 0, "worker_restarts": 0, "epochs": 0}
+        self.counts = {"batches": 0, "epochs": 0}
+        self.restarts = restarts
         self.profiler: Profiler | None = None
         self._pid = os.getpid()                 # only this process may end the workers
         self.lock = threading.RLock()           # dispatch, results, the roster
@@ -131,8 +135,9 @@ class Engine:
         return self._plan is not None and self.epoch == epoch
 
     def counters(self) -> list[dict[str, int]]:
-        """This engine's and its transport's counters (each owned by one); readable after it ends."""
-        return [self.counts, *self.transport.counters()]
+        """This engine's, the loader's restarts and its transport's counters (each owned by one);
+        readable after it ends."""
+        return [self.counts, self.restarts, *self.transport.counters()]
 
     def worker_pids(self) -> list[int | None]:
         """Each worker's pid (None for a thread), by worker id."""

@@ -393,7 +393,8 @@ class EpochIterator:
 def start_epoch(options: LoaderOptions, epoch: int, batches: Callable[[], list[np.ndarray]] | None,
                 progress: EpochProgress, profiler: Profiler | None, engine: Engine | None,
                 persistent: bool, length: Callable[[], int],
-                on_engine: Callable[[Engine], None], tuner: AutoTuner | None = None) -> EpochIterator:
+                on_engine: Callable[[Engine], None], restarts: dict[str, int],
+                tuner: AutoTuner | None = None) -> EpochIterator:
     """Start epoch `epoch`: in the calling thread (num_workers=0), or on
     `engine` (persistent workers) if it is still usable, else on a new one,
     which `on_engine` receives before anything can interrupt (a persistent
@@ -401,12 +402,13 @@ def start_epoch(options: LoaderOptions, epoch: int, batches: Callable[[], list[n
     makes the epoch's batches of indices (None: an IterableDataset);
     `progress` says which were taken (a resumed epoch) and records those
     taken from now on; `length` is the loader's len() (a stream's epoch);
+    `restarts`: the loader's max_worker_restarts spent so far (see Engine);
     `tuner`: num_workers="auto" (autotune.py)."""
     t0 = time.monotonic_ns()
     plan = EpochPlan.of(batches() if batches is not None else None, progress)
     t1 = time.monotonic_ns()
     if tuner is not None and plan.order is not None:
-        auto = _auto_batches(tuner, options, epoch, plan, profiler, engine, persistent, on_engine)
+        auto = _auto_batches(tuner, options, epoch, plan, profiler, engine, persistent, on_engine, restarts)
         if profiler is not None:
             profiler.epoch_started(time.monotonic_ns() - t0, 0)
         return EpochIterator(auto, progress, length)
@@ -416,25 +418,25 @@ def start_epoch(options: LoaderOptions, epoch: int, batches: Callable[[], list[n
             profiler.epoch_started(time.monotonic_ns() - t0, 0)
         return it
     return _start_on_engine(options, epoch, plan, progress, profiler, engine, persistent, length, on_engine,
-                            t1 - t0)
+                            restarts, t1 - t0)
 
 
 def _start_on_engine(options: LoaderOptions, epoch: int, plan: EpochPlan, progress: EpochProgress,
                      profiler: Profiler | None, engine: Engine | None, persistent: bool,
                      length: Callable[[], int], on_engine: Callable[[Engine], None],
-                     sampling_ns: int) -> EpochIterator:
+                     restarts: dict[str, int], sampling_ns: int) -> EpochIterator:
     """All or nothing: a Ctrl-C meanwhile is raised once the iterator
     exists, whose finalizer then ends a non-persistent engine."""
     made: list[EpochIterator] = []
-    _engine_batches(options, epoch, plan, profiler, engine, persistent, on_engine, sampling_ns, None,
-                    lambda producer: made.append(EpochIterator(producer, progress, length)))
+    _engine_batches(options, epoch, plan, profiler, engine, persistent, on_engine, restarts, sampling_ns,
+                    None, lambda producer: made.append(EpochIterator(producer, progress, length)))
     return made[0]
 
 
 @defer_sigint
 def _engine_batches(options: LoaderOptions, epoch: int, plan: EpochPlan, profiler: Profiler | None,
                     engine: Engine | None, persistent: bool, on_engine: Callable[[Engine], None],
-                    sampling_ns: int, active: tuple[int, int] | None,
+                    restarts: dict[str, int], sampling_ns: int, active: tuple[int, int] | None,
                     adopt: Callable[[_EngineBatches], None]) -> None:
     """Start `plan` on `engine` (persistent workers), or on a new engine,
     and hand its producer to `adopt` before a Ctrl-C deferred meanwhile is
@@ -448,7 +450,7 @@ def _engine_batches(options: LoaderOptions, epoch: int, plan: EpochPlan, profile
             # epoch already (its start was interrupted; the loader's epoch
             # did not advance): its tasks' answers may still come.
             engine.shutdown()
-        engine = Engine(options, epoch)
+        engine = Engine(options, epoch, restarts)
     try:
         on_engine(engine)
         if active is not None:
@@ -468,7 +470,7 @@ def _engine_batches(options: LoaderOptions, epoch: int, plan: EpochPlan, profile
 
 def _auto_batches(tuner: AutoTuner, options: LoaderOptions, epoch: int, plan: EpochPlan,
                   profiler: Profiler | None, engine: Engine | None, persistent: bool,
-                  on_engine: Callable[[Engine], None]) -> AutoBatches:
+                  on_engine: Callable[[Engine], None], restarts: dict[str, int]) -> AutoBatches:
     """num_workers="auto": the epoch starts in-process; AutoBatches moves the
     rest onto an engine (this loader's persistent one if usable) when it picks workers."""
     def start_engine(rest: EpochPlan, workers: int, adopt: Callable[[_EngineBatches], None]) -> bool:
@@ -481,7 +483,7 @@ def _auto_batches(tuner: AutoTuner, options: LoaderOptions, epoch: int, plan: Ep
                 return False
             if persistent and auto.persistent is False:
                 engine = None   # the loader is gone: the workers end with this epoch
-            _engine_batches(options, epoch, rest, profiler, engine, auto.persistent, on_engine, 0,
+            _engine_batches(options, epoch, rest, profiler, engine, auto.persistent, on_engine, restarts, 0,
                             (workers, tuner.window(workers)), adopt)
             return True
     if profiler is not None:

@@ -50,7 +50,6 @@ class Supervisor:
     def __init__(self, engine: Engine):
         self._engine = engine
         self.failure: BaseException | None = None
-        self.restarts = 0
 
     def deliver(self, worker_id: int, result: Delivery) -> None:
         engine = self._engine
@@ -110,14 +109,14 @@ class Supervisor:
                 return
             options = engine.options
             limit = options.max_worker_restarts
-            if self.restarts < limit and not options.iterable and engine.transport.restartable:
+            spent = engine.restarts["worker_restarts"]   # the loader's, over all its epochs
+            if spent < limit and not options.iterable and engine.transport.restartable:
                 # A stream's position died with its worker: those are never restarted.
-                self.restarts += 1
-                engine.counts["worker_restarts"] += 1
+                engine.restarts["worker_restarts"] = spent = spent + 1
                 if engine.profiler is not None:
                     engine.profiler.worker_restarted(wid)
                 warnings.warn(f"mxload worker {wid} (pid {loss.pid}) died ({loss.how}{loss.hint}); "
-                              f"restarting it ({self.restarts}/{limit})", RuntimeWarning, stacklevel=1)
+                              f"restarting it ({spent}/{limit})", RuntimeWarning, stacklevel=1)
                 self._restart(wid)
                 return
             if not limit:
@@ -128,7 +127,7 @@ class Supervisor:
             elif not engine.transport.restartable:
                 why = f"; not restarted (max_worker_restarts={limit}): this backend cannot replace a worker"
             else:
-                why = f"; max_worker_restarts={limit} exhausted"
+                why = f"; max_worker_restarts={limit} exhausted (a budget per loader, over all its epochs)"
             self.fail(worker_died(loss, held, why, queued))
 
     def _restart(self, wid: int) -> None:
