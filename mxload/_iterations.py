@@ -95,13 +95,16 @@ class Iterations:
             engine.shutdown()
 
     def loader_collected(self) -> None:
-        """The loader was garbage-collected.  A live epoch may outlive it
-        (`for b in DataLoader(...)`): let it finish, then end the persistent
-        workers with it."""
+        """The loader was freed.  A live epoch may outlive it (`for b in
+        DataLoader(...)`): let it finish, then end the persistent workers
+        with it; else end them now.  The loader's last reference is often
+        the newest iterator's own (`it = iter(DataLoader(...))`, `del it`):
+        then this runs inside that iterator's finalizer, which already ended
+        its epoch, so the workers end here, not at a garbage collection."""
+        if self.engine is None:
+            return
         it = self.newest()
-        if it is not None and self.engine is not None and hasattr(it, "release_engine_at_end"):
-            it.release_engine_at_end()
-        elif self.engine is not None:
+        if it is None or not it.release_engine_at_end(self.engine):
             self.engine.shutdown()
 
 

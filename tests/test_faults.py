@@ -8,6 +8,7 @@ Run alone with ``pytest -m faults``.  The autouse ``no_leaks`` fixture
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import sys
@@ -25,6 +26,7 @@ from conftest import (
     end_child,
     exception_text,
     kill_and_expect_workers_gone,
+    process_alive,
     shm_entries,
     wait_until,
 )
@@ -96,6 +98,61 @@ def test_garbage_collected_iterator_ends_workers():
     pids = worker_pids(it)
     del it
     assert_gone(pids, 1.0)
+
+
+@contextlib.contextmanager
+def _gc_disabled():
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _loader_class(tensors: bool):
+    if tensors:
+        return pytest.importorskip("mxload.torch").DataLoader
+    return mxload.DataLoader
+
+
+@pytest.mark.parametrize("tensors", [False, True], ids=["numpy", "torch"])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_the_last_reference_to_a_partly_used_iterator_ends_its_workers_without_gc(tensors, persistent):
+    """torch's test_partial_workers: `it = iter(DataLoader(ds, num_workers=4))`, 10 batches, `del it`:
+    the workers end at once, without a garbage collection, persistent or not (with persistent
+    workers the loader owns them; here the iterator held the loader's last reference)."""
+    with _gc_disabled():
+        it = iter(_loader_class(tensors)(TupleDataset(200), batch_size=2, num_workers=4,
+                                         persistent_workers=persistent))
+        for i, _batch in enumerate(it):
+            if i == 10:
+                break
+        pids = worker_pids(it)
+        del it, _batch
+        assert_gone(pids, within=3.0)
+
+
+@pytest.mark.parametrize("tensors", [False, True], ids=["numpy", "torch"])
+def test_persistent_workers_outlive_the_iterator_and_end_with_the_loader_without_gc(tensors):
+    """torch's semantics: with persistent workers the loader holds them, so `del it` keeps them
+    (the next epoch runs on them); `del loader` then ends them, without a garbage collection."""
+    with _gc_disabled():
+        loader = _loader_class(tensors)(TupleDataset(200), batch_size=2, num_workers=4,
+                                        persistent_workers=True)
+        it = iter(loader)
+        for i, _batch in enumerate(it):
+            if i == 10:
+                break
+        pids = worker_pids(it)
+        del it, _batch
+        assert all(process_alive(pid) for pid in pids)
+        it = iter(loader)
+        next(it)
+        assert worker_pids(it) == pids   # the same workers serve the next epoch
+        del it, loader
+        assert_gone(pids, within=3.0)
 
 
 def test_exception_in_training_loop_ends_workers():

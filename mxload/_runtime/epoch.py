@@ -354,13 +354,18 @@ class EpochIterator:
             self._superseded = True
             self._end()
 
-    def release_engine_at_end(self) -> None:
-        """The loader is gone: end the workers with this epoch, even if persistent."""
-        producer = self._producer
-        if isinstance(producer, (_EngineBatches, AutoBatches)):
-            producer.persistent = False
-            if self._closed and producer.engine is not None:
-                producer.engine.shutdown()
+    def release_engine_at_end(self, engine: Engine) -> bool:
+        """The loader is gone: end the workers with this epoch, even if
+        persistent.  Whether this epoch ends `engine` (the loader's persistent
+        workers) when it ends; if not (it is over: closed, or being finalized,
+        which freed the loader's last reference; or it is not on `engine`),
+        the caller ends them."""
+        state = self.__dict__   # cleared by _finalize, which may be what freed the loader
+        producer = state.get("_producer")
+        if state.get("_closed", True) or not isinstance(producer, (_EngineBatches, AutoBatches)):
+            return False
+        producer.persistent = False   # (num_workers="auto": also an engine it starts later)
+        return producer.engine is engine
 
     @defer_sigint
     def close(self) -> None:
