@@ -64,6 +64,39 @@ class WorkerInfoDataset(mxload.Dataset):
         return np.array([i, wid, os.getpid()], np.int64), np.random.randint(0, 2 ** 31)
 
 
+class HoldingDescriptors(mxload.Dataset):
+    """Holds `n` descriptors (multiprocessing Connections of context `ctx`), which a spawn or
+    forkserver worker receives with the dataset; each sample says how many of them are open
+    in the worker."""
+
+    def __init__(self, ctx, n: int):
+        self.conns: list = []
+        while len(self.conns) < n:
+            r, w = ctx.Pipe(duplex=False)
+            self.conns.append(r)
+            if len(self.conns) < n:
+                self.conns.append(w)
+            else:
+                w.close()
+
+    def close(self) -> None:
+        for c in self.conns:
+            c.close()
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        usable = 0
+        for c in self.conns:
+            try:
+                os.fstat(c.fileno())
+                usable += 1
+            except OSError:
+                pass
+        return np.int64(usable)
+
+
 class SharedCounting(mxload.Dataset):
     """Counts its loads in multiprocessing objects of context `ctx` (a Value, an Array by
     worker, a Lock, an Event) and sends each index it loads down a Pipe, as torch programs do:

@@ -14,6 +14,7 @@ from conftest import asleep_in, slab_mappings, start_methods
 from datasets_for_tests import (
     DictDataset,
     EpochBatches,
+    HoldingDescriptors,
     ShardedStream,
     SharedCounting,
     TupleDataset,
@@ -542,6 +543,65 @@ def test_a_dataset_holding_multiprocessing_objects_shares_them_with_every_start_
     assert sorted(ds.indices.recv() for _ in range(48)) == sorted(2 * list(range(24)))
     ds.indices.close()
     ds.sent.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_dataset_holding_as_many_descriptors_as_a_worker_can_receive_and_one_more(method):
+    """The most descriptors a worker can receive with its dataset depends on how it starts: a
+    spawn worker's arrive in one message of ours, a forkserver worker's in one message of
+    multiprocessing's fork server, which adds its own and the worker's socket.  The most works;
+    one more is a TypeError saying so, before anything is sent (the fork server is shared by
+    the whole process: a message it cannot take killed it, and every later forkserver loader
+    failed with EOFError, then ConnectionRefusedError)."""
+    from mxload._runtime.local.launcher import max_payload_fds
+    ctx = mp.get_context(method)
+    most = max_payload_fds(method)
+    ds = HoldingDescriptors(ctx, most)
+    try:
+        loader = mxload.DataLoader(ds, batch_size=2, num_workers=1, multiprocessing_context=method)
+        assert np.concatenate(list(loader)).tolist() == [most] * 4
+    finally:
+        ds.close()
+    ds = HoldingDescriptors(ctx, most + 1)
+    try:
+        loader = mxload.DataLoader(ds, batch_size=2, num_workers=1, multiprocessing_context=method)
+        with pytest.raises(TypeError, match=rf"HoldingDescriptors.*multiprocessing objects with {most + 1} "
+                                            rf"descriptors.*a {method!r} worker can receive at most {most}"):
+            iter(loader)
+    finally:
+        ds.close()
+    # The next loader of this start method in this process works.
+    ds = HoldingDescriptors(ctx, 2)
+    try:
+        loader = mxload.DataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context=method)
+        assert np.concatenate(list(loader)).tolist() == [2] * 4
+    finally:
+        ds.close()
+
+
+@pytest.mark.slow
+def test_the_fork_server_sends_what_mxload_counts_with_a_worker_s_descriptors(monkeypatch):
+    """max_payload_fds("forkserver") counts what multiprocessing's fork server client sends
+    with a worker's: measured here (its sendfds watched), so a Python that sends more fails."""
+    from multiprocessing import reduction
+
+    from mxload._runtime.local import launcher
+    sent: list[int] = []
+    real = reduction.sendfds
+
+    def watched(sock, fds):
+        sent.append(len(fds))
+        return real(sock, fds)
+
+    monkeypatch.setattr(reduction, "sendfds", watched)
+    ds = HoldingDescriptors(mp.get_context("forkserver"), 3)
+    try:
+        loader = mxload.DataLoader(ds, batch_size=2, num_workers=1, multiprocessing_context="forkserver")
+        assert np.concatenate(list(loader)).tolist() == [3] * 4
+    finally:
+        ds.close()
+    assert sent == [3 + launcher.WORKER_SOCKET_FDS + launcher.FORK_SERVER_OWN_FDS]
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ import time
 import weakref
 from collections.abc import Iterator
 from multiprocessing import connection as mp_connection
+from multiprocessing import forkserver
 from typing import Any, Generic, Protocol, TypeVar
 
 from ..._core import WorkerChannel
@@ -56,6 +57,28 @@ def choose_start_method(requested: str | None) -> str:
 # Descriptors multiprocessing's fork server client holds at once to start a
 # process (its socket, two pipes, the sentinel kept), with room to spare.
 _FORKSERVER_START_FDS = 8
+
+
+# What multiprocessing's fork server client (ForkServer.connect_to_new_process) sends in its one
+# message beside the descriptors a Process's arguments hold: a status pipe's and a data pipe's
+# child ends, the fork server's alive descriptor and the resource tracker's (CPython 3.8-3.13;
+# tests/test_loader.py measures it).  The arguments of a worker's Process hold its socket.
+FORK_SERVER_OWN_FDS = 4
+WORKER_SOCKET_FDS = 1
+
+
+def max_payload_fds(start_method: str) -> int:
+    """The most descriptors of the payload's multiprocessing objects (inherit.py) a worker
+    started with `start_method` can receive.  spawn: one Handover message of ours carries just
+    them.  forkserver: one message of the fork server client carries them with its own and the
+    worker's socket, within a message's limit and the client's own check (fewer than
+    MAXFDS_TO_SEND in all, else ValueError "too many fds").  Past the message's limit sendmsg
+    fails with EINVAL after the fork server accepted the request, which ends the fork server
+    (shared by every forkserver Process of this process): so this is checked before."""
+    if start_method != "forkserver":
+        return wire.MAX_FDS_PER_MESSAGE
+    whole_message = min(wire.MAX_FDS_PER_MESSAGE, forkserver.MAXFDS_TO_SEND - 1)
+    return whole_message - FORK_SERVER_OWN_FDS - WORKER_SOCKET_FDS
 
 
 def _check_fd_room(needed: int, doing: str) -> None:
@@ -296,12 +319,13 @@ class Launcher:
                 f"the dataset ({self._dataset_type}), batchify_fn or worker_init_fn cannot be pickled "
                 f"for {self.start_method!r} workers: {e}. Make them picklable (module-level "
                 f"functions and classes) or use start_method='fork'") from e
-        if len(self._payload_fds) > wire.MAX_FDS_PER_MESSAGE:
+        most = max_payload_fds(self.start_method)
+        if len(self._payload_fds) > most:
             raise TypeError(
                 f"the dataset ({self._dataset_type}), batchify_fn or worker_init_fn hold multiprocessing "
                 f"objects with {len(self._payload_fds)} descriptors (shared memory of Values and Arrays, "
                 f"pipes, sockets): a {self.start_method!r} worker can receive at most "
-                f"{wire.MAX_FDS_PER_MESSAGE}. Share fewer, or use start_method='fork'")
+                f"{most}. Share fewer, or use start_method='fork'")
         return data
 
     def start_all(self, num_workers: int, epoch: int) -> list[ProcessHandle]:
