@@ -611,7 +611,7 @@ def test_iterable_datasets_resumed_mid_epoch_at_random_points_yield_every_sample
         loader_of = functools.partial(mxload.DataLoader, batch_size=batch_size, num_workers=2,
                                       persistent_workers=persistent, thread_pool=threads, timeout=10)
         ds = ResumableShards(shards, jitter)
-        loader = loader_of(ds, prefetch=rng.randint(1, 6))
+        loader = first = loader_of(ds, prefetch=rng.randint(1, 6))
         try:
             if later_epoch:
                 assert sorted(np.concatenate([b for b in loader] or [[]]).tolist()) == ds.samples(), what
@@ -625,12 +625,14 @@ def test_iterable_datasets_resumed_mid_epoch_at_random_points_yield_every_sample
             if rng.random() < 0.5:
                 del it   # or left to the load_state_dict below (which closes the loader's epochs)
             if not same_loader:
-                loader.close()
+                if rng.random() < 0.5:
+                    loader.close()   # or still loading while the resumed one starts and runs
                 loader = loader_of(ResumableShards(shards, jitter), prefetch=rng.randint(1, 6))
             loader.load_state_dict(state)
             rest = [b.tolist() for b in loader]
         finally:
             loader.close()
+            first.close()
         got = taken + [i for b in rest for i in b]
         assert sorted(got) == ds.samples(), f"{what}: stopped after {stop} of {total} batches; got {got}"
 
