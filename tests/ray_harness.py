@@ -38,7 +38,9 @@ def local() -> dict:
     if _current["kind"] != "local":
         stop()
         _worker_environment()
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        # address="local": a new instance even when another Ray runs on this machine (another
+        # test session's cluster), which ray.init() would otherwise join.
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
         _current["kind"] = "local"
     return {"node_id": ray.get_runtime_context().get_node_id()}
 
@@ -102,7 +104,8 @@ def our_refs() -> dict:
     ray.put objects): empty once every loader is done."""
     import ray
     worker = ray._private.worker.global_worker
-    return {ref.hex(): count for ref, count in worker.core_worker.get_all_reference_counts().items()}
+    # Ray gives each ObjectID as its hex text, in bytes: the keys are ObjectRef.hex()'s.
+    return {ref.decode(): count for ref, count in worker.core_worker.get_all_reference_counts().items()}
 
 
 def assert_nothing_of_ours(within: float = 3.0) -> None:

@@ -307,6 +307,63 @@ def test_break_kills_every_actor_and_releases_every_reference():
         ray_harness.assert_nothing_of_ours(within=1.5)
 
 
+def test_the_fetcher_keeps_no_object_reference_once_it_stopped():
+    """CI: after a node's death, the teardown found an ObjectRef still held
+    ('local': 1).  The fetcher took a completion just as the shutdown
+    began and returned with it in its frame; an actor call that had failed
+    before (its error raised and caught in the fetcher, the error's traceback
+    holding the fetcher's frames: a cycle) kept that frame, and the ref in
+    it, until a garbage collection.  Here the shutdown lands exactly there:
+    with the collector off, no reference may be left."""
+    import gc
+    import queue
+    import threading
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from mxload._runtime import messages as m
+    from mxload._runtime.ray import transport as ray_transport
+    from mxload._runtime.transport import TransportSetup
+
+    lost = []
+    sink = SimpleNamespace(deliver=lambda *a: None, worker_lost=lost.append, fail=lambda e: None)
+    transport = ray_transport.RayTransport(
+        TransportSetup(sink, threading.RLock(), SimpleNamespace(num_workers=1), None, "Dataset", 1, None),
+        SMALL)
+    transport._ray = ray
+    actor = ray_transport._Actor(0, None)
+    died, late = Future(), Future()
+    died.set_exception(RuntimeError("the actor's node died"))
+    late.set_result(None)
+    ref = ray.put(0)
+    held = ref.hex()
+    completions = queue.SimpleQueue()
+    completions.put((actor, None, m.Task(0, 0, None), died))
+    completions.put((actor, ref, m.Task(0, 1, None), late))
+    del ref
+
+    class ShutdownMeanwhile:
+        """The fetcher's queue, with stop_receiving landing as the last completion is taken."""
+        def get(self, timeout):
+            item = completions.get_nowait()
+            if completions.empty():
+                transport._stopping = True
+            return item
+
+    transport._done = ShutdownMeanwhile()
+    fetcher = threading.Thread(target=transport._fetch_loop)
+    gc.disable()
+    try:
+        fetcher.start()
+        fetcher.join(timeout=10)
+        assert not fetcher.is_alive()
+        assert [loss.worker_id for loss in lost] == [0]   # the failed call was handled
+        left = ray_harness.our_refs()
+    finally:
+        gc.enable()
+    assert held not in left, left
+
+
 @pytest.mark.faults
 def test_a_stopped_actor_is_named_stopped_with_the_hint_to_continue_it():
     """A SIGSTOPped actor on the trainer's node was called "alive" in the

@@ -99,6 +99,17 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else ""
 
 
+def _outcome(future: Future[Any]) -> tuple[Any, BaseException | None]:
+    """A resolved call's value, or its error, without raising the error:
+    raised and caught here, its traceback would hold the fetcher's frames
+    in a reference cycle (the error is a local of the frame it names), and
+    with them the transport and any completion a frame held, an ObjectRef
+    among them, until a garbage collection (CI once found a reference still
+    held after a node's death)."""
+    error = future.exception(timeout=0)
+    return (None, error) if error is not None else (future.result(timeout=0), None)
+
+
 def _writable(buffer: np.ndarray) -> np.ndarray:
     return buffer if buffer.flags.writeable else np.asarray(_Writable(buffer))
 
@@ -350,30 +361,28 @@ class RayTransport(Transport):
         from ..local.zygote import block_sigint_in_this_thread
         block_sigint_in_this_thread()
         try:
-            while not self._stopping:
-                try:
-                    item = self._done.get(timeout=_FETCH_POLL_S)
-                except queue.Empty:
-                    item = None
-                if self._stopping:
-                    return
-                if item is not None:
-                    self._completed(*item)
-                    del item
-                elif not self._ray_running():
-                    return
+            while not self._stopping and self._handle_next():
                 self._report_drained_losses()
         except BaseException as e:   # never die silently: the consumer must not hang
             if not self._stopping:
                 self.sink.fail(WorkerError(f"mxload Ray fetcher thread failed: {type(e).__name__}: {e}"))
 
+    def _handle_next(self) -> bool:
+        """Handle the next completion, if one comes within _FETCH_POLL_S;
+        False once the fetcher is to end.  The completion lives in this
+        frame only, never in the loop's (see _outcome)."""
+        try:
+            item = self._done.get(timeout=_FETCH_POLL_S)
+        except queue.Empty:
+            return self._ray_running()
+        if item is None or self._stopping:
+            return False
+        self._completed(*item)
+        return True
+
     def _completed(self, actor: _Actor, ref: Any, task: m.Task | None, future: Future[Any]) -> None:
         ray = self._ray
-        try:
-            value = future.result(timeout=0)
-            error: BaseException | None = None
-        except BaseException as e:
-            value, error = None, e
+        value, error = _outcome(future)
         del future
         received = time.monotonic_ns()
         with self.lock:
