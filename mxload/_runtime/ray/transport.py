@@ -466,7 +466,12 @@ class RayTransport(Transport):
         self._closing = True
 
     def ask_to_stop(self) -> None:
-        """Kill every actor (Ray fails their pending calls); queued work is never done."""
+        """Kill every actor (Ray fails their pending calls); queued work is never done.
+        Not once Ray was shut down (or replaced): the actors went with it, and
+        ray.kill() would start a new local Ray (Ray's auto-init), seconds long
+        and a Ray the user had just shut down running again."""
+        if not self.reusable():
+            return
         for actor in list(self._all):
             try:
                 self._ray.kill(actor.handle, no_restart=True)
@@ -475,7 +480,9 @@ class RayTransport(Transport):
 
     def end_workers(self, start: float, deadline: float) -> None:
         """Wait until Ray knows every actor is dead: a call made after
-        ray.kill fails only then."""
+        ray.kill fails only then (not once Ray is gone: see ask_to_stop)."""
+        if not self.reusable():
+            return
         probes = []
         for actor in self._all:
             try:
