@@ -295,6 +295,20 @@ def main() -> None:
 
 
 def _bench(args: argparse.Namespace, out: Any) -> None:
+    # Ray puts the driver's working directory first on its workers' sys.path: from the
+    # repository root (where the README runs this) that is the source folder mxload/, without
+    # a compiled core unless built in place, instead of the installed mxload, and every actor
+    # fails to start.  Ray starts from an empty folder instead.
+    home = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="mxload-bench-ray-") as empty:
+        os.chdir(empty)
+        try:
+            _bench_in(args, out)
+        finally:
+            os.chdir(home)
+
+
+def _bench_in(args: argparse.Namespace, out: Any) -> None:
     def print(*what: Any) -> None:   # our output: the terminal, not Ray's log
         builtins.print(*what, file=out)
     repeats = args.repeats or (3 if args.quick else 5)

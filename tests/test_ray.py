@@ -364,6 +364,42 @@ def test_the_fetcher_keeps_no_object_reference_once_it_stopped():
     assert held not in left, left
 
 
+def test_an_actor_that_cannot_be_created_says_why_without_colour_codes(tmp_path):
+    """`python bench/ray.py` from the repository root: Ray puts the driver's
+    working directory first on its workers' sys.path, where the source
+    folder mxload/ (no compiled core) shadows the installed mxload, and the
+    error said only "ActorDiedError ... TemporaryActor ... check RayBackend's
+    resources and runtime_env", with raw colour codes; the ImportError was
+    only in Ray's worker log.  The loader's error must carry the cause, say
+    what to do, and hold no escape code.  (A child process whose working
+    directory holds such an mxload/, on this module's Ray instance.)"""
+    shadow = tmp_path / "mxload"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text('raise ImportError("simulated: no compiled core in this mxload/")\n')
+    real = os.path.dirname(os.path.dirname(os.path.abspath(mxload.__file__)))
+    script = textwrap.dedent(f"""
+        import sys
+        here = ("", {str(tmp_path)!r})   # the driver imports the real mxload; Ray's workers get this folder
+        sys.path[:] = [{real!r}, {ray_harness.TESTS_DIR!r}] + [p for p in sys.path if p not in here]
+        import numpy as np, ray, mxload
+        ray.init(address={ray.get_runtime_context().gcs_address!r}, log_to_driver=False)
+        loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(8)), batch_size=2, num_workers=1, timeout=60,
+                                   backend=mxload.RayBackend(num_cpus_per_worker=0.25))
+        try:
+            list(loader)
+            print("no error")
+        except mxload.WorkerError as e:
+            print(repr(str(e)))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=100,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    message = eval(proc.stdout.strip().splitlines()[-1])   # the repr printed above
+    assert "ImportError: simulated: no compiled core in this mxload/" in message, message
+    assert "run the script from another directory" in message, message
+    assert "\x1b" not in message, message
+
+
 @pytest.mark.faults
 def test_a_stopped_actor_is_named_stopped_with_the_hint_to_continue_it():
     """A SIGSTOPped actor on the trainer's node was called "alive" in the

@@ -25,7 +25,8 @@ layout) define a format that crosses processes.
       fds.py         descriptors no forked child may keep
     threads.py     ThreadTransport: a task queue per worker thread
     ray/           backend="ray": RayTransport (transport.py) and the LoaderActor
-                   (actor.py), workers anywhere in a Ray cluster
+                   (actor.py), workers anywhere in a Ray cluster; Ray's error texts as
+                   mxload quotes them (errors.py: no colour codes, an actor's creation error)
     worker.py      the one task loop of process and thread workers; WorkerInfo, seeding
     source.py      the samples of a batch (map-style indices or a stream)
     remote_errors.py  a worker's exception rebuilt in the training process (never raises)

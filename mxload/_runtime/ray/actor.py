@@ -22,6 +22,7 @@ from typing import Any, cast
 from ..._collate import plan as _plan
 from .. import messages as m
 from ..worker import WorkerConfig, _Link, answer, enter_process, reseed_process
+from .errors import plain
 
 __all__ = ["LoaderActor"]
 
@@ -86,9 +87,9 @@ class LoaderActor:
         except Exception as e:
             self._init_failed = m.InitFailed(m.ExceptionInfo.of(RuntimeError(
                 f"mxload worker {config.worker_id} (a Ray actor on node {_node_ip()}) could not receive the "
-                f"dataset, batchify_fn and worker_init_fn: {type(e).__name__}: {e}. Their classes and "
-                f"functions must be importable on every node that runs workers: ship the code with "
-                f"RayBackend(runtime_env={{'working_dir': ...}}) or {{'py_modules': [...]}}")))
+                f"dataset, batchify_fn and worker_init_fn: {type(e).__name__}: {plain(str(e))}. Their "
+                f"classes and functions must be importable on every node that runs workers: ship the code "
+                f"with RayBackend(runtime_env={{'working_dir': ...}}) or {{'py_modules': [...]}}")))
             return
         enter_process(config, dataset)
         self._source = config.source(dataset)

@@ -44,6 +44,7 @@ from .. import os_threads
 from ..local.launcher import process_state
 from ..transport import Transport, TransportSetup, WorkerLoss
 from .actor import LoaderActor
+from .errors import creation_error, first_line, plain
 
 if TYPE_CHECKING:
     from ...backends import RayBackend
@@ -92,11 +93,6 @@ class _Writable:
         self.base = buffer   # keeps the object store's copy mapped while views exist
         self.__array_interface__ = {"data": (buffer.ctypes.data, False), "shape": buffer.shape,
                                     "typestr": "|u1", "version": 3}
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else ""
 
 
 def _outcome(future: Future[Any]) -> tuple[Any, BaseException | None]:
@@ -152,6 +148,7 @@ class _Actor:
     lost: str | None = None      # why, once a call failed
     lost_at: float = 0.0
     unstartable: bool = False
+    created_failed: bool = False  # its creation task raised (errors.creation_error says what)
     reported: bool = False
 
     def name(self) -> str:
@@ -205,9 +202,13 @@ class _Actor:
         how = f"{self.name()}, pid {self.pid}: {self.lost}"
         final = None
         if self.unstartable:
+            # A creation error says itself what to do; Ray's own refusals (a runtime_env
+            # that did not set up, resources no node has) are the backend's settings.
+            advice = "" if self.created_failed else "; check RayBackend's resources and runtime_env"
+
             def final(held: list[int]) -> str:
                 return (f"mxload worker {self.worker_id} could not start ({how}) while holding batches "
-                        f"{held}; check RayBackend's resources and runtime_env")
+                        f"{held}{advice}")
         return WorkerLoss(self.worker_id, self.pid, None, how, final=final)
 
 
@@ -365,7 +366,8 @@ class RayTransport(Transport):
                 self._report_drained_losses()
         except BaseException as e:   # never die silently: the consumer must not hang
             if not self._stopping:
-                self.sink.fail(WorkerError(f"mxload Ray fetcher thread failed: {type(e).__name__}: {e}"))
+                self.sink.fail(WorkerError(f"mxload Ray fetcher thread failed: {type(e).__name__}: "
+                                           f"{plain(str(e))}"))
 
     def _handle_next(self) -> bool:
         """Handle the next completion, if one comes within _FETCH_POLL_S;
@@ -424,7 +426,10 @@ class RayTransport(Transport):
         if not self._ray_running():
             return   # Ray itself was shut down: the epoch failed saying so, not as this actor's death
         if actor.lost is None:
-            actor.lost = f"{type(error).__name__}: {_first_line(error)}"
+            created = creation_error(error)
+            actor.created_failed = created is not None
+            actor.lost = (f"its creation failed: {created}" if created is not None
+                          else f"{type(error).__name__}: {first_line(error)}")
             actor.lost_at = time.monotonic()
             # Ray could not make it at all (its runtime_env, an unschedulable request):
             # a replacement would fail alike.
