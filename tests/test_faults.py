@@ -1042,3 +1042,50 @@ def test_a_start_that_runs_out_of_descriptors_leaves_nothing_and_says_which(star
     assert out.splitlines() == ["done"], (out, err)   # no leftover, every error names the limit
     assert "Traceback" not in err, err
     assert proc.returncode == 0, err
+
+
+def test_a_fork_server_that_reports_no_end_by_the_deadline_leaves_no_descriptor():
+    """The fork server, not this process, reaps a forkserver worker and reports its end through
+    a status pipe.  A shutdown that had no report by its deadline (the fork server not scheduled
+    for a second on a loaded machine: once in the repeated descriptor-limit test above, at a
+    load of 9 on 2 cores) kept each such worker's status pipe and parent-alive pipe open in
+    multiprocessing's Popen until the program's next Process.start(): "left ['pipe:[...]',
+    'pipe:[...]']".  Here the fork server is stopped through the shutdown, so no end is
+    reported: the shutdown still returns within its deadline with no descriptor left, the
+    workers (SIGKILLed) are reaped by the fork server once it runs again, and it serves the
+    next loader."""
+    proc = _run_script("""
+        import multiprocessing
+        from multiprocessing import forkserver
+        forkserver.ensure_running()      # long-lived by design: started before the baseline
+        server = forkserver._forkserver._forkserver_pid
+        loader = mxload.DataLoader(TupleDataset(64), batch_size=2, num_workers=2, start_method="forkserver")
+        def fds():
+            return set(os.listdir("/proc/self/fd"))
+        before = fds()
+        it = iter(loader)
+        next(it)
+        print(*it.engine.worker_pids(), flush=True)
+        os.kill(server, signal.SIGSTOP)   # it can report no worker's end
+        try:
+            started = time.monotonic()
+            it.close()
+            took = time.monotonic() - started
+            left = [os.readlink(f"/proc/self/fd/{fd}") for fd in sorted(fds() - before, key=int)]
+        finally:
+            os.kill(server, signal.SIGCONT)
+        print("shutdown", took < 1.5, left, flush=True)
+        del it
+        print("next", sum(len(b[0]) for b in loader), flush=True)
+        print("after", sorted(fds() - before, key=int), multiprocessing.active_children(), flush=True)
+    """)
+    pids: list[int] = []
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        out, err = proc.communicate(timeout=60)
+    finally:
+        end_child(proc, pids)
+    assert len(pids) == 2, (pids, out, err)
+    assert out.splitlines() == ["shutdown True []", "next 64", "after [] []"], (out, err)
+    assert proc.returncode == 0, err
+    assert_gone(pids, within=2.0)

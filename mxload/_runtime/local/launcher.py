@@ -33,7 +33,7 @@ from ..worker import Payload, WorkerConfig, in_worker_process, worker_process_ma
 from . import fds as _fds
 from .inherit import ForChild, pickle_payload
 from .slabs import fd_limit_error
-from .zygote import SpawnedWorker, Zygote, ZygoteWorker, ensure_fork_server, sigint_deferred
+from .zygote import ForkServerWorker, SpawnedWorker, Zygote, ZygoteWorker, ensure_fork_server, sigint_deferred
 
 __all__ = ["Closing", "Launcher", "ProcessHandle", "WeakRegistry", "choose_start_method", "describe_exit",
            "process_state"]
@@ -130,9 +130,11 @@ class Closing(Exception):
 
 
 class Process(Protocol):
-    """What the launcher needs of a worker process (multiprocessing.Process,
+    """What the launcher needs of a worker process (zygote.ForkServerWorker,
     zygote.SpawnedWorker, zygote.ZygoteWorker)."""
-    sentinel: int
+
+    @property
+    def sentinel(self) -> int: ...
 
     @property
     def pid(self) -> int | None: ...
@@ -142,7 +144,11 @@ class Process(Protocol):
     def join(self, timeout: float | None = None) -> None: ...
     def terminate(self) -> None: ...
     def kill(self) -> None: ...
-    def close(self) -> None: ...
+
+    def close(self) -> None:
+        """Release this process's descriptors for the worker: once it has ended, or once it was
+        sent SIGKILL (the shutdown's deadline came before its end was known; its parent, this
+        process, the zygote or the fork server, reaps it)."""
 
 
 _tags: Iterator[int] = itertools.count(1)
@@ -408,10 +414,9 @@ class Launcher:
             config = dataclasses.replace(config, payload_fds=ForChild(self._payload_fds))
         ensure_fork_server()
         _check_fd_room(_FORKSERVER_START_FDS, f"starting worker {wid} through the fork server")
-        ctx: Any = mp.get_context(self.start_method)  # typeshed's BaseContext lacks Process
-        proc: Process = ctx.Process(target=worker_process_main, args=(config, child_end),
-                                    name=f"mxload-worker-{wid}", daemon=True)
-        proc.start()  # type: ignore[attr-defined]  # multiprocessing.Process
+        proc = ForkServerWorker(target=worker_process_main, args=(config, child_end),
+                                name=f"mxload-worker-{wid}", daemon=True)
+        proc.start()
         return proc
 
     def forget(self, proc: Process) -> None:
@@ -432,11 +437,9 @@ class Launcher:
 
     def end_all(self, procs: list[Process], start: float, deadline: float) -> None:
         """End and reap `procs`, then the zygote with whatever is left of its children."""
-        self.end_processes(procs, start, deadline)
+        self.end_processes(procs, start, deadline)   # closes them all, reaped or not
         if self._zygote is not None:
-            self._zygote.close(deadline)
-            for p in procs:
-                p.close()   # whatever the zygote did not report, its end ended them too
+            self._zygote.close(deadline)   # what it did not report, its end ended too
 
     def end_processes(self, procs: list[Process], start: float, deadline: float) -> None:
         """Grace, then SIGTERM, then SIGKILL, all within one deadline; reap all."""
@@ -457,8 +460,10 @@ class Launcher:
         _wait_exit(alive, deadline)
         for p in procs:
             p.join(timeout=max(0.0, deadline - time.monotonic()))  # reap: no zombies
-            if p.exitcode is not None:
-                p.close()
+            # Reaped; or sent SIGKILL and its end not known by the deadline (its parent not run
+            # meanwhile, on a loaded machine: the fork server, the zygote): its descriptors go
+            # now all the same, and its parent reaps it.
+            p.close()
 
 
 def _wait_exit(procs: list[Process], until: float) -> None:

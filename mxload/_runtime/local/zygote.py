@@ -35,7 +35,9 @@ reaches it (not even while its interpreter starts, when it could not ignore
 it yet) and the main process never has to ignore SIGINT while starting it.
 Its first frame carries multiprocessing's preparation data (sys.path, the
 main module, as multiprocessing's spawn does) and its WorkerConfig.
-forkserver: workers are multiprocessing processes, replacements too.
+forkserver: workers are multiprocessing processes, replacements too, whose
+parent is multiprocessing's fork server: it reaps them and reports their ends
+through a status pipe each (ForkServerWorker).
 spawn and forkserver workers watch their own socket, whose other end only
 the main process holds, and SIGKILL themselves when it hangs up (worker.py).
 """
@@ -54,6 +56,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterator
+from multiprocessing.context import ForkServerProcess
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..._core import watch_main_process
@@ -224,8 +227,31 @@ class SpawnedWorker:
             self._popen.kill()
 
     def close(self) -> None:
+        # Not reaped yet (SIGKILLed, its end not seen by the shutdown's deadline): subprocess
+        # keeps a Popen dropped while its child runs, and reaps it at the next subprocess start.
         fd, self.sentinel = getattr(self, "sentinel", -1), -1
         _fds.close_fd(fd)
+
+
+class ForkServerWorker(ForkServerProcess):
+    """multiprocessing's forkserver Process, which can be closed before its end is reported.
+
+    The fork server, not this process, is a forkserver worker's parent: it reaps the worker and
+    writes its exit status to a status pipe, which multiprocessing's Popen reads to learn the
+    end.  Until then the Popen keeps that pipe and the worker's parent-alive pipe open, and
+    Process.close() refuses; a Process left unclosed stays in multiprocessing's children with
+    both until the program's next Process.start() after the report.  A fork server not run for
+    a second (a loaded machine) let a shutdown's deadline pass so, and the failed iter() left a
+    pipe pair per worker."""
+
+    def close(self) -> None:
+        popen = self._popen   # type: ignore[attr-defined]  # multiprocessing's, not in typeshed
+        if popen is not None and popen.poll() is None:
+            # Sent SIGKILL (end_processes): it ends, and the fork server reaps it and finds the
+            # status pipe closed (as for a client that exited: it reports to no one).
+            popen.close()                         # multiprocessing's finalizer: both pipes
+            popen.returncode = -signal.SIGKILL    # what it was sent: close() reads no closed pipe
+        super().close()
 
 
 def spawned_worker_main() -> None:
