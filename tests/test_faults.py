@@ -1089,3 +1089,45 @@ def test_a_fork_server_that_reports_no_end_by_the_deadline_leaves_no_descriptor(
     assert out.splitlines() == ["shutdown True []", "next 64", "after [] []"], (out, err)
     assert proc.returncode == 0, err
     assert_gone(pids, within=2.0)
+
+
+def test_a_spawn_worker_not_reaped_by_the_deadline_leaves_no_pidfd():
+    """The same for a spawn worker, whose parent is this process: one SIGKILLed and still not
+    reaped at the deadline (uninterruptible sleep: simulated here, its reaping hidden from the
+    shutdown) kept its pidfd open for good.  It is closed with the rest, and the worker is
+    reaped once its handle is dropped."""
+    proc = _run_script("""
+        import gc
+        from mxload._runtime.local.zygote import SpawnedWorker
+        loader = mxload.DataLoader(TupleDataset(64), batch_size=2, num_workers=2, start_method="spawn")
+        def fds():
+            return set(os.listdir("/proc/self/fd"))
+        before = fds()
+        it = iter(loader)
+        next(it)
+        pids = it.engine.worker_pids()
+        print(*pids, flush=True)
+        SpawnedWorker.join = lambda self, timeout=None: None        # never reaped in time
+        SpawnedWorker.exitcode = property(lambda self: None)
+        it.close()
+        print("shutdown", [os.readlink(f"/proc/self/fd/{fd}") for fd in sorted(fds() - before, key=int)],
+              flush=True)
+        del it
+        gc.collect()
+        def reaped(pid):
+            try:
+                os.waitpid(pid, os.WNOHANG)   # (reaps a zombie left: the test then fails)
+            except ChildProcessError:
+                return True
+            return False
+        print("reaped", [reaped(pid) for pid in pids], flush=True)
+    """)
+    pids: list[int] = []
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        out, err = proc.communicate(timeout=60)
+    finally:
+        end_child(proc, pids)
+    assert len(pids) == 2, (pids, out, err)
+    assert out.splitlines() == ["shutdown []", "reaped [True, True]"], (out, err)
+    assert proc.returncode == 0, err
