@@ -30,6 +30,14 @@ from mxl_c cimport *
 
 cnp.import_array()
 
+# NOTE [ No memoryviews in the core ]
+# A typed memoryview (`int64_t[::1] v = array`) anywhere in this module makes Cython add its
+# memoryview support, whose module initialization registers its types with collections.abc
+# inside `try: ... except: pass`: a Ctrl-C landing there (during `import mxload`) was dropped,
+# and the program ran on as if it had never been pressed.  So the core reads arrays through
+# pointers (cnp.PyArray_DATA of an array it made, contiguous) and never declares a memoryview;
+# tests/test_interrupts.py lands a Ctrl-C at each such registration of an import.
+
 include "interrupt.pxi"
 include "reorder.pxi"
 include "collate.pxi"

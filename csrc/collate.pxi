@@ -208,7 +208,8 @@ def pad_check(arrays, int axis=0):
         axis += nd
     cdef cnp.PyArray_Descr *descr0 = cnp.PyArray_DESCR(first)
     cdef cnp.ndarray lengths = np.empty(n, np.int64)
-    cdef int64_t[::1] lens = lengths
+    # A pointer, not a typed memoryview (see NOTE [ No memoryviews in the core ]).
+    cdef int64_t *lens = <int64_t *>cnp.PyArray_DATA(lengths)
     cdef Py_ssize_t longest = 0
     for i in range(n):
         a = arrs[i]
@@ -378,7 +379,7 @@ def plan_layout(nbytes, Py_ssize_t alignment=ALIGNMENT):
         raise ValueError(f"alignment must be a positive power of two, got {alignment}")
     cdef Py_ssize_t n = len(nbytes), i
     cdef cnp.ndarray offsets = np.empty(n, np.int64)
-    cdef int64_t[::1] off = offsets
+    cdef int64_t *off = <int64_t *>cnp.PyArray_DATA(offsets)   # (NOTE [ No memoryviews in the core ])
     cdef int64_t pos = 0, size
     for i in range(n):
         size = nbytes[i]
