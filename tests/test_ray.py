@@ -404,8 +404,9 @@ def test_an_actor_that_cannot_be_created_says_why_without_colour_codes(tmp_path)
 def test_a_stopped_actor_is_named_stopped_with_the_hint_to_continue_it():
     """A SIGSTOPped actor on the trainer's node was called "alive" in the
     timeout error; local workers are named "stopped" with the hint to
-    SIGCONT them.  The same for Ray."""
-    loader = mxload.DataLoader(SlowDataset(0.05, n=64), batch_size=2, num_workers=1, backend=SMALL, timeout=2)
+    SIGCONT them.  The same for Ray.  (timeout covers the first batch, the actor's start
+    included: 2 s timed out before Ray placed it on a loaded machine.)"""
+    loader = mxload.DataLoader(SlowDataset(0.05, n=64), batch_size=2, num_workers=1, backend=SMALL, timeout=8)
     it = iter(loader)
     next(it)
     victim = ray_harness.live_loader_actors()[0]
