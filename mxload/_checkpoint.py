@@ -14,6 +14,7 @@ import copy
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ._torch_compat import generator_state, set_generator_state, shuffle_generator
 from .sampler import load_sampler_state, sampler_state
 
 if TYPE_CHECKING:
@@ -31,14 +32,15 @@ class EpochProgress:
     cut short at any point and leaves `extra` holding indices below
     `prefix`, which every reader ignores.  Taking a batch twice counts it once."""
 
-    __slots__ = ("epoch", "sampler_state", "dataset_state", "prefix", "extra", "_finished", "total",
-                 "_on_complete", "pending", "_slot")
+    __slots__ = ("epoch", "sampler_state", "dataset_state", "torch_rng", "prefix", "extra", "_finished",
+                 "total", "_on_complete", "pending", "_slot")
 
     def __init__(self, epoch: int, sampler_state: Any, dataset_state: Any,
-                 done: dict[str, Any] | None = None):
+                 done: dict[str, Any] | None = None, torch_rng: str | None = None):
         self.epoch = epoch
         self.sampler_state = sampler_state
         self.dataset_state = dataset_state
+        self.torch_rng = torch_rng   # see LoaderPosition.before_draws
         done = done or {}
         self.prefix = int(done.get("prefix", 0))       # batches 0..prefix-1 taken
         self.extra = set(int(i) for i in done.get("extra", ()))   # and these (those < prefix: stale)
@@ -145,9 +147,12 @@ class EpochProgress:
 
     def state(self, seed: int) -> dict[str, Any]:
         prefix, extra = self._done()
-        return {"version": STATE_VERSION, "seed": seed, "epoch": self.epoch,
-                "sampler": copy.deepcopy(self.sampler_state), "dataset": copy.deepcopy(self.dataset_state),
-                "done": {"prefix": prefix, "extra": extra}}
+        state = {"version": STATE_VERSION, "seed": seed, "epoch": self.epoch,
+                 "sampler": copy.deepcopy(self.sampler_state), "dataset": copy.deepcopy(self.dataset_state),
+                 "done": {"prefix": prefix, "extra": extra}}
+        if self.torch_rng is not None:
+            state["torch_rng"] = self.torch_rng
+        return state
 
 
 def check_state(state: Any) -> dict[str, Any]:
@@ -173,6 +178,8 @@ def check_state(state: Any) -> dict[str, Any]:
             _check_count(state[optional], optional)
     if state["sampler"] is not None and not isinstance(state["sampler"], dict):
         raise bad_field("sampler", state["sampler"], "a dict or None")
+    if "torch_rng" in state and not isinstance(state["torch_rng"], str):
+        raise bad_field("torch_rng", state["torch_rng"], "a torch.Generator state as text")
     done = state["done"]
     if not isinstance(done, dict):
         raise bad_field("done", done, "a dict with 'prefix' and 'extra'")
@@ -218,6 +225,22 @@ class LoaderPosition:
     def __init__(self) -> None:
         self.progress: EpochProgress | None = None
         self.resume: dict[str, Any] | None = None
+        self._torch_rng: str | None = None
+
+    def before_draws(self, loader: DataLoader[Any]) -> None:
+        """An iter() begins, before it draws from torch's RNGs (its base seed, then a torch
+        RandomSampler's order): the state of the generator that order comes from is what fixes
+        it, recorded here for the epoch's checkpoints (torch's samplers have no state of their
+        own), and set back to the checkpoint's when resuming: the resumed iter() then draws
+        what the checkpointed one drew."""
+        generator = shuffle_generator(loader.sampler)
+        if generator is None:
+            self._torch_rng = None
+            return
+        resume = self.resume
+        if resume is not None and resume.get("torch_rng") is not None:
+            set_generator_state(generator, resume["torch_rng"])
+        self._torch_rng = generator_state(generator)
 
     def epoch_starting(self, loader: DataLoader[Any]) -> EpochProgress:
         """The progress of the epoch about to start; call before the sampler advances."""
@@ -226,12 +249,12 @@ class LoaderPosition:
             # The last epoch's last batch, if the loop got it and asked no more (its rollover
             # leftovers go on to this epoch only once counted).
             self.progress.settle()
-        state = None if loader.iterable else sampler_state(loader.batch_sampler)
+        state = None if loader.iterable else sampler_state(loader._index_sampler)
         progress = EpochProgress(loader.epoch, state, _dataset_state(loader.dataset),
-                                 resume["done"] if resume is not None else None)
+                                 resume["done"] if resume is not None else None, self._torch_rng)
         # A rollover batch sampler passes its leftovers on only when the epoch
         # is consumed to its end (Gluon's counts after an abandoned epoch).
-        progress.on_complete = getattr(loader.batch_sampler, "end_epoch", None)
+        progress.on_complete = getattr(loader._index_sampler, "end_epoch", None)
         self.progress = progress
         return progress
 
@@ -248,13 +271,15 @@ class LoaderPosition:
                 # Its last batch reached the loop, which asked no more: counted at the next
                 # call, but its rollover leftovers belong to the next epoch's state now.
                 progress._completed()
+            generator = None if redrawn else shuffle_generator(loader.sampler)
             progress = EpochProgress(loader.epoch - 1 if redrawn else loader.epoch,
-                                     None if loader.iterable else sampler_state(loader.batch_sampler),
-                                     _dataset_state(loader.dataset))
+                                     None if loader.iterable else sampler_state(loader._index_sampler),
+                                     _dataset_state(loader.dataset),
+                                     torch_rng=None if generator is None else generator_state(generator))
         state = progress.state(seed)
         # What the position means: a loader with another batch size, dataset length or
         # number of replicas would read it as other samples (checked by load()).
-        batches = progress.total if progress.total is not None else _length(loader.batch_sampler)
+        batches = progress.total if progress.total is not None else _length(loader._index_sampler)
         samples = None if loader.iterable else _length(loader.dataset)
         if batches is not None and not loader.iterable:
             state["batches"] = batches
@@ -279,15 +304,15 @@ class LoaderPosition:
         if not loader.iterable:
             # The sampler checks its own entry; the position must lie in the
             # epoch that entry makes.
-            before = sampler_state(loader.batch_sampler)
+            before = sampler_state(loader._index_sampler)
             try:
-                load_sampler_state(loader.batch_sampler, state["sampler"])
+                load_sampler_state(loader._index_sampler, state["sampler"])
                 samples = _length(loader.dataset)
                 if state.get("samples") is not None and samples is not None and samples != state["samples"]:
                     raise ValueError(f"the loader state was written for a dataset of {state['samples']} "
                                      f"samples; this loader's has {samples}: load it into a loader over "
                                      f"the same dataset")
-                batches = _length(loader.batch_sampler)   # None: a user batch sampler without len()
+                batches = _length(loader._index_sampler)   # None: a user batch sampler without len()
                 if batches is not None:
                     if state.get("batches") is not None and batches != state["batches"]:
                         raise ValueError(
@@ -298,7 +323,7 @@ class LoaderPosition:
                     check_position(state, batches)
                 load_dataset()
             except BaseException:
-                load_sampler_state(loader.batch_sampler, before)
+                load_sampler_state(loader._index_sampler, before)
                 raise
         else:
             load_dataset()

@@ -14,6 +14,7 @@ message style for every integer argument of the package).
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable
 from multiprocessing import context as mp_context
 from typing import Any, cast
@@ -87,6 +88,23 @@ class LoaderOptions:
     # num_workers="auto" (_runtime/autotune.py): num_workers is then the most it may use.
     autotune: bool = False
     auto_window: bool = False                     # prefetch="auto" (or not given with "auto" workers)
+    torch_face: bool = False                      # mxload.torch's: arguments taken as torch takes them
+
+    def changed(self, field: str, value: Any) -> LoaderOptions:
+        """A copy with `field` set as a DataLoader attribute after construction (torch allows it for
+        all but its frozen attributes), not checked again, as torch does not check it either, but in
+        the form the runtime reads: collate_fn is what collates (torch's default collate functions
+        are the native ones in mxload.torch), a timeout of 0 waits forever, a multiprocessing
+        context decides the start method."""
+        changes: dict[str, Any] = {field: value}
+        if field in ("collate_fn", "batchify_fn"):
+            fn = _native_collate(value, self.torch_face)
+            changes = {"collate_fn": fn, "batchify_fn": fn if self.auto_batching else _Unbatched(fn)}
+        elif field == "timeout" and value == 0:
+            changes[field] = None
+        elif field == "multiprocessing_context":
+            changes["start_method"] = None if value is None else _start_method_of(value)
+        return dataclasses.replace(self, **changes)
 
     @property
     def drop_last(self) -> bool:
@@ -120,7 +138,8 @@ class LoaderOptions:
 
         Raises ValueError or TypeError naming the argument, what it allows
         and what it got, as documented on :class:`mxload.DataLoader`.
-        `torch_switches`: the switches are taken as torch takes them (mxload.torch).
+        `torch_switches`: the arguments are taken as torch takes them (mxload.torch): the switches
+        any truthy value, torch's default collate functions as mxload's own.
         """
         _check_switches(torch_switches, shuffle=shuffle, drop_last=drop_last, pin_memory=pin_memory,
                         thread_pool=thread_pool, auto_reload=auto_reload,
@@ -131,6 +150,8 @@ class LoaderOptions:
             _check_stream_order(shuffle, sampler, batch_sampler)
         _check_kinds(last_batch, batch_sampler, batchify_fn, collate_fn)
         batchify_fn = collate_fn if collate_fn is not None else batchify_fn
+        if batchify_fn is not None:
+            batchify_fn = _native_collate(batchify_fn, torch_switches)
         if drop_last is not None:
             if last_batch is not None and drop_last and last_batch != "discard":
                 raise ValueError(f"drop_last=True conflicts with last_batch={last_batch!r}")
@@ -190,7 +211,20 @@ class LoaderOptions:
             max_worker_restarts=max_worker_restarts, profile=bool(profile), pin_memory=bool(pin_memory),
             pin_device_id=pin_device_id, pin_memory_device=pin_memory_device, auto_reload=bool(auto_reload),
             try_nopython=None if try_nopython is None else bool(try_nopython),
-            backend=ray_backend, autotune=autotune, auto_window=auto_window)
+            backend=ray_backend, autotune=autotune, auto_window=auto_window, torch_face=torch_switches)
+
+
+def _native_collate(fn: Any, torch_face: bool) -> Any:
+    """In mxload.torch, torch's default_collate and default_convert are mxload's (which give the
+    same batches, collated natively): passed explicitly, as code that rebuilds a loader from its
+    attributes passes them, they keep the native path.  The numpy face takes them as any function."""
+    data = sys.modules.get("torch.utils.data") if torch_face else None
+    if data is not None:
+        if fn is getattr(data, "default_collate", None):
+            return default_batchify
+        if fn is getattr(data, "default_convert", None):
+            return default_convert
+    return fn
 
 
 def _resolve_auto(num_workers: object, prefetch: object, prefetch_factor: object, iterable: bool,

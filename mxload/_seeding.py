@@ -35,8 +35,8 @@ class RunSeed:
         options = loader._options
         if not options.torch_seeded:
             return
-        if loader._options.own_sampler and options.shuffle and options.generator is None:
-            seed_from_torch(None)
+        if options.own_sampler and isinstance(loader.sampler, RandomSampler) and options.generator is None:
+            seed_from_torch(None)   # what torch's RandomSampler draws (torch's own draws for itself)
         if loader.persistent_workers and loader.num_workers and self._base_drawn:
             return
         if self.pending:

@@ -9,6 +9,7 @@ mxload's.
 """
 from __future__ import annotations
 
+import base64
 import importlib
 import sys
 import warnings
@@ -19,6 +20,7 @@ import numpy as np
 __all__ = [
     "torch_module", "is_torch_iterable_dataset", "is_tensor", "tensor_to_numpy", "seed_from_torch",
     "enter_worker", "pin_batch", "pinning_device", "to_tensors", "PIN_MEMORY_NO_ACCELERATOR",
+    "shuffle_generator", "generator_state", "set_generator_state",
 ]
 
 # Word for word what torch 2.x warns (DataLoader iterator start) when
@@ -82,6 +84,26 @@ def seed_from_torch(generator: Any) -> int:
                         f"use seed=<int> for an integer seed")
     value = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
     return value % (2 ** 63)
+
+
+def shuffle_generator(sampler: Any) -> Any:
+    """The torch.Generator a torch RandomSampler draws its order from (its own, else torch's
+    global one, from which it draws a seed); None for any other sampler."""
+    torch = torch_module()
+    data = sys.modules.get("torch.utils.data")
+    if torch is None or data is None or not isinstance(sampler, data.RandomSampler):
+        return None
+    return sampler.generator if sampler.generator is not None else torch.default_generator
+
+
+def generator_state(generator: Any) -> str:
+    """A torch.Generator's state as text (base64: a JSON-serialisable checkpoint entry)."""
+    return base64.b64encode(generator.get_state().numpy().tobytes()).decode("ascii")
+
+
+def set_generator_state(generator: Any, text: str) -> None:
+    torch = sys.modules["torch"]
+    generator.set_state(torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8))
 
 
 def enter_worker(worker_id: int, num_workers: int, seed: int, dataset: Any, process: bool) -> None:

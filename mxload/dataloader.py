@@ -20,7 +20,14 @@ from ._runtime.engine import merge_counters
 from ._runtime.epoch import start_epoch
 from ._seeding import RunSeed
 from ._torch_compat import pin_batch, pinning_for_loader, to_tensors
-from .sampler import BatchSampler, DistributedSampler, RandomSampler, SequentialSampler, epoch_batches
+from .sampler import (
+    BatchSampler,
+    DistributedSampler,
+    RandomSampler,
+    SequentialSampler,
+    bulk_batches,
+    epoch_batches,
+)
 
 __all__ = ["DataLoader"]
 
@@ -28,6 +35,7 @@ __all__ = ["DataLoader"]
 # epoch machinery was built from them.
 _FROZEN_ATTRIBUTES = frozenset(("batch_size", "batch_sampler", "sampler", "drop_last", "dataset",
                                 "persistent_workers"))
+_INITIALIZED = "_DataLoader__initialized"
 
 _T = TypeVar("_T")
 # What a batch is (torch's DataLoader is Generic[T_co]: ``DataLoader[list[Tensor]]``
@@ -39,14 +47,20 @@ class _Option(Generic[_T]):
     # A DataLoader attribute that is one of its LoaderOptions.  Setting one
     # (torch allows it for all but the frozen attributes) replaces
     # loader._options, so the next epoch runs with the new value; the value is
-    # not checked again, as torch does not check it either.  No docstring:
-    # an instance would show it as every option attribute's documentation.
+    # not checked again, as torch does not check it either.  `torch`: one of
+    # torch's DataLoader attributes: mxload.torch.DataLoader keeps torch's view
+    # of it in the instance dict (as torch's loader holds it: what code that
+    # rebuilds a loader from vars() reads), and reads it from there.  No
+    # docstring: an instance would show it as every option attribute's documentation.
 
-    def __init__(self, field: str | None = None):
+    def __init__(self, field: str | None = None, torch: bool = False):
         self._field = field or ""
+        self._name = ""
+        self._torch = torch
 
     def __set_name__(self, owner: type[Any], name: str) -> None:
         self._field = self._field or name
+        self._name = name
 
     @overload
     def __get__(self, loader: None, owner: type[Any]) -> _Option[_T]: ...
@@ -56,19 +70,22 @@ class _Option(Generic[_T]):
     def __get__(self, loader: _Settings | None, owner: type[Any]) -> _T | _Option[_T]:
         if loader is None:
             return self
+        if self._torch and loader._torch_view:
+            return cast(_T, loader.__dict__[self._name])
         return cast(_T, getattr(loader._options, self._field))
 
     def __set__(self, loader: _Settings, value: _T) -> None:
-        changes: dict[str, Any] = {self._field: value}
-        loader._options = dataclasses.replace(loader._options, **changes)
+        loader._options = loader._options.changed(self._field, value)
+        if self._name in loader.__dict__:
+            loader.__dict__[self._name] = value
 
 
-def _make_batch_sampler(options: LoaderOptions) -> Any:
-    """The batch sampler of a map-style dataset: the user's, or one over
-    the user's sampler, or over a sequential/random/distributed one; None
-    for a stream (it batches itself)."""
+def _make_samplers(options: LoaderOptions) -> tuple[Any, Any]:
+    """(sampler, batch_sampler) of mxload's own making: the user's, or a batch
+    sampler over the user's sampler, or over a sequential/random/distributed
+    one; (None, None) for a stream (it batches itself)."""
     if options.batch_sampler is not None or options.iterable:
-        return options.batch_sampler
+        return getattr(options.batch_sampler, "sampler", None), options.batch_sampler
     sampler = options.sampler
     n = len(options.dataset) if sampler is None else 0
     if sampler is None and options.distributed:
@@ -77,7 +94,7 @@ def _make_batch_sampler(options: LoaderOptions) -> Any:
                                      drop_last=options.drop_last)
     elif sampler is None:
         sampler = RandomSampler(n, seed=options.seed) if options.shuffle else SequentialSampler(n)
-    return BatchSampler(sampler, options.batch_size or 1, options.last_batch)
+    return sampler, BatchSampler(sampler, options.batch_size or 1, options.last_batch)
 
 
 class _Settings:
@@ -86,26 +103,30 @@ class _Settings:
 
     _options: LoaderOptions
     _iterations: Iterations
-    dataset = _Option[Any]()
-    batch_size = _Option[int | None]()
+    sampler: Any
+    batch_sampler: Any
+    # Whether torch's attributes read torch's view of them (mxload.torch.DataLoader, see _Option).
+    _torch_view = False
+    dataset = _Option[Any](torch=True)
+    batch_size = _Option[int | None](torch=True)
     last_batch = _Option[str]()
     batchify_fn = _Option[Callable[..., Any]]()
-    collate_fn = _Option[Callable[..., Any]]()
-    num_workers = _Option[int]()
+    collate_fn = _Option[Callable[..., Any]](torch=True)
+    num_workers = _Option[int](torch=True)
     prefetch = _Option[int]()
-    prefetch_factor = _Option[int | None]()
+    prefetch_factor = _Option[int | None](torch=True)
     thread_pool = _Option[bool]()
-    timeout = _Option[float | None]()
-    worker_init_fn = _Option[Callable[[int], None] | None]()
-    persistent_workers = _Option[bool]()
-    in_order = _Option[bool]()
+    timeout = _Option[float | None](torch=True)
+    worker_init_fn = _Option[Callable[[int], None] | None](torch=True)
+    persistent_workers = _Option[bool](torch=True)
+    in_order = _Option[bool](torch=True)
     start_method = _Option[str | None]()
     max_worker_restarts = _Option[int]()
     profile = _Option[bool]()
-    generator = _Option[Any]()
-    multiprocessing_context = _Option[str | BaseContext | None]()
-    pin_memory = _Option[bool]()
-    pin_memory_device = _Option[str]()
+    generator = _Option[Any](torch=True)
+    multiprocessing_context = _Option[str | BaseContext | None](torch=True)
+    pin_memory = _Option[bool](torch=True)
+    pin_memory_device = _Option[str](torch=True)
     pin_device_id = _Option[int]()
     auto_reload = _Option[bool]()
     try_nopython = _Option[bool | None]()
@@ -131,10 +152,18 @@ class _Settings:
         if self.num_workers and not self.thread_pool and self._options.backend is None:
             warn_if_oversubscribed(self.num_workers, stacklevel)
 
+    @property
+    def _index_sampler(self) -> Any:
+        """torch's: what draws the epoch's keys: the batch sampler, else (no automatic batching
+        in mxload.torch) the sampler; None for a stream of mxload's own."""
+        return self.batch_sampler if self.batch_sampler is not None else self.sampler
+
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _FROZEN_ATTRIBUTES and self.__dict__.get("_initialized"):
-            raise ValueError(f"{name} attribute should not be set after DataLoader is initialized "
-                             f"(build a new DataLoader instead)")
+        # torch's flag (its name mangled in torch's DataLoader class), which code working around
+        # the freeze sets (timm's MultiEpochsDataLoader replaces batch_sampler between False and True).
+        if name in _FROZEN_ATTRIBUTES and self.__dict__.get(_INITIALIZED):
+            raise ValueError(f"{name} attribute should not be set after {type(self).__name__} is "
+                             f"initialized (build a new DataLoader instead)")
         super().__setattr__(name, value)
 
 
@@ -257,33 +286,38 @@ class DataLoader(_Settings, Generic[_T_co]):
                  pin_memory_device: str = "", in_order: bool = True, seed: int | None = None,
                  start_method: str | None = None, max_worker_restarts: int = 0, profile: bool = False,
                  distributed: bool = False, try_nopython: bool | None = None, backend: Any = None):
-        self.__dict__["_initialized"] = False
-        self._options = LoaderOptions.from_arguments(
-            dataset, batch_size, shuffle, sampler, last_batch, batch_sampler, batchify_fn, num_workers,
-            pin_memory, pin_device_id, prefetch, thread_pool, timeout, auto_reload, collate_fn=collate_fn,
-            drop_last=drop_last, worker_init_fn=worker_init_fn,
-            multiprocessing_context=multiprocessing_context, generator=generator,
-            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
-            pin_memory_device=pin_memory_device, in_order=in_order, seed=seed, start_method=start_method,
-            max_worker_restarts=max_worker_restarts, profile=profile, distributed=distributed,
-            try_nopython=try_nopython, backend=backend, torch_switches=self._torch_switches)
-        self.batch_sampler = _make_batch_sampler(self._options)
-        self.sampler = getattr(self.batch_sampler, "sampler", None)  # e.g. loader.sampler.set_epoch(e)
+        given = dict(locals())   # every argument, by name, as given
+        del given["self"]
+        self.__dict__[_INITIALIZED] = False
+        self._options = LoaderOptions.from_arguments(**given, torch_switches=self._torch_switches)
+        # loader.sampler: e.g. loader.sampler.set_epoch(e)
+        self.sampler, self.batch_sampler = self._make_samplers(self._options)
+        self.__dict__.update(self._attribute_views(given))
         self.epoch = 0
         self._run_seed = RunSeed(self._options.torch_seeded)
         self._iterations = Iterations(self._options)
         self._position = LoaderPosition()
         self._pin_checked = False
         self._pin_device: str | None = None
-        self._len_reported: int | None = None   # len(loader) of an IterableDataset, for the overrun warning
+        # len(loader) of an IterableDataset, for the overrun warning (torch's name).
+        self._IterableDataset_len_called: int | None = None
         self.profiler: Any = None
         if self.profile:
             from .profiler import Profiler
             self.profiler = Profiler()
-        self._initialized = True
+        self.__dict__[_INITIALIZED] = True
         self._check_worker_count(stacklevel=5)   # the caller of DataLoader(), past suggesting_keywords'
         if self.auto_reload:   # the first epoch starts loading now
-            self._iterations.load_ahead(self._start_iter, self.batch_sampler, self.iterable)
+            self._iterations.load_ahead(self._start_iter, self._index_sampler, self.iterable)
+
+    # How the samplers are made (mxload.torch.DataLoader: torch's, as torch makes them).
+    _make_samplers = staticmethod(_make_samplers)
+
+    def _attribute_views(self, given: dict[str, Any]) -> dict[str, Any]:
+        """What the instance dict holds besides the loader's own state (mxload.torch.DataLoader:
+        torch's attributes, as torch's loader holds them): nothing here, the options are read
+        through their attributes."""
+        return {}
 
     @property
     def seed(self) -> int:
@@ -301,15 +335,16 @@ class DataLoader(_Settings, Generic[_T_co]):
     def _epoch_batches(self) -> list[Any]:
         """This epoch's batches of indices (advances the sampler's epoch)."""
         self._follow_dataset_length()
-        keyed = not self._options.auto_batching and self._options.batch_sampler is None
-        return epoch_batches(self.batch_sampler, keyed)
+        if not self._options.auto_batching and self._options.batch_sampler is None:
+            return bulk_batches(self.sampler)   # batch_size=None: one sampler key per batch
+        return epoch_batches(self.batch_sampler)
 
     def __iter__(self) -> Any:
         """A new epoch.  Iterators are independent, as in torch (zip(loader, loader) pairs two
         epochs; each has its own workers), except with persistent workers: their one engine serves
         the newest iterator, and an older one still in progress raises RuntimeError when used
         again rather than share (and silently lose) its batches."""
-        ahead, dropped = self._iterations.take_ahead(self.batch_sampler, self.iterable)
+        ahead, dropped = self._iterations.take_ahead(self._index_sampler, self.iterable)
         if ahead is not None:
             return ahead   # auto_reload: this epoch started loading when the last one ended
         if dropped:
@@ -317,6 +352,7 @@ class DataLoader(_Settings, Generic[_T_co]):
         return self._start_iter()
 
     def _start_iter(self) -> Any:
+        self._position.before_draws(self)
         self._run_seed.torch_draws(self)
         runs = self._iterations
         # Persistent workers already running were checked when they started; "auto" takes at most
@@ -364,7 +400,7 @@ class DataLoader(_Settings, Generic[_T_co]):
             >>> [b.tolist() for b in resumed] == [b.tolist() for b in it]
             True
         """
-        return self._position.state(self, redrawn=self._iterations.ahead_is_stale(self.batch_sampler,
+        return self._position.state(self, redrawn=self._iterations.ahead_is_stale(self._index_sampler,
                                                                                   self.iterable))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -388,8 +424,9 @@ class DataLoader(_Settings, Generic[_T_co]):
         self._position.load(self, state)
 
     def _follow_dataset_length(self) -> None:
-        if self._options.own_sampler:
-            sampler = self.batch_sampler.sampler
+        # mxload's own samplers are sized at construction; torch's read len(dataset) themselves.
+        sampler = self.sampler
+        if self._options.own_sampler and isinstance(sampler, (RandomSampler, SequentialSampler)):
             n = len(self.dataset)
             if n != len(sampler):
                 sampler._resize(n)
@@ -398,10 +435,10 @@ class DataLoader(_Settings, Generic[_T_co]):
         if self.iterable:
             n = len(self.dataset)  # TypeError if the stream has no length
             bs = self._fetch_batch_size
-            self._len_reported = n // bs if self.last_batch == "discard" else -(-n // bs)
-            return self._len_reported
+            self._IterableDataset_len_called = n // bs if self.last_batch == "discard" else -(-n // bs)
+            return self._IterableDataset_len_called
         self._follow_dataset_length()
-        return len(self.batch_sampler)
+        return len(self._index_sampler)
 
     @property
     def stats(self) -> dict[str, int]:
@@ -468,7 +505,7 @@ class _LoaderIterator:
         self._yielded = 0
         # As torch: the length the loader reported before this iteration
         # began (len(loader) asked meanwhile is the next iteration's).
-        self._reported = loader._len_reported
+        self._reported = loader._IterableDataset_len_called
         # The epoch's: one batch to one caller, and the slot where a batch
         # stays until it reached the loop (see EpochIterator._next).
         self._next_lock = inner._next_lock
@@ -488,7 +525,7 @@ class _LoaderIterator:
         except StopIteration:
             runs = loader._iterations
             if loader.auto_reload and runs.ahead is None and self.inner is runs.newest():
-                runs.load_ahead(loader._start_iter, loader.batch_sampler, loader.iterable)
+                runs.load_ahead(loader._start_iter, loader._index_sampler, loader.iterable)
             raise
         except BaseException:
             del self, loader   # the traceback must not keep the epoch alive (see EpochIterator._next)

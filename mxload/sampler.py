@@ -650,12 +650,9 @@ class DistributedSampler(Sampler):
                 f"drop_last={self.drop_last})")
 
 
-def epoch_batches(batch_sampler: Any, keyed: bool) -> list[Any]:
+def epoch_batches(batch_sampler: Any) -> list[Any]:
     """An epoch's batches of indices from `batch_sampler` (advancing its
-    epoch), each checked to be a 1-D sequence of integers; `keyed`
-    (batch_size=None): one sampler key per batch."""
-    if keyed:
-        return bulk_batches(batch_sampler.sampler)
+    epoch), each checked to be a 1-D sequence of integers."""
     draw: Any = getattr(batch_sampler, "epoch_batches", None)
     if draw is not None and type(batch_sampler) is BatchSampler:
         return cast(list[Any], draw())   # views of its sampler's indices, checked as a whole

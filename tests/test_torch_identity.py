@@ -1,0 +1,208 @@
+"""mxload.torch.DataLoader is a torch.utils.data.DataLoader: isinstance holds, every attribute
+torch's loader has reads as torch's does, its samplers are torch's own (so the shuffle order is
+torch's for the same generator or global seed), and code that rebuilds a loader from its
+attributes and ``__init__`` signature (Lightning's ``_update_dataloader``, accelerate's
+``prepare_data_loader``) gets an mxload loader back that uses what it injected."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import mxload
+
+torch = pytest.importorskip("torch", reason="mxload.torch needs the torch extra")
+import torch.utils.data as tdata  # noqa: E402
+
+from mxload.torch import DataLoader  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+N = 23
+
+
+class Counting(tdata.Dataset):
+    """Sample i is i (a torch-style map dataset)."""
+
+    def __init__(self, n=N):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i
+
+
+class Stream(tdata.IterableDataset):
+    def __iter__(self):
+        return iter(range(10))
+
+
+def _worker_init(worker_id):
+    pass
+
+
+# Arguments both loaders take, covering each way torch makes its samplers.
+CONSTRUCTIONS = {
+    "default": dict(),
+    "batched": dict(batch_size=4, drop_last=True),
+    "shuffled": dict(batch_size=4, shuffle=True),
+    "shuffled-generator": dict(batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(3)),
+    "unbatched": dict(batch_size=None),
+    "unbatched-shuffled": dict(batch_size=None, shuffle=True),
+    "batch_sampler": dict(batch_sampler=[[0, 1], [2, 3, 4]]),
+    "sampler": dict(sampler=[5, 4, 3], batch_size=2),
+    "workers": dict(batch_size=2, num_workers=2, persistent_workers=True, prefetch_factor=3,
+                    worker_init_fn=_worker_init, multiprocessing_context="spawn", timeout=5,
+                    pin_memory=True, in_order=False),
+    "stream": dict(dataset=Stream(), batch_size=3),
+    "stream-unbatched": dict(dataset=Stream(), batch_size=None),
+}
+
+# torch's DataLoader attributes and what "the same" means for each: equal, or the same type.
+SAME_VALUE = ("dataset", "batch_size", "num_workers", "generator", "drop_last", "worker_init_fn",
+              "prefetch_factor", "persistent_workers", "pin_memory", "pin_memory_device", "in_order",
+              "_auto_collation", "_dataset_kind", "_iterator", "_IterableDataset_len_called", "collate_fn")
+SAME_TYPE = ("sampler", "batch_sampler", "_index_sampler", "multiprocessing_context")
+
+
+def _pair(kwargs):
+    kwargs = dict(kwargs)
+    dataset = kwargs.pop("dataset", None) or Counting()
+    return tdata.DataLoader(dataset, **kwargs), DataLoader(dataset, **kwargs)
+
+
+@pytest.mark.parametrize("construction", CONSTRUCTIONS)
+def test_is_a_torch_dataloader_and_reads_as_torchs(construction):
+    theirs, ours = _pair(CONSTRUCTIONS[construction])
+    assert isinstance(ours, tdata.DataLoader)
+    for name in SAME_VALUE:
+        assert getattr(ours, name) == getattr(theirs, name), name
+    # (timeout: mxload's default is 120 s, not torch's 0 = forever; given, it reads as given.)
+    assert ours.timeout == CONSTRUCTIONS[construction].get("timeout", 120)
+    for name in SAME_TYPE:
+        assert type(getattr(ours, name)) is type(getattr(theirs, name)), name
+    if isinstance(theirs.sampler, tdata.RandomSampler):
+        assert ours.sampler.generator is theirs.sampler.generator and ours.sampler.data_source is ours.dataset
+    if isinstance(theirs.batch_sampler, tdata.BatchSampler):
+        assert (ours.batch_sampler.batch_size, ours.batch_sampler.drop_last) == (
+            theirs.batch_sampler.batch_size, theirs.batch_sampler.drop_last)
+        assert ours.batch_sampler.sampler is ours.sampler
+    # What a rebuild reads (Lightning: vars(loader)) holds torch's public attributes.
+    public = {k for k in vars(theirs) if not k.startswith("_")}
+    assert public <= set(vars(ours)), public - set(vars(ours))
+    for name in public:
+        assert type(vars(ours)[name]) is type(vars(theirs)[name]), name
+    if not ours.num_workers:
+        assert len(list(ours)) == len(list(theirs))
+
+
+def test_frozen_attributes_are_torchs_and_initialized_flag_is_torchs():
+    """torch's __setattr__ rules, and timm's MultiEpochsDataLoader way around them:
+    ``_DataLoader__initialized = False`` lets batch_sampler/sampler be replaced."""
+    loader = DataLoader(Counting(), batch_size=2)
+    for attr in ("batch_size", "sampler", "batch_sampler", "drop_last", "dataset", "persistent_workers"):
+        with pytest.raises(ValueError, match=f"^{attr} attribute should not be set after DataLoader is "
+                                             f"initialized"):
+            setattr(loader, attr, None)
+    loader.num_workers = 0   # torch allows the others
+    loader._DataLoader__initialized = False
+    replaced = tdata.BatchSampler(tdata.SequentialSampler(range(4)), 2, False)
+    loader.batch_sampler = replaced
+    loader.sampler = replaced.sampler
+    loader._DataLoader__initialized = True
+    with pytest.raises(ValueError, match="batch_sampler attribute should not be set"):
+        loader.batch_sampler = None
+    assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+
+
+def test_setting_torchs_attributes_after_construction_takes_effect():
+    """torch reads collate_fn, timeout, worker_init_fn ... at each iter(): set on the loader,
+    they apply to the next epoch, and read back as set."""
+    loader = DataLoader(Counting(4), batch_size=2)
+    loader.collate_fn = lambda samples: ("mine", samples)
+    assert [b for b in loader] == [("mine", [0, 1]), ("mine", [2, 3])]
+    loader.collate_fn = tdata.default_collate
+    assert loader.collate_fn is tdata.default_collate
+    assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+    loader.timeout = 0
+    assert loader.timeout == 0 and [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+
+
+# ------------------------------------------------------------------ torch's samplers, torch's order
+
+
+def _epochs(loader, epochs=2):
+    return [[b.tolist() for b in loader] for _ in range(epochs)]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("with_generator", [False, True])
+def test_shuffle_order_is_torchs(with_generator, drop_last, num_workers):
+    """The same generator (or global seed) gives torch's order, epoch after epoch, whatever the
+    number of workers (torch's order does not depend on it), and leaves torch's RNGs where
+    torch's loader leaves them."""
+    results = []
+    for make, workers in ((tdata.DataLoader, 0), (DataLoader, num_workers)):
+        torch.manual_seed(11)
+        generator = torch.Generator().manual_seed(5) if with_generator else None
+        loader = make(Counting(), batch_size=4, shuffle=True, drop_last=drop_last, generator=generator,
+                      num_workers=workers)
+        batches = _epochs(loader)
+        after = (torch.randint(1 << 30, (2,)).tolist(),
+                 None if generator is None else torch.randint(1 << 30, (2,), generator=generator).tolist())
+        results.append((batches, after))
+    assert results[0] == results[1]
+    assert results[1][0][0] != results[1][0][1]   # reshuffled each epoch
+
+
+def test_samplers_made_by_torch_classes_are_drawn_from_the_dataset_length():
+    """torch's samplers read len(dataset) at each epoch: a dataset that grows is followed."""
+    dataset = Counting(4)
+    loader = DataLoader(dataset, batch_size=3)
+    assert [b.tolist() for b in loader] == [[0, 1, 2], [3]]
+    dataset.n = 6
+    assert len(loader) == 2 and [b.tolist() for b in loader] == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_numpy_face_keeps_its_own_samplers():
+    loader = mxload.DataLoader(Counting(), batch_size=4, shuffle=True, seed=1)
+    assert isinstance(loader.sampler, mxload.sampler.RandomSampler)
+    assert not isinstance(loader, tdata.DataLoader)
+    again = mxload.DataLoader(Counting(), batch_size=4, shuffle=True, seed=1)
+    assert _epochs(loader) == _epochs(again)
+
+
+def test_seed_opts_into_mxloads_order():
+    """seed= (mxload's, not torch's): the order is mxload's, fixed by the seed whatever torch's RNG."""
+    a = DataLoader(Counting(), batch_size=4, shuffle=True, seed=9)
+    torch.manual_seed(123)
+    b = DataLoader(Counting(), batch_size=4, shuffle=True, seed=9)
+    assert _epochs(a) == _epochs(b)
+    assert isinstance(a.sampler, mxload.sampler.RandomSampler)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("with_generator", [False, True])
+def test_a_checkpoint_of_torchs_shuffle_resumes_its_order(with_generator, num_workers):
+    """torch's RandomSampler has no state: the checkpoint records the state of the generator it
+    draws from, so a fresh loader (its torch RNG elsewhere) resumes the same order, and the
+    epochs after it are the checkpointed run's too."""
+    def make(seed):
+        torch.manual_seed(seed)
+        generator = torch.Generator().manual_seed(seed) if with_generator else None
+        return DataLoader(Counting(), batch_size=4, shuffle=True, generator=generator,
+                          num_workers=num_workers)
+
+    loader = make(1)
+    first = _epochs(loader, 1)[0]
+    it = iter(loader)
+    taken = [next(it).tolist() for _ in range(2)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    rest = [b.tolist() for b in it] + _epochs(loader, 1)[0]
+    resumed = make(99)
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] + _epochs(resumed, 1)[0] == rest
+    assert taken + rest[:len(first) - 2] != first   # (a new order each epoch: the state mattered)
