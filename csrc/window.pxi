@@ -259,12 +259,13 @@ cdef class EngineWindow:
                 else:
                     idx, indices = n, None
                 # Round-robin by batch index: the roster's pick, from its cached takers
-                # while they stand; anything else is the roster's to decide.
+                # while they stand; anything else (a stream's cycle) is the roster's to decide.
                 live = self.roster._takers
-                if live is not None and len(live) > 0 and (self.in_order or len(live) == 1):
+                if order is not None and live is not None and len(live) > 0 \
+                        and (self.in_order or len(live) == 1):
                     wid = live[idx % len(live)]
                 else:
-                    wid = self.roster.pick(idx, self.in_order)
+                    wid = self.roster.pick(idx, self.in_order, order is None)
                     if wid is None:
                         return
                 if put is None:   # (Ray) no such queue: its dispatch marks the epoch torn meanwhile

@@ -27,9 +27,17 @@ from .backends import Backend, RayBackend, resolve_backend
 from .batchify import _Unbatched, default_batchify, default_convert
 from .dataset import IterableDataset
 
-__all__ = ["LoaderOptions", "START_METHODS", "is_iterable_dataset"]
+__all__ = ["LoaderOptions", "START_METHODS", "SEEDINGS", "is_iterable_dataset"]
 
 START_METHODS = ("fork", "spawn", "forkserver")
+
+# The seeding= values: how the workers' global RNGs (random, numpy's, torch's) are seeded.
+#   "torch": as torch's DataLoader: worker k of an iteration gets base_seed + k (numpy: torch's
+#            state from (base_seed, k)); a new base seed at each iter(), persistent workers go on.
+#   "per_worker": from (seed, epoch, worker id), reseeded at every epoch (mxload.DataLoader's).
+#   "per_sample": every sample's load seeds them from (seed, epoch, sample index): the same
+#            batches for any num_workers (in-process, the training process's states are restored).
+SEEDINGS = ("torch", "per_worker", "per_sample")
 
 _POSITIONAL_ORDER = ("dataset, batch_size, shuffle, sampler, last_batch, batch_sampler, batchify_fn, "
                      "num_workers, pin_memory, pin_device_id, prefetch, thread_pool, timeout")
@@ -70,6 +78,10 @@ class LoaderOptions:
     # Not given: drawn from torch (`generator`, or torch's global RNG) when
     # torch's DataLoader draws its base seed, at iter() (then `seed` is 0 until drawn).
     torch_seeded: bool
+    # How workers' global RNGs are seeded (SEEDINGS); "torch": from `base_seed`, the base seed
+    # of the iteration whose workers start next (drawn at each iter(), once for persistent workers).
+    seeding: str
+    base_seed: int
     distributed: bool
     distributed_seed: int                         # the shuffle seed every rank shares: never a fresh one
     generator: Any                                # torch.Generator or None, kept for torch's view
@@ -133,13 +145,15 @@ class LoaderOptions:
             pin_memory_device: str = "", in_order: bool = True, seed: int | None = None,
             start_method: str | None = None, max_worker_restarts: int = 0, profile: bool = False,
             distributed: bool = False, try_nopython: bool | None = None,
-            backend: Any = None, torch_switches: bool = False) -> LoaderOptions:
+            backend: Any = None, seeding: str | None = None, torch_switches: bool = False,
+            default_seeding: str = "per_worker") -> LoaderOptions:
         """Check DataLoader's arguments (its signature and defaults) and resolve them.
 
         Raises ValueError or TypeError naming the argument, what it allows
         and what it got, as documented on :class:`mxload.DataLoader`.
         `torch_switches`: the arguments are taken as torch takes them (mxload.torch): the switches
         any truthy value, torch's default collate functions as mxload's own.
+        `default_seeding`: the face's seeding when `seeding` is None.
         """
         _check_switches(torch_switches, shuffle=shuffle, drop_last=drop_last, pin_memory=pin_memory,
                         thread_pool=thread_pool, auto_reload=auto_reload,
@@ -187,6 +201,7 @@ class LoaderOptions:
         if not isinstance(pin_memory_device, str):
             raise TypeError(f"pin_memory_device must be a string, got {type(pin_memory_device).__name__}")
         ray_backend = _check_backend(backend, thread_pool, multiprocessing_context, start_method)
+        seeding = _check_seeding(default_seeding if seeding is None else seeding, thread_pool)
         if num_workers == 0:
             _check_no_worker_options(persistent_workers, thread_pool, max_worker_restarts,
                                      multiprocessing_context, start_method, ray_backend is not None)
@@ -204,7 +219,7 @@ class LoaderOptions:
             prefetch_factor=None if num_workers == 0 else max(1, resolved_prefetch // num_workers),
             thread_pool=bool(thread_pool), timeout=timeout, worker_init_fn=worker_init_fn,
             seed=given_seed if given_seed is not None else (0 if from_torch else _fresh_seed()),
-            torch_seeded=from_torch,
+            torch_seeded=from_torch, seeding=seeding, base_seed=0,
             distributed=bool(distributed), distributed_seed=given_seed if given_seed is not None else 0,
             generator=generator, multiprocessing_context=multiprocessing_context, start_method=start_method,
             persistent_workers=bool(persistent_workers), in_order=bool(in_order),
@@ -331,6 +346,19 @@ def _seeded_by_torch(seed: int | None, generator: object) -> bool:
             seed_from_torch(generator)   # raises its TypeError, naming what generator must be
         return True
     return torch_module() is not None
+
+
+def _check_seeding(seeding: object, thread_pool: object) -> str:
+    if seeding not in SEEDINGS:
+        raise ValueError(f"seeding must be one of {', '.join(map(repr, SEEDINGS))}, got {seeding!r}")
+    if seeding == "torch" and torch_module() is None:
+        raise ValueError("seeding='torch' seeds the workers as torch's DataLoader does, and this program "
+                         "has not imported torch: import torch first, or use seeding='per_worker'")
+    if seeding == "per_sample" and thread_pool:
+        raise ValueError("seeding='per_sample' reseeds the process's global RNGs before each sample, and "
+                         "worker threads (thread_pool=True) share them: use worker processes, or draw "
+                         "from mxload.sample_rng() in the dataset")
+    return seeding
 
 
 def _fresh_seed() -> int:

@@ -15,9 +15,16 @@ from contextlib import contextmanager
 
 import numpy as np
 
-__all__ = ["sample_rng"]
+__all__ = ["sample_rng", "derived_seed"]
 
 _context = threading.local()
+
+
+def derived_seed(*keys: int) -> int:
+    """A 63-bit seed that follows from `keys` (non-negative integers): the
+    same keys give the same seed on every platform, different keys unrelated ones."""
+    state = np.random.SeedSequence(list(keys)).generate_state(1, np.uint64)
+    return int(state[0]) % (2 ** 63)
 
 
 def set_sample(seed: int, epoch: int, index: int | None) -> None:

@@ -19,8 +19,8 @@ import numpy as np
 
 __all__ = [
     "torch_module", "is_torch_iterable_dataset", "is_tensor", "tensor_to_numpy", "seed_from_torch",
-    "enter_worker", "pin_batch", "pinning_device", "to_tensors", "PIN_MEMORY_NO_ACCELERATOR",
-    "shuffle_generator", "generator_state", "set_generator_state",
+    "enter_worker", "torch_numpy_seed", "pin_batch", "pinning_device", "to_tensors",
+    "PIN_MEMORY_NO_ACCELERATOR", "shuffle_generator", "generator_state", "set_generator_state",
 ]
 
 # Word for word what torch 2.x warns (DataLoader iterator start) when
@@ -86,6 +86,14 @@ def seed_from_torch(generator: Any) -> int:
     return value % (2 ** 63)
 
 
+def torch_numpy_seed(base_seed: int, worker_id: int) -> Any:
+    """What torch's worker loop seeds numpy's global RNG with in worker `worker_id` of an
+    iteration whose base seed is `base_seed` (four 32-bit words, torch's own function, so the
+    numbers drawn are torch's bit for bit)."""
+    worker_mod: Any = importlib.import_module("torch.utils.data._utils.worker")
+    return worker_mod._generate_state(base_seed, worker_id)
+
+
 def shuffle_generator(sampler: Any) -> Any:
     """The torch.Generator a torch RandomSampler draws its order from (its own, else torch's
     global one, from which it draws a seed); None for any other sampler."""
@@ -111,10 +119,11 @@ def enter_worker(worker_id: int, num_workers: int, seed: int, dataset: Any, proc
     torch: ``torch.utils.data.get_worker_info()`` returns this worker's id,
     count, seed and dataset (sharding code written for torch then splits the
     stream instead of duplicating it), and, in a worker process, torch's RNG
-    is seeded from the worker seed and torch uses one intra-op thread, as in
-    torch's own workers.  Thread workers share the process, whose torch RNG
-    and thread count are the training loop's: those stay untouched, and
-    torch's get_worker_info() (a process global) stays None in them."""
+    is seeded with the worker seed (``torch.initial_seed()`` is it) and torch
+    uses one intra-op thread, as in torch's own workers.  Thread workers share
+    the process, whose torch RNG and thread count are the training loop's:
+    those stay untouched, and torch's get_worker_info() (a process global)
+    stays None in them."""
     torch = torch_module()
     if torch is None or not process:
         return

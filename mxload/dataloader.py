@@ -131,6 +131,7 @@ class _Settings:
     auto_reload = _Option[bool]()
     try_nopython = _Option[bool | None]()
     iterable = _Option[bool]()
+    seeding = _Option[str]()   # how worker processes seed the global RNGs (_options.SEEDINGS)
     _fetch_batch_size = _Option[int]("fetch_batch_size")
 
     @property
@@ -240,6 +241,16 @@ class DataLoader(_Settings, Generic[_T_co]):
         backend (str | RayBackend | None): where the workers run: ``None`` (default) local
             processes, or threads with `thread_pool`; ``"ray"`` or a :class:`mxload.RayBackend` for
             Ray actors anywhere in a Ray cluster (the ``mxload[ray]`` extra).
+        seeding (str | None): how worker processes seed Python's ``random``, numpy's global RNG and
+            (when the program uses torch) torch's. ``"per_worker"`` (this class's default): from
+            (`seed`, epoch, worker id), again at every epoch. ``"torch"`` (``mxload.torch``'s
+            default): as torch's DataLoader, worker k gets ``base_seed + k`` with a base seed drawn
+            at each ``iter()`` (once with persistent workers, whose streams go on across epochs), so
+            the batches are torch's for the same `num_workers`. ``"per_sample"``: every sample's
+            load seeds all three from (`seed`, epoch, sample index), so random augmentation drawn
+            from them is the same for any `num_workers` (worker processes or ``num_workers=0``;
+            in-process, the training loop's RNG states are put back after each batch).
+            docs/migration.md compares them.
 
     Raises:
         ValueError: conflicting or out-of-range arguments (the message names them).
@@ -272,6 +283,8 @@ class DataLoader(_Settings, Generic[_T_co]):
     _as_tensors = False
     # mxload.torch.DataLoader takes switches (shuffle, in_order, ...) as torch does: any truthy value.
     _torch_switches = False
+    # How workers' global RNGs are seeded when seeding= is not given (_options.SEEDINGS).
+    _seeding = "per_worker"
 
     @suggesting_keywords
     def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = False,
@@ -285,11 +298,13 @@ class DataLoader(_Settings, Generic[_T_co]):
                  prefetch_factor: int | None = None, persistent_workers: bool = False,
                  pin_memory_device: str = "", in_order: bool = True, seed: int | None = None,
                  start_method: str | None = None, max_worker_restarts: int = 0, profile: bool = False,
-                 distributed: bool = False, try_nopython: bool | None = None, backend: Any = None):
+                 distributed: bool = False, try_nopython: bool | None = None, backend: Any = None,
+                 seeding: str | None = None):
         given = dict(locals())   # every argument, by name, as given
         del given["self"]
         self.__dict__[_INITIALIZED] = False
-        self._options = LoaderOptions.from_arguments(**given, torch_switches=self._torch_switches)
+        self._options = LoaderOptions.from_arguments(**given, torch_switches=self._torch_switches,
+                                                     default_seeding=self._seeding)
         # loader.sampler: e.g. loader.sampler.set_epoch(e)
         self.sampler, self.batch_sampler = self._make_samplers(self._options)
         self.__dict__.update(self._attribute_views(given))
@@ -353,7 +368,7 @@ class DataLoader(_Settings, Generic[_T_co]):
 
     def _start_iter(self) -> Any:
         self._position.before_draws(self)
-        self._run_seed.torch_draws(self)
+        self._run_seed.iteration_starts(self)
         runs = self._iterations
         # Persistent workers already running were checked when they started; "auto" takes at most
         # the usable cores (and its epochs in-process paid 0.33 ms each for the cgroup reads).

@@ -33,7 +33,7 @@ _TORCH_AS_GIVEN = ("pin_memory", "pin_memory_device", "timeout", "worker_init_fn
 # mxload's own arguments (a rebuild from vars() passes them back as given; read as resolved).
 _MXLOAD_ONLY = ("last_batch", "batchify_fn", "pin_device_id", "prefetch", "thread_pool", "auto_reload",
                 "seed", "start_method", "max_worker_restarts", "profile", "distributed", "try_nopython",
-                "backend")
+                "backend", "seeding")
 
 
 def _torch_samplers(options: LoaderOptions) -> tuple[Any, Any]:
@@ -87,6 +87,8 @@ class DataLoader(_NumpyDataLoader[_T_co], _data.DataLoader[_T_co]):  # type: ign
 
     _as_tensors = True
     _torch_switches = True
+    # Workers seeded as torch's: the same batches as torch's DataLoader for the same num_workers.
+    _seeding = "torch"
     _torch_view = True
     _make_samplers = staticmethod(_torch_samplers)
 

@@ -29,6 +29,8 @@ class Roster:
         # None once any worker's state changed (see changed()).
         self._takers: list[int] | None = None
         self.active = num_workers   # num_workers="auto": only workers below this id take tasks
+        # A stream's last task went to this worker (None: none yet this epoch); see pick().
+        self._last_stream_worker: int | None = None
 
     def __len__(self) -> int:
         return len(self.workers)
@@ -47,9 +49,11 @@ class Roster:
         for w in self.workers:
             w.exhausted = False
         self._takers = None
+        self._last_stream_worker = None
 
-    def pick(self, idx: int, in_order: bool) -> int | None:
-        """The worker that takes batch `idx`'s task; None if none can."""
+    def pick(self, idx: int, in_order: bool, stream: bool = False) -> int | None:
+        """The worker that takes batch `idx`'s task (`stream`: the `idx`-th task of an
+        IterableDataset's epoch); None if none can."""
         live = self._takers
         if live is None:
             live = self._takers = [wid for wid, w in enumerate(self.workers)
@@ -57,10 +61,21 @@ class Roster:
         if not live:
             return None
         n = len(live)
+        if stream and in_order:
+            # As torch's loader: the worker after the last task's, skipping those whose stream
+            # ended (a cycle from worker 0 each epoch).  A task sent to a worker before its end
+            # was known yields nothing, so the batches come in the same order whenever that end
+            # is learnt; `idx % n` over the workers left would not (a worker twice in a row).
+            last = self._last_stream_worker
+            after = -1 if last is None else last
+            wid = next((w for w in live if w > after), live[0])
+            self._last_stream_worker = wid
+            return wid
         if in_order or n == 1:
             # Round-robin by batch index, not least-loaded: which worker loads
-            # which batch (and so which per-worker random stream it sees) must
-            # not depend on timing, nor on where a resumed epoch starts.
+            # which batch (and so which per-worker random stream it sees, torch's
+            # worker i % num_workers) must not depend on timing, nor on where a
+            # resumed epoch starts.
             return live[idx % n]
         # in_order=False gives up that determinism for throughput, as torch's:
         # the worker with the fewest tasks out, so a straggler's queue stays at

@@ -27,9 +27,10 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
+from .. import _rng
 from .._collate import plan as _plan
 from .._core import Slab, watch_main_process
-from .._torch_compat import enter_worker
+from .._torch_compat import enter_worker, torch_numpy_seed
 from . import messages as m
 from . import wire
 from .local.heap import freeze_inherited_objects, keep_freed_memory
@@ -53,9 +54,10 @@ class WorkerInfo:
     Args:
         id (int): this worker's id, 0 .. num_workers - 1.
         num_workers (int): how many workers the loader has.
-        seed (int): this worker's seed for this epoch (from the loader's seed,
-            the epoch and the id; ``random`` and numpy's global RNG are
-            already seeded with it).
+        seed (int): this worker's seed (``seeding="torch"``: the iteration's
+            base seed + id, as torch's; else from the loader's seed, the epoch
+            and the id); in a worker process ``random``, numpy's global RNG
+            and torch's are already seeded from it.
         dataset: this worker's copy of the dataset.
 
     Example:
@@ -101,8 +103,7 @@ def get_worker_info() -> WorkerInfo | None:
 def worker_seed(seed: int, epoch: int, worker_id: int) -> int:
     """A 63-bit seed for one worker in one epoch: distinct per worker and per
     epoch, reproducible from the loader's seed."""
-    state = np.random.SeedSequence([seed, epoch, worker_id]).generate_state(1, np.uint64)
-    return int(state[0]) % (2 ** 63)
+    return _rng.derived_seed(seed, epoch, worker_id)
 
 
 def in_worker_process() -> bool:
@@ -132,6 +133,10 @@ class WorkerConfig:
     zygote_child: bool
     # batch_size=None: each task is one sampler key for dataset[key] (source.encode_key).
     keyed: bool = False
+    # How this worker seeds its global RNGs (_options.SEEDINGS); "torch": from base_seed, the
+    # base seed of the iteration that started this engine's workers.
+    seeding: str = "per_worker"
+    base_seed: int = 0
     # With a pickled payload, the descriptors its multiprocessing objects need (local/inherit.py):
     # a list in the worker; in a forkserver worker's arguments, a ForChild.
     payload_fds: Any = ()
@@ -142,7 +147,8 @@ class WorkerConfig:
         return cls(0, options.num_workers, options.seed, epoch,
                    (options.dataset, options.batchify_fn, options.worker_init_fn),
                    options.iterable, options.fetch_batch_size, options.drop_last,
-                   zygote_child=False, keyed=not options.auto_batching)
+                   zygote_child=False, keyed=not options.auto_batching, seeding=options.seeding,
+                   base_seed=options.base_seed)
 
     def source(self, dataset: Any) -> SampleSource:
         return SampleSource(dataset, self.iterable, self.batch_size, self.drop_last, self.seed, self.keyed)
@@ -194,7 +200,7 @@ def serve(link: _Link[R], worker_id: int, payload: Payload, source: SampleSource
         task = link.next_task()
         if task is None:
             return
-        if task.epoch != seeded_epoch:   # persistent workers: reseed per epoch, as fresh ones are
+        if task.epoch != seeded_epoch:   # persistent workers (seeding="torch": their streams go on)
             link.reseed(task.epoch)
             seeded_epoch = task.epoch
         answer(link, task, source, batchify_fn)
@@ -224,16 +230,22 @@ def answer(link: _Link[R], task: m.Task, source: SampleSource, batchify_fn: Call
 # ---------------------------------------------------------------- worker processes
 
 
-def _seed_global_rngs(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % (2 ** 32))
+def worker_seeds(config: WorkerConfig, epoch: int) -> tuple[int, Any]:
+    """(this worker's seed, numpy's global RNG's seed) for `epoch`: as torch's worker loop seeds
+    worker k (``base_seed + k``; numpy from torch's state of (base_seed, k)), or from (seed, epoch,
+    worker id)."""
+    if config.seeding == "torch":
+        return config.base_seed + config.worker_id, torch_numpy_seed(config.base_seed, config.worker_id)
+    seed = worker_seed(config.seed, epoch, config.worker_id)
+    return seed, seed % (2 ** 32)
 
 
 def _seed_worker(config: WorkerConfig, epoch: int) -> None:
     """Seed this worker process's global RNGs for `epoch` (and say so in its WorkerInfo)."""
     global _process_info
-    seed = worker_seed(config.seed, epoch, config.worker_id)
-    _seed_global_rngs(seed)
+    seed, numpy_seed = worker_seeds(config, epoch)
+    random.seed(seed)
+    np.random.seed(numpy_seed)
     if _process_info is not None:
         _process_info = dataclasses.replace(_process_info, seed=seed)
         enter_worker(config.worker_id, config.num_workers, seed, _process_info.dataset, process=True)
@@ -248,8 +260,11 @@ def enter_process(config: WorkerConfig, dataset: Any) -> None:
 
 
 def reseed_process(config: WorkerConfig, epoch: int) -> None:
-    """A task of a new epoch (persistent workers) is about to run in this worker process."""
-    _seed_worker(config, epoch)
+    """A task of a new epoch (persistent workers) is about to run in this worker process: seeded
+    afresh for it, except as torch (seeding="torch"), whose persistent workers go on with their
+    streams."""
+    if config.seeding != "torch":
+        _seed_worker(config, epoch)
 
 
 def worker_process_main(config: WorkerConfig, sock: socket.socket) -> None:
@@ -371,7 +386,7 @@ class _ProcessLink(_Link[_Encoded]):
         return None
 
     def reseed(self, epoch: int) -> None:
-        _seed_worker(self._config, epoch)
+        reseed_process(self._config, epoch)
 
     def collate(self, task: m.Task, samples: Any, batchify_fn: Callable[..., Any],
                 t0: int, t1: int) -> _Encoded:
@@ -475,7 +490,7 @@ def thread_worker_main(config: WorkerConfig, tasks: queue.SimpleQueue[tuple[int,
     code) tells the engine at once, as a process's death would."""
     payload = config.payload
     assert not isinstance(payload, bytes), "thread workers share the objects"
-    seed = worker_seed(config.seed, config.epoch, config.worker_id)
+    seed, _ = worker_seeds(config, config.epoch)   # (the process's RNGs are the training loop's)
     _thread_info.info = WorkerInfo(config.worker_id, config.num_workers, seed, payload[0])
     link = _ThreadLink(config.worker_id, tasks, deliver)
     try:

@@ -1,0 +1,168 @@
+"""mxload.torch.DataLoader gives torch's DataLoader's batches bit for bit with
+random augmentation drawn in the workers (torch's RNG, ``random``, numpy's
+global RNG), for the same num_workers: torch's base seed (drawn at each
+``iter()``, once with persistent workers), worker k seeded with ``base_seed + k``
+as torch's worker loop seeds it, persistent workers continuing their streams,
+batch i loaded by worker i % num_workers; and the training process's RNGs are
+left as torch's loader leaves them (the user's next draw is the same).
+
+Each test runs the same script with torch's loader and with mxload's and
+compares a hash of every tensor of every batch."""
+from __future__ import annotations
+
+import hashlib
+import random
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the torch extra is not installed: nothing to compare with")
+import torch.utils.data as tud  # noqa: E402
+
+from mxload.torch import DataLoader  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+N = 22   # not a multiple of the batch size: a short last batch
+
+
+class RandomAugment:
+    """A torchvision-style random transform: a flip decided by torch's RNG
+    (as RandomHorizontalFlip), noise from torch.randn, a scale from Python's
+    ``random`` (as older torchvision and many user transforms) and an offset
+    from numpy's global RNG (as imgaug-style code)."""
+
+    def __call__(self, x):
+        if torch.rand(1).item() < 0.5:
+            x = x.flip(-1)
+        x = x + 0.1 * torch.randn(x.shape)
+        x = x * random.uniform(0.5, 1.5)
+        return x + torch.from_numpy(np.random.rand(*x.shape).astype(np.float32))
+
+
+class AugmentedImages(tud.Dataset):
+    """Sample i: an augmented 3x4 "image", its label, and what the worker
+    says of its seeding (torch's get_worker_info().seed, torch.initial_seed())."""
+
+    def __init__(self, n=N):
+        self.n = n
+        self.transform = RandomAugment()
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        image = torch.arange(12, dtype=torch.float32).reshape(3, 4) + i
+        info = tud.get_worker_info()
+        seeding = torch.tensor([-1 if info is None else info.seed, torch.initial_seed()])
+        return self.transform(image), i, seeding
+
+
+class UnevenShards(tud.IterableDataset):
+    """Worker k yields 2 + 3k augmented samples (its own shard), so the workers' streams end apart."""
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        k = 0 if info is None else info.id
+        for j in range(2 + 3 * k):
+            yield RandomAugment()(torch.full((2,), float(100 * k + j)))
+
+
+def digest(batch) -> list[str]:
+    """A hash of every tensor of the batch (dtype, shape and bytes)."""
+    tensors = batch if isinstance(batch, (list, tuple)) else [batch]
+    out = []
+    for t in tensors:
+        assert isinstance(t, torch.Tensor), type(t)
+        out.append(hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode() + t.numpy().tobytes()).hexdigest())
+    return out
+
+
+def rng_states() -> tuple[str, str, str]:
+    """The training process's RNGs: torch's, Python's, numpy's global."""
+    np_state = np.random.get_state()
+    return (hashlib.sha256(torch.get_rng_state().numpy().tobytes()).hexdigest(),
+            hashlib.sha256(repr(random.getstate()).encode()).hexdigest(),
+            hashlib.sha256(np_state[1].tobytes() + repr(np_state[2:]).encode()).hexdigest())
+
+
+def script(loader_class, epochs, dataset=None, sampler=None, generator=None, **kwargs):
+    """A training script's use of its loader: seed, build the loader, draw
+    the model's initialisation, run the epochs (each followed by a draw, as
+    dropout would), and report every batch and the RNGs' states at the end."""
+    torch.manual_seed(1234)
+    random.seed(5)
+    np.random.seed(6)
+    g = torch.Generator().manual_seed(77) if generator else None
+    if sampler == "torch":   # torch's own RandomSampler, given as sampler= (draws at its first next())
+        sampler = tud.RandomSampler(range(N), generator=g)
+        g = None
+    loader = loader_class(dataset if dataset is not None else AugmentedImages(), batch_size=4,
+                          sampler=sampler, generator=g, **kwargs)
+    model_init = torch.rand(3)
+    epochs_out, draws = [], [model_init]
+    for _ in range(epochs):
+        epochs_out.append([digest(b) for b in loader])
+        draws.append(torch.rand(2))
+    if hasattr(loader, "close") and loader_class is DataLoader:
+        loader.close()
+    return epochs_out, [d.tolist() for d in draws], rng_states()
+
+
+def assert_same_as_torch(epochs, **kwargs):
+    theirs = script(tud.DataLoader, epochs, **kwargs)
+    ours = script(DataLoader, epochs, **kwargs)
+    for e, (t, o) in enumerate(zip(theirs[0], ours[0])):
+        same = [i for i, (a, b) in enumerate(zip(t, o)) if a == b]
+        assert t == o, (f"epoch {e}: {len(t)} batches from torch, {len(o)} from mxload; "
+                        f"equal: {same}")
+    assert theirs[1] == ours[1], "the training process's torch draws differ from those with torch's loader"
+    assert theirs[2] == ours[2], "the training process's RNG states (torch, random, numpy) differ"
+    return ours
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+@pytest.mark.parametrize("order", ["sequential", "torch_sampler", "torch_sampler_generator"])
+def test_batches_bit_for_bit_as_torch(num_workers, order):
+    sampler = None if order == "sequential" else "torch"
+    ours = assert_same_as_torch(2, sampler=sampler, generator=order.endswith("generator"),
+                                num_workers=num_workers)
+    if num_workers:
+        assert ours[0][0] != ours[0][1], "each iter() draws a new base seed: the epochs differ"
+
+
+def needs_torchs_shuffle() -> None:
+    """shuffle=True gives torch's order once mxload.torch shuffles with torch's own RandomSampler
+    (issue 39's samplers item, landing separately); until then these cases are expected to fail."""
+    if not isinstance(DataLoader(AugmentedImages(), shuffle=True).sampler, tud.RandomSampler):
+        pytest.xfail("mxload.torch's shuffle=True does not use torch's RandomSampler yet")
+
+
+@pytest.mark.parametrize("num_workers", [0, 2, 3])
+@pytest.mark.parametrize("generator", [False, True])
+def test_shuffled_batches_bit_for_bit_as_torch(num_workers, generator):
+    needs_torchs_shuffle()
+    assert_same_as_torch(2, shuffle=True, generator=generator, num_workers=num_workers)
+
+
+@pytest.mark.parametrize("num_workers,order", [(1, "sequential"), (2, "torch_sampler"), (3, "sequential"),
+                                               (2, "torch_sampler_generator")])
+def test_persistent_workers_continue_their_streams_as_torch(num_workers, order):
+    sampler = None if order == "sequential" else "torch"
+    ours = assert_same_as_torch(3, sampler=sampler, generator=order.endswith("generator"),
+                                num_workers=num_workers, persistent_workers=True)
+    assert len({tuple(map(tuple, e)) for e in ours[0]}) == 3, "the streams go on: 3 different epochs"
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_persistent_shuffled_as_torch(persistent):
+    needs_torchs_shuffle()
+    assert_same_as_torch(3, shuffle=True, num_workers=2, persistent_workers=persistent)
+
+
+def test_uneven_stream_shards_interleave_as_torch():
+    """An IterableDataset whose workers' streams end apart: after a worker's
+    end, torch's round-robin goes on from the next worker, not from batch
+    index % the workers left."""
+    for num_workers in (2, 3, 4):
+        assert_same_as_torch(2, dataset=UnevenShards(), num_workers=num_workers)
