@@ -201,7 +201,7 @@ class LoaderOptions:
         if not isinstance(pin_memory_device, str):
             raise TypeError(f"pin_memory_device must be a string, got {type(pin_memory_device).__name__}")
         ray_backend = _check_backend(backend, thread_pool, multiprocessing_context, start_method)
-        seeding = _check_seeding(default_seeding if seeding is None else seeding, thread_pool)
+        seeding = _check_seeding(default_seeding if seeding is None else seeding, thread_pool, iterable)
         if num_workers == 0:
             _check_no_worker_options(persistent_workers, thread_pool, max_worker_restarts,
                                      multiprocessing_context, start_method, ray_backend is not None)
@@ -348,7 +348,7 @@ def _seeded_by_torch(seed: int | None, generator: object) -> bool:
     return torch_module() is not None
 
 
-def _check_seeding(seeding: object, thread_pool: object) -> str:
+def _check_seeding(seeding: object, thread_pool: object, iterable: bool) -> str:
     if seeding not in SEEDINGS:
         raise ValueError(f"seeding must be one of {', '.join(map(repr, SEEDINGS))}, got {seeding!r}")
     if seeding == "torch" and torch_module() is None:
@@ -358,6 +358,9 @@ def _check_seeding(seeding: object, thread_pool: object) -> str:
         raise ValueError("seeding='per_sample' reseeds the process's global RNGs before each sample, and "
                          "worker threads (thread_pool=True) share them: use worker processes, or draw "
                          "from mxload.sample_rng() in the dataset")
+    if seeding == "per_sample" and iterable:
+        raise ValueError("seeding='per_sample' seeds each sample from its index, and an IterableDataset's "
+                         "samples have none: use a map-style dataset, or seed in the stream itself")
     return seeding
 
 

@@ -9,9 +9,12 @@ on first use, so datasets that never ask pay one attribute store per sample.
 """
 from __future__ import annotations
 
+import random
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 
@@ -25,6 +28,31 @@ def derived_seed(*keys: int) -> int:
     same keys give the same seed on every platform, different keys unrelated ones."""
     state = np.random.SeedSequence(list(keys)).generate_state(1, np.uint64)
     return int(state[0]) % (2 ** 63)
+
+
+def seed_globals(*keys: int) -> None:
+    """seeding="per_sample": seed Python's ``random``, numpy's global RNG and (when the program
+    imported it) torch's from `keys` (seed, epoch, sample index), before that sample loads."""
+    seed = derived_seed(*keys)
+    random.seed(seed)
+    np.random.seed([seed & 0xFFFFFFFF, seed >> 32])
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(seed)
+
+
+def global_states() -> tuple[Any, ...]:
+    """The states of the RNGs seed_globals seeds (to put back the training process's)."""
+    torch = sys.modules.get("torch")
+    return random.getstate(), np.random.get_state(), torch.get_rng_state() if torch is not None else None
+
+
+def set_global_states(states: tuple[Any, ...]) -> None:
+    python, numpy, torch_state = states
+    random.setstate(python)
+    np.random.set_state(numpy)
+    if torch_state is not None:
+        sys.modules["torch"].set_rng_state(torch_state)
 
 
 def set_sample(seed: int, epoch: int, index: int | None) -> None:

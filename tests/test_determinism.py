@@ -75,6 +75,48 @@ def test_stream_is_bit_identical_for_any_parallelism(mode):
     assert run(**mode) == run(num_workers=0)
 
 
+class GlobalRngAugmented(mxload.Dataset):
+    """Augmentation drawn from the global RNGs (numpy's and Python's), as most existing code draws it."""
+
+    def __len__(self) -> int:
+        return 21
+
+    def __getitem__(self, i: int):
+        import random
+        return np.float32(i) + np.random.rand(3).astype(np.float32), np.float64(random.random())
+
+
+def per_sample_run(**kw):
+    loader = mxload.DataLoader(GlobalRngAugmented(), batch_size=4, shuffle=True, seed=8, seeding="per_sample",
+                               **kw)
+    return [flat(loader) for _ in range(2)]
+
+
+@pytest.mark.parametrize("mode", [dict(num_workers=1), dict(num_workers=2), dict(num_workers=3),
+                                  dict(num_workers=2, persistent_workers=True)],
+                         ids=lambda m: "-".join(f"{k}={v}" for k, v in m.items()))
+def test_per_sample_seeding_makes_the_global_rngs_the_same_for_any_num_workers(mode):
+    import random
+    np.random.seed(1)
+    random.seed(1)
+    in_process = per_sample_run(num_workers=0)
+    # The training process's RNGs are its own again after each in-process batch.
+    assert np.random.rand() == np.random.RandomState(1).rand()
+    assert random.random() == random.Random(1).random()
+    assert per_sample_run(**mode) == in_process
+    assert in_process[0] != in_process[1]   # each epoch draws anew
+
+
+def test_seeding_is_checked():
+    with pytest.raises(ValueError, match="seeding must be one of 'torch', 'per_worker', 'per_sample', "
+                                         "got 'sample'"):
+        mxload.DataLoader(GlobalRngAugmented(), seeding="sample")
+    with pytest.raises(ValueError, match="worker threads .* share them"):
+        mxload.DataLoader(GlobalRngAugmented(), num_workers=2, thread_pool=True, seeding="per_sample")
+    with pytest.raises(ValueError, match="an IterableDataset's samples have none"):
+        mxload.DataLoader(Counter(), seeding="per_sample")
+
+
 def test_different_seed_or_epoch_changes_the_augmentation():
     loader = mxload.DataLoader(AugmentedDataset(), batch_size=4, seed=5)
     first, second = flat(loader), flat(loader)

@@ -166,3 +166,35 @@ def test_uneven_stream_shards_interleave_as_torch():
     index % the workers left."""
     for num_workers in (2, 3, 4):
         assert_same_as_torch(2, dataset=UnevenShards(), num_workers=num_workers)
+
+
+@pytest.mark.parametrize("num_workers,persistent", [(1, False), (2, False), (3, False), (2, True)])
+def test_per_sample_seeding_gives_the_same_batches_for_any_num_workers(num_workers, persistent):
+    """The opt-in (seeding="per_sample"): torch's, Python's and numpy's global RNGs seeded from
+    (seed, epoch, sample index) before each sample, so torchvision-style transforms give the same
+    batches with 0 or N workers; in-process, the training loop's RNGs are left as torch's loader
+    leaves them."""
+    def images_and_labels(**kwargs):
+        epochs, draws, states = script(DataLoader, 2, seeding="per_sample", **kwargs)
+        return [[b[:2] for b in e] for e in epochs], draws, states
+    in_process = images_and_labels(num_workers=0)
+    with_workers = images_and_labels(num_workers=num_workers, persistent_workers=persistent)
+    assert with_workers[0] == in_process[0]
+    assert in_process[0][0] != in_process[0][1]   # each epoch draws anew
+    # The loop's own draws and RNG states are as with workers (which never touch them): only
+    # what torch's iter() draws (a base seed each, not again for persistent workers), not the
+    # samples' draws (torch's loader, in-process, makes them from the loop's RNGs).
+    if not persistent:
+        assert in_process[1:] == with_workers[1:], "in-process per-sample seeding changed the loop's RNGs"
+
+
+def test_seeding_torch_needs_torch():
+    from fresh_python import run
+    result = run("""
+        try:
+            mxload.DataLoader(list(range(4)), seeding="torch")
+        except ValueError as e:
+            print(e)
+    """)
+    assert ("seeding='torch' seeds the workers as torch's DataLoader does, and this program has not "
+            "imported torch") in result.stdout, result.stdout + result.stderr

@@ -126,7 +126,8 @@ class InProcessBatches:
         self._position = 0                   # in plan.order; for a stream, batches taken
         self._discard = plan.discard
         self._source = SampleSource(options.dataset, options.iterable, options.fetch_batch_size,
-                                    options.drop_last, options.seed, keyed=not options.auto_batching)
+                                    options.drop_last, options.seed, keyed=not options.auto_batching,
+                                    seeding=options.seeding, restore=True)
 
     def next_batch(self) -> tuple[int, Any] | Marker:
         """As torch: an error raised for one batch (dataset or collation)

@@ -38,29 +38,42 @@ def decode_key(words: np.ndarray) -> Any:
     return pickle.loads(np.ascontiguousarray(words[2:]).view(np.uint8)[:n].tobytes())
 
 
-def fetch_key(dataset: Any, words: np.ndarray, seed: int = 0, epoch: int = 0) -> list[Any]:
+def fetch_key(dataset: Any, words: np.ndarray, seed: int = 0, epoch: int = 0,
+              seed_globals: bool = False) -> list[Any]:
     """batch_size=None: the one sample of `words`' key, ``dataset[key]`` as
-    torch's fetcher does without auto-batching (never __getitems__)."""
+    torch's fetcher does without auto-batching (never __getitems__).
+    `seed_globals` (seeding="per_sample"): the global RNGs are seeded from
+    (seed, epoch, key) first (a key that is not an int: from its indices' words)."""
     key = decode_key(words)
     try:
         _rng.set_sample(seed, epoch, key if isinstance(key, int) else None)
+        if seed_globals:
+            _rng.seed_globals(seed, epoch, *(words.tolist() if len(words) > 1 else [key]))
         return [dataset[key]]
     finally:
         _rng.clear_sample()
 
 
-def fetch_samples(dataset: Any, indices: np.ndarray, seed: int = 0, epoch: int = 0) -> Any:
+def fetch_samples(dataset: Any, indices: np.ndarray, seed: int = 0, epoch: int = 0,
+                  seed_globals: bool = False) -> Any:
     """The samples of one batch: one ``__getitems__`` call where the dataset
     offers it (torch 2.x protocol), else one ``__getitem__`` per index.
-    Each call runs inside its sample_rng() context (seed, epoch, index)."""
+    Each call runs inside its sample_rng() context (seed, epoch, index);
+    `seed_globals` (seeding="per_sample"): the global RNGs are seeded from
+    (seed, epoch, index) before each ``__getitem__``, from (seed, epoch,
+    every index) before ``__getitems__``."""
     getitems = getattr(dataset, "__getitems__", None)
     try:
         if getitems is not None:
             _rng.set_sample(seed, epoch, None)
+            if seed_globals:
+                _rng.seed_globals(seed, epoch, *indices.tolist())
             return getitems(indices)
         samples = []
         for i in indices.tolist():
             _rng.set_sample(seed, epoch, i)
+            if seed_globals:
+                _rng.seed_globals(seed, epoch, i)
             samples.append(dataset[i])
         return samples
     finally:
@@ -102,10 +115,16 @@ class SampleSource:
         seed: the loader's seed (sample_rng contexts).
         keyed: batch_size=None on a map-style dataset: each batch is one
             sampler key (encode_key), fetched as ``dataset[key]``.
+        seeding: the loader's (_options.SEEDINGS); "per_sample" seeds the
+            global RNGs before each sample (fetch_samples).
+        restore: put the global RNGs' states back after each batch (the
+            training process's own, with num_workers=0 and "per_sample").
     """
 
     def __init__(self, dataset: Any, iterable: bool, batch_size: int, drop_last: bool, seed: int,
-                 keyed: bool = False):
+                 keyed: bool = False, seeding: str = "per_worker", restore: bool = False):
+        self._seed_globals = seeding == "per_sample" and not iterable
+        self._restore = restore and self._seed_globals
         self._dataset = dataset
         self._keyed = keyed and not iterable
         self._iterable = iterable
@@ -119,9 +138,14 @@ class SampleSource:
         """The samples of one batch, or None when this worker's stream is done."""
         if not self._iterable:
             assert indices is not None, "a map-style dataset's batch has indices"
-            if self._keyed:
-                return fetch_key(self._dataset, indices, self._seed, epoch)
-            return fetch_samples(self._dataset, indices, self._seed, epoch)
+            states = _rng.global_states() if self._restore else None
+            try:
+                if self._keyed:
+                    return fetch_key(self._dataset, indices, self._seed, epoch, self._seed_globals)
+                return fetch_samples(self._dataset, indices, self._seed, epoch, self._seed_globals)
+            finally:
+                if states is not None:
+                    _rng.set_global_states(states)
         if self._stream is None or self._stream_epoch != epoch:
             self._stream = _Stream(self._dataset, self._batch_size, self._drop_last)
             self._stream_epoch = epoch

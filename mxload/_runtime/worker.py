@@ -151,7 +151,8 @@ class WorkerConfig:
                    base_seed=options.base_seed)
 
     def source(self, dataset: Any) -> SampleSource:
-        return SampleSource(dataset, self.iterable, self.batch_size, self.drop_last, self.seed, self.keyed)
+        return SampleSource(dataset, self.iterable, self.batch_size, self.drop_last, self.seed, self.keyed,
+                            self.seeding)
 
 
 R = TypeVar("R")
