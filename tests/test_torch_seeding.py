@@ -131,17 +131,9 @@ def test_batches_bit_for_bit_as_torch(num_workers, order):
         assert ours[0][0] != ours[0][1], "each iter() draws a new base seed: the epochs differ"
 
 
-def needs_torchs_shuffle() -> None:
-    """shuffle=True gives torch's order once mxload.torch shuffles with torch's own RandomSampler
-    (issue 39's samplers item, landing separately); until then these cases are expected to fail."""
-    if not isinstance(DataLoader(AugmentedImages(), shuffle=True).sampler, tud.RandomSampler):
-        pytest.xfail("mxload.torch's shuffle=True does not use torch's RandomSampler yet")
-
-
 @pytest.mark.parametrize("num_workers", [0, 2, 3])
 @pytest.mark.parametrize("generator", [False, True])
 def test_shuffled_batches_bit_for_bit_as_torch(num_workers, generator):
-    needs_torchs_shuffle()
     assert_same_as_torch(2, shuffle=True, generator=generator, num_workers=num_workers)
 
 
@@ -156,7 +148,6 @@ def test_persistent_workers_continue_their_streams_as_torch(num_workers, order):
 
 @pytest.mark.parametrize("persistent", [False, True])
 def test_persistent_shuffled_as_torch(persistent):
-    needs_torchs_shuffle()
     assert_same_as_torch(3, shuffle=True, num_workers=2, persistent_workers=persistent)
 
 
