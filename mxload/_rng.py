@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -20,6 +20,8 @@ import numpy as np
 
 __all__ = ["sample_rng", "derived_seed"]
 
+# key: (seed, epoch, index) of the sample loading; rngs: the generators made
+# while the key `rngs_for` (the very tuple: every load gets a fresh one) loaded.
 _context = threading.local()
 
 
@@ -59,12 +61,28 @@ def set_sample(seed: int, epoch: int, index: int | None) -> None:
     """The loader is about to load sample `index` of `epoch` (None: a whole
     batch through __getitems__)."""
     _context.key = (seed, epoch, index)
-    _context.rngs = {}
 
 
 def clear_sample() -> None:
     _context.key = None
     _context.rngs = {}
+    _context.rngs_for = None
+
+
+def fetch_each(getitem: Callable[[int], Any], indices: list[int], seed: int, epoch: int,
+               seed_each: bool = False) -> list[Any]:
+    """[getitem(i) for i in indices], each inside its sample's context: the
+    loader's per-sample loop, one attribute store a sample beyond torch's;
+    `seed_each` (seeding="per_sample"): seed_globals(seed, epoch, i) first."""
+    context = _context
+    samples: list[Any] = []
+    append = samples.append
+    for i in indices:
+        context.key = (seed, epoch, i)
+        if seed_each:
+            seed_globals(seed, epoch, i)
+        append(getitem(i))
+    return samples
 
 
 @contextmanager
@@ -74,13 +92,12 @@ def sample_scope(index: int) -> Iterator[None]:
     if key is None:
         yield
         return
-    saved = (key, _context.rngs)
+    saved = (key, getattr(_context, "rngs", {}), getattr(_context, "rngs_for", None))
     _context.key = (key[0], key[1], int(index))
-    _context.rngs = {}
     try:
         yield
     finally:
-        _context.key, _context.rngs = saved
+        _context.key, _context.rngs, _context.rngs_for = saved
 
 
 def sample_rng(index: int | None = None) -> np.random.Generator:
@@ -125,6 +142,9 @@ def sample_rng(index: int | None = None) -> np.random.Generator:
             raise RuntimeError("inside __getitems__, call mxload.sample_rng(index) with the sample's index")
         index = current
     index = int(index)
+    if getattr(_context, "rngs_for", None) is not key:   # the first draw of this load
+        _context.rngs = {}
+        _context.rngs_for = key
     rng: np.random.Generator | None = _context.rngs.get(index)
     if rng is None:
         rng = _context.rngs[index] = np.random.default_rng([seed, epoch, index])

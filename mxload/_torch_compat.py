@@ -21,6 +21,8 @@ __all__ = [
     "torch_module", "is_torch_iterable_dataset", "is_tensor", "tensor_to_numpy", "seed_from_torch",
     "enter_worker", "torch_numpy_seed", "pin_batch", "pinning_device", "to_tensors",
     "PIN_MEMORY_NO_ACCELERATOR", "shuffle_generator", "generator_state", "set_generator_state",
+    "collatable_tensor", "batch_dtype", "TORCH_DTYPE_PREFIX", "viewing_dtype", "as_torch_dtype",
+    "stack_into", "copy_into",
 ]
 
 # Word for word what torch 2.x warns (DataLoader iterator start) when
@@ -69,6 +71,108 @@ def tensor_to_numpy(x: Any) -> np.ndarray:
     except TypeError as e:   # e.g. bfloat16: numpy has no such dtype
         raise TypeError(f"a torch tensor of dtype {t.dtype} has no numpy equivalent ({e}); convert it "
                         f"in the dataset (e.g. tensor.float())") from None
+
+
+# ---------------------------------------------------------------- tensor fields
+#
+# A batch field made of tensors is filled by torch itself: one torch.stack
+# per field into a tensor over the field's place in the batch buffer (a
+# shared-memory slab in a worker), never a per-sample conversion to numpy
+# (that cost ~12 us a tensor: detach, the device/conj/neg checks, .numpy()).
+# A torch dtype numpy lacks (bfloat16, float8, complex32) is laid out as
+# unsigned ints of its size and named in the layout as TORCH_DTYPE_PREFIX +
+# its name, so the consumer views those bytes as that torch dtype again.
+
+TORCH_DTYPE_PREFIX = "torch."
+
+# torch dtype -> (numpy dtype of the field's bytes, the torch dtype's name where numpy has none)
+_BATCH_DTYPES: dict[Any, tuple[np.dtype[Any], str | None]] = {}
+
+
+def collatable_tensor(x: Any) -> bool:
+    """Whether `x` is a tensor torch.stack can write into a CPU batch: a
+    strided tensor on the CPU (others keep the conversion to numpy, which
+    copies a device tensor to the host first)."""
+    torch = torch_module()
+    return (torch is not None and isinstance(x, torch.Tensor) and x.layout is torch.strided
+            and x.device.type == "cpu")
+
+
+def batch_dtype(dtype: Any) -> tuple[np.dtype[Any], str | None]:
+    """(numpy dtype, torch-only name) of a batch field of torch dtype
+    `dtype`: its numpy twin and None, or for a dtype numpy lacks, unsigned
+    ints of its size and its name (``"torch.bfloat16"``)."""
+    got = _BATCH_DTYPES.get(dtype)
+    if got is None:
+        torch = sys.modules["torch"]
+        if not _BATCH_DTYPES:   # torch's twin of every numpy dtype torch.from_numpy takes
+            for code in "?bBhHiIlLefdFD":
+                try:
+                    _BATCH_DTYPES[torch.from_numpy(np.empty(0, code)).dtype] = (np.dtype(code), None)
+                except TypeError:   # one this torch lacks (uint32 before torch 2.3)
+                    pass
+        got = _BATCH_DTYPES.get(dtype)
+        if got is None:   # no numpy dtype (bfloat16, float8, complex32): its bytes
+            got = _BATCH_DTYPES[dtype] = (np.dtype(f"u{dtype.itemsize}"), str(dtype))
+    return got
+
+
+def viewing_dtype(name: str) -> np.dtype[Any]:
+    """The numpy dtype that holds the bytes of torch-only dtype `name`."""
+    return batch_dtype(_torch_dtype(name))[0]
+
+
+def _torch_dtype(name: str) -> Any:
+    dtype = getattr(sys.modules["torch"], name[len(TORCH_DTYPE_PREFIX):], None)
+    if not name.startswith(TORCH_DTYPE_PREFIX) or dtype is None:
+        raise TypeError(f"a batch names torch dtype {name!r}, which this torch (torch "
+                        f"{sys.modules['torch'].__version__}) does not have")
+    return dtype
+
+
+def as_torch_dtype(array: np.ndarray, name: str) -> Any:
+    """A field of torch-only dtype `name` (its bytes in `array`, from
+    viewing_dtype) as a tensor of that dtype over the same memory."""
+    return sys.modules["torch"].from_numpy(array).view(_torch_dtype(name))
+
+
+def _over(out: np.ndarray, dtype: Any) -> Any:
+    """A tensor of torch dtype `dtype` over the field's place `out`."""
+    target = sys.modules["torch"].from_numpy(out)
+    return target if target.dtype == dtype else target.view(dtype)
+
+
+def stack_into(tensors: list[Any], out: np.ndarray, dtype: Any) -> tuple[Any, bool]:
+    """torch.stack(tensors) written into `out` (the field's place, of
+    batch_dtype(dtype)): (the tensor over `out`, whether the samples carry
+    autograd history).  torch stacks non-contiguous, conjugate and negative
+    views and casts a sample of another dtype into sample 0's, as torch's
+    worker processes do (default_collate stacks into sample 0's storage
+    there); a cast it refuses is its RuntimeError.  Samples with autograd
+    history (grad mode on) are stacked detached: the caller decides whether
+    the batch needs torch.stack's graph (see TensorField)."""
+    torch = sys.modules["torch"]
+    target = _over(out, dtype)
+    try:
+        torch.stack(tensors, out=target)
+    except RuntimeError:
+        # stack(out=) refuses inputs that need a graph; find out if that was it
+        # only now, so the common case costs no per-sample look.
+        if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
+            raise
+        with torch.no_grad():
+            torch.stack(tensors, out=target)
+        return target, True
+    return target, False
+
+
+def copy_into(tensor: Any, out: np.ndarray, dtype: Any) -> tuple[Any, bool]:
+    """`tensor` copied into `out` (its place, of batch_dtype(dtype)); as stack_into."""
+    torch = sys.modules["torch"]
+    target = _over(out, dtype)
+    with torch.no_grad():
+        target.copy_(tensor)
+    return target, tensor.requires_grad and torch.is_grad_enabled()
 
 
 def seed_from_torch(generator: Any) -> int:

@@ -37,7 +37,7 @@ from ._collate.plan import (
     plan_batch,
     stack_column,
 )
-from ._torch_compat import is_tensor, tensor_to_numpy
+from ._torch_compat import collatable_tensor, is_tensor, tensor_to_numpy
 
 __all__ = [
     "Batchify", "Stack", "Pad", "Tuple", "Group", "Dict", "List", "AsList", "Append",
@@ -297,7 +297,10 @@ AsList = List   # Gluon 2.x's name
 class _DefaultBatchify(Batchify):
     """The default batchify function (``mxload.batchify.default_batchify``),
     like torch's ``default_collate`` but returning numpy arrays: arrays,
-    numbers and torch tensors are stacked; namedtuples, tuples, lists and
+    numbers and torch tensors are stacked (tensors by ``torch.stack`` into
+    the batch's buffer; a field of a torch dtype numpy lacks, bfloat16, is a
+    tensor, and so is one whose samples carry autograd history when the batch
+    is collated in the training process); namedtuples, tuples, lists and
     dicts are walked field by field and keep their type, as do other
     Sequence and Mapping types where they can be rebuilt (``range`` becomes a
     list); strings and bytes are kept as lists.  Anything else is an error
@@ -441,7 +444,9 @@ class _Convert(Batchify):
     """
 
     def plan(self, samples: Sequence[Any], path: str, planner: Planner) -> Node:
-        return planner.add_value(path, _convert(samples[0]))
+        # CPU tensors go to the planner as they are: torch copies each into
+        # the batch buffer (any dtype; a bfloat16 one stays a tensor).
+        return planner.add_value(path, _convert(samples[0], keep_tensors=True))
 
     def __call__(self, sample: Any) -> Any:   # one sample, as torch's
         return _convert(sample)
@@ -450,17 +455,17 @@ class _Convert(Batchify):
         return "default_convert"
 
 
-def _convert(x: Any) -> Any:
+def _convert(x: Any, keep_tensors: bool = False) -> Any:
     if isinstance(x, np.ndarray):
         return x
     if is_tensor(x):
-        return tensor_to_numpy(x)
+        return x if keep_tensors and collatable_tensor(x) else tensor_to_numpy(x)
     if isinstance(x, tuple) and hasattr(x, "_fields"):
-        return type(x)(*(_convert(v) for v in x))
+        return type(x)(*(_convert(v, keep_tensors) for v in x))
     if type(x) in (tuple, list):
-        return type(x)(_convert(v) for v in x)
+        return type(x)(_convert(v, keep_tensors) for v in x)
     if type(x) is dict:
-        return {k: _convert(v) for k, v in x.items()}
+        return {k: _convert(v, keep_tensors) for k, v in x.items()}
     return x
 
 

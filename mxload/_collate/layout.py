@@ -11,7 +11,9 @@ A :data:`Layout` is ``(root, specs)``: `root` is the batch's structure (a
 tree of small tuples, cheap to pickle; no array data) and `specs` one
 ``(offset, shape, dtype)`` per array field, the offset counted from the
 batch's start in the buffer, the dtype a string (``dtype.str``, far smaller
-and faster to pickle than a dtype object) unless it is structured.
+and faster to pickle than a dtype object) unless it is structured; a field
+of a torch dtype numpy lacks (bfloat16) names it (``"torch.bfloat16"``) and
+is handed out as a tensor of it over the same bytes.
 
 Structure nodes, one constructor each below:
 
@@ -32,6 +34,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .. import _torch_compat
 from .._core import VIEWS_ASSEMBLE, VIEWS_ONE_ARRAY, VIEWS_TUPLE, ViewTemplate
 
 __all__ = [
@@ -82,18 +85,30 @@ class ArrayField(Protocol):
 
 
 def encode(root: Node, fields: Sequence[ArrayField], offsets: Sequence[int]) -> Layout:
-    """The layout of a batch whose array fields are `fields`, at `offsets`."""
-    return (root, [(offset, f.shape, f.dtype.str if f.dtype.fields is None else f.dtype)
+    """The layout of a batch whose array fields are `fields`, at `offsets`
+    (a planned field's `torch_dtype`, where set, names a torch-only dtype)."""
+    return (root, [(offset, f.shape, getattr(f, "torch_dtype", None)
+                    or (f.dtype.str if f.dtype.fields is None else f.dtype))
                    for f, offset in zip(fields, offsets)])
+
+
+def _is_torch_only(dtype: Any) -> bool:
+    return isinstance(dtype, str) and dtype.startswith(_torch_compat.TORCH_DTYPE_PREFIX)
+
+
+def _numpy_dtype(dtype: Any) -> np.dtype[Any]:
+    """A spec's dtype as the numpy dtype its view is made with."""
+    return _torch_compat.viewing_dtype(dtype) if _is_torch_only(dtype) else np.dtype(dtype)
 
 
 def views_from_layout(layout: Layout, buffer: Any, base_offset: int = 0) -> Any:
     """The batch a layout describes, as numpy views over `buffer` (anything
-    exporting a buffer: a slab, bytes) from `base_offset` on; no copy."""
+    exporting a buffer: a slab, bytes) from `base_offset` on; no copy (a
+    torch-only dtype's field: a tensor over its view)."""
     root, specs = layout
-    arrays = [np.ndarray(shape, dtype, buffer=buffer, offset=base_offset + offset)
+    arrays = [np.ndarray(shape, _numpy_dtype(dtype), buffer=buffer, offset=base_offset + offset)
               for offset, shape, dtype in specs]
-    return assemble(root, arrays)
+    return _TorchOnly.wrap(specs, assemble)(root, arrays)
 
 
 def compile_template(layout: Layout) -> ViewTemplate:
@@ -101,8 +116,31 @@ def compile_template(layout: Layout) -> ViewTemplate:
     by id): dtype objects made once, shapes as tuples, and the shortcut from
     field arrays to batch (see _shortcut)."""
     root, specs = layout
-    return ViewTemplate(root, [(off, tuple(shape), np.dtype(dt)) for off, shape, dt in specs],
-                        _shortcut(root, len(specs)), assemble)
+    build = _TorchOnly.wrap(specs, assemble)
+    return ViewTemplate(root, [(off, tuple(shape), _numpy_dtype(dt)) for off, shape, dt in specs],
+                        _shortcut(root, len(specs)) if build is assemble else VIEWS_ASSEMBLE, build)
+
+
+class _TorchOnly:
+    """assemble() for a layout with fields of torch-only dtypes: those
+    fields' views (their bytes) become tensors of their dtype first."""
+
+    __slots__ = ("fields", "build")
+
+    def __init__(self, fields: list[tuple[int, str]], build: Any):
+        self.fields = fields
+        self.build = build
+
+    @classmethod
+    def wrap(cls, specs: Sequence[FieldSpec], build: Any) -> Any:
+        fields = [(k, dt) for k, (_, _, dt) in enumerate(specs) if isinstance(dt, str) and _is_torch_only(dt)]
+        return cls(fields, build) if fields else build
+
+    def __call__(self, root: Node, arrays: Sequence[Any]) -> Any:
+        arrays = list(arrays)
+        for k, name in self.fields:
+            arrays[k] = _torch_compat.as_torch_dtype(arrays[k], name)
+        return self.build(root, arrays)
 
 
 def _shortcut(root: Node, nfields: int) -> int:

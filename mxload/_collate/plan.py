@@ -27,12 +27,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .. import _core
+from .. import _torch_compat as _torch
 from .._torch_compat import is_tensor, tensor_to_numpy
 from . import layout
 from .layout import Layout, Node
 
 __all__ = [
     "Field", "StackField", "PadField", "PadEveryAxisField", "CopyField", "TakeField", "TreeStackField",
+    "TensorField",
     "Planner", "Batchify", "BatchPlan", "plan_batch", "collate", "collate_profiled", "allocate",
     "stack_column", "pad_column", "gather_columns", "TreeCache", "SCALAR_TYPES", "ARRAY_OR_SCALAR",
 ]
@@ -52,13 +54,17 @@ class Field:
     # Subclasses call Field.__init__ by name: a field is made per column of
     # every batch, and super() costs a third more.
 
-    __slots__ = ("path", "shape", "dtype", "nbytes")
+    # torch_dtype: the name of the field's torch dtype where numpy has none
+    # (``"torch.bfloat16"``; `dtype` then holds its bytes), else None.
+    __slots__ = ("path", "shape", "dtype", "nbytes", "torch_dtype")
 
-    def __init__(self, path: str, shape: tuple[int, ...], dtype: np.dtype[Any]):
+    def __init__(self, path: str, shape: tuple[int, ...], dtype: np.dtype[Any],
+                 torch_dtype: str | None = None):
         self.path = path
         self.shape = shape
         self.dtype = dtype
         self.nbytes = math.prod(shape) * dtype.itemsize
+        self.torch_dtype = torch_dtype
 
     def fill(self, out: NDArray[Any]) -> int:
         """Fill `out` (this field's place in the batch buffer); returns the
@@ -170,6 +176,57 @@ class TreeStackField(Field):
                         f"not on its own")
 
 
+class TensorField(Field):
+    """Torch tensors stacked on a new axis 0 (or, `stacked` False, one
+    tensor copied as it is) by torch itself, into a tensor over the field's
+    place: no sample is converted to numpy.  Any torch dtype; a shape that
+    differs or a cast torch refuses is an error naming the batch and the
+    field when the field is filled.  `result` is the filled tensor, or,
+    where samples carry autograd history, None until :meth:`in_process`
+    makes torch.stack's result with that history (a graph never crosses a
+    process: a worker's batch is the values, detached)."""
+
+    kernel = "stack"
+    __slots__ = ("tensors", "stacked", "tdtype", "batch_index", "result", "graph")
+
+    def __init__(self, path: str, tensors: list[Any], stacked: bool, batch_index: int | None):
+        first = tensors[0]
+        dtype, torch_only = _torch.batch_dtype(first.dtype)
+        shape = tuple(first.shape)
+        Field.__init__(self, path, (len(tensors),) + shape if stacked else shape, dtype, torch_only)
+        self.tensors = tensors
+        self.stacked = stacked
+        self.tdtype = first.dtype
+        self.batch_index = batch_index
+        self.result: Any = None
+        self.graph = False
+
+    def fill(self, out: NDArray[Any]) -> int:
+        t0 = time.perf_counter_ns()
+        try:
+            if self.stacked:
+                self.result, self.graph = _torch.stack_into(self.tensors, out, self.tdtype)
+            else:
+                self.result, self.graph = _torch.copy_into(self.tensors[0], out, self.tdtype)
+        except (RuntimeError, TypeError) as e:
+            where = f"batch {self.batch_index}, " if self.batch_index is not None else ""
+            shapes = "size" in str(e)
+            hint = "; use Pad() for fields of varying shape" if shapes else ""
+            raise (ValueError if shapes else TypeError)(
+                f"cannot collate {where}field {self.path}: {e}{hint}") from None
+        return time.perf_counter_ns() - t0
+
+    def in_process(self, view: Any) -> Any:
+        """The batch's value for this field where it stays in the process
+        that collated it (`view`: its numpy view): the tensors' own stack
+        where they carry autograd history, as default_collate's; a tensor
+        where numpy has no such dtype; else `view`."""
+        if self.graph:
+            torch = _torch.torch_module()
+            return torch.stack(self.tensors) if self.stacked else self.tensors[0]
+        return self.result if self.torch_dtype is not None else view
+
+
 class Planner:
     """Collects the fields of one batch while batchify functions walk its samples.
 
@@ -194,12 +251,13 @@ class Planner:
         [[2.0, 2.0], [0.0, 0.0]]
     """
 
-    __slots__ = ("batch_index", "_fields", "_objects", "_tables", "_placed")
+    __slots__ = ("batch_index", "_fields", "_objects", "_tables", "_placed", "_tensors")
 
     def __init__(self, batch_index: int | None = None):
         self.batch_index = batch_index
         self._fields: list[Field] = []
         self._objects: list[tuple[str, Any]] = []   # (path, value) passed through as objects
+        self._tensors: list[int] = []   # the indices of the TensorFields
         # (table, indices of its TreeStackFields): filled by one compiled call each
         self._tables: list[tuple[_core.TreeTable, list[int]]] = []
         # (number of fields, (offsets, total)) when a TreeCache planned them
@@ -225,6 +283,8 @@ class Planner:
         are walked, anything else is passed through as with :meth:`add_object`."""
         if _buffer_representable(value):
             return self.add_array(path, value)
+        if _torch.collatable_tensor(value) and value.ndim <= _core.MAX_DIMS:
+            return self.add_tensor(path, TensorField(path, [value], False, self.batch_index))
         if isinstance(value, tuple) and hasattr(value, "_fields"):
             return layout.tuple_node(type(value), [self.add_value(f"{path}.{n}", v)
                                                    for n, v in zip(value._fields, value)])
@@ -235,6 +295,11 @@ class Planner:
             keys = tuple(value.keys())
             return layout.dict_node(keys, [self.add_value(f"{path}[{k!r}]", value[k]) for k in keys])
         return self.add_object(path, value)
+
+    def add_tensor(self, path: str, field: TensorField) -> Node:
+        """Add a field torch fills (stacked tensors, or one tensor as it is)."""
+        self._tensors.append(len(self._fields))
+        return self._add(field)
 
     def add_object(self, path: str, value: Any) -> Node:
         """Pass `value` into the batch as it is (across processes: pickled)."""
@@ -299,6 +364,7 @@ class BatchPlan:
             fields a SampleTree gathered, each table filled in one call.
         placed (tuple | None): (offsets, total bytes) of `fields` when
             known already (plan_layout's answer for them).
+        tensors (list | None): the indices of the fields torch fills (TensorField).
 
     Example:
         >>> import numpy as np
@@ -308,15 +374,16 @@ class BatchPlan:
         True
     """
 
-    __slots__ = ("root", "fields", "objects", "tables", "offsets", "nbytes")
+    __slots__ = ("root", "fields", "objects", "tables", "tensors", "offsets", "nbytes")
 
     def __init__(self, root: Node, fields: list[Field], objects: list[tuple[str, Any]],
                  tables: list[tuple[_core.TreeTable, list[int]]] | None = None,
-                 placed: tuple[list[int], int] | None = None):
+                 placed: tuple[list[int], int] | None = None, tensors: list[int] | None = None):
         self.root = root
         self.fields = fields
         self.objects = objects
         self.tables = tables or []
+        self.tensors = tensors or []   # the indices of the TensorFields
         self.offsets: list[int]
         if placed is not None:   # (offsets, total) the planner already knows for these fields
             self.offsets = list(placed[0])
@@ -344,6 +411,18 @@ class BatchPlan:
                 times[k] = field.fill(views[k])
         return views, times
 
+    def in_process(self, views: list[Any]) -> list[Any]:
+        """fill()'s views as the batch's values where it stays in this
+        process (collate()): a torch-filled field is a tensor where numpy
+        has no such dtype, or torch.stack's own result where its samples
+        carry autograd history (TensorField.in_process)."""
+        fields = self.fields
+        for k in self.tensors:
+            field = fields[k]
+            assert isinstance(field, TensorField)
+            views[k] = field.in_process(views[k])
+        return views
+
     def layout(self) -> Layout:
         """The batch's wire layout (see :mod:`mxload._collate.layout`):
         picklable, structure + (offset, shape, dtype) per field, no data."""
@@ -354,7 +433,7 @@ class BatchPlan:
         dtype)], [ns]) for the kernel fields (with their `fill_ns`) and the
         objects passed through, which cross processes pickled: their pickling
         is measured here, so this costs something and runs only when profiling."""
-        stats: list[tuple[Any, ...]] = [(f.path, f.kernel, f.nbytes, f.shape, f.dtype.str)
+        stats: list[tuple[Any, ...]] = [(f.path, f.kernel, f.nbytes, f.shape, f.torch_dtype or f.dtype.str)
                                         for f in self.fields]
         times = list(fill_ns)
         for path, value in self.objects:
@@ -384,7 +463,13 @@ def stack_column(planner: Planner, samples: Sequence[Any], path: str) -> Node:
     on a new axis 0."""
     first = samples[0]
     if not isinstance(first, ARRAY_OR_SCALAR) and is_tensor(first):
-        samples = [tensor_to_numpy(x) if is_tensor(x) else x for x in samples]
+        if _torch.collatable_tensor(first):
+            if first.ndim + 1 > _core.MAX_DIMS:
+                raise planner.error(ValueError, path, f"sample 0 has {first.ndim} dimensions; mxload "
+                                    f"collates at most {_core.MAX_DIMS} (the batch dimension included)")
+            tensors = samples if type(samples) is list else list(samples)
+            return planner.add_tensor(path, TensorField(path, tensors, True, planner.batch_index))
+        samples = [tensor_to_numpy(x) if is_tensor(x) else x for x in samples]   # on a device: to the host
         first = samples[0]
     if not isinstance(first, np.ndarray) and isinstance(first, SCALAR_TYPES):
         # Scalars: one np.array() call converts the whole column.
@@ -642,7 +727,8 @@ def plan_batch(batchify_fn: Callable[..., Any], samples: Sequence[Any],
         root = planner.add_value("batch", batchify_fn(samples))
     placed = planner._placed
     return BatchPlan(root, planner._fields, planner._objects, planner._tables,
-                     placed[1] if placed is not None and placed[0] == len(planner._fields) else None)
+                     placed[1] if placed is not None and placed[0] == len(planner._fields) else None,
+                     planner._tensors)
 
 
 def collate(batchify_fn: Callable[..., Any], samples: Sequence[Any], batch_index: int | None = None) -> Any:
@@ -671,7 +757,7 @@ def collate(batchify_fn: Callable[..., Any], samples: Sequence[Any], batch_index
         return batchify_fn(samples)
     plan = plan_batch(batchify_fn, samples, batch_index)
     views, _ = plan.fill(allocate(plan.nbytes))
-    return layout.assemble(plan.root, views)
+    return layout.assemble(plan.root, plan.in_process(views) if plan.tensors else views)
 
 
 def collate_profiled(batchify_fn: Callable[..., Any], samples: Sequence[Any],
@@ -687,4 +773,4 @@ def collate_profiled(batchify_fn: Callable[..., Any], samples: Sequence[Any],
     plan = plan_batch(batchify_fn, samples, batch_index)
     views, fill_ns = plan.fill(allocate(plan.nbytes))
     stats, times = plan.field_stats(fill_ns)
-    return layout.assemble(plan.root, views), stats, times
+    return layout.assemble(plan.root, plan.in_process(views)), stats, times

@@ -2,6 +2,8 @@
 (num_workers=0), in worker threads and in worker processes."""
 from __future__ import annotations
 
+import functools
+import operator
 import pickle
 from typing import Any
 
@@ -69,13 +71,9 @@ def fetch_samples(dataset: Any, indices: np.ndarray, seed: int = 0, epoch: int =
             if seed_globals:
                 _rng.seed_globals(seed, epoch, *indices.tolist())
             return getitems(indices)
-        samples = []
-        for i in indices.tolist():
-            _rng.set_sample(seed, epoch, i)
-            if seed_globals:
-                _rng.seed_globals(seed, epoch, i)
-            samples.append(dataset[i])
-        return samples
+        # dataset[i] exactly (the type's __getitem__), called from C
+        return _rng.fetch_each(functools.partial(operator.getitem, dataset), indices.tolist(), seed, epoch,
+                               seed_globals)
     finally:
         _rng.clear_sample()
 

@@ -1,0 +1,184 @@
+"""Tensor samples are collated natively: every torch dtype (bfloat16,
+float16, bool, complex), non-contiguous tensors and tensors with autograd
+history give what torch's default_collate gives (dtype for dtype, bit for
+bit, the same structure), in-process and from thread and process workers,
+without a per-sample conversion to numpy on the way (one torch.stack per
+field, into the batch's buffer)."""
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+import mxload
+import mxload._torch_compat
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import Dataset  # noqa: E402
+from torch.utils.data._utils.collate import default_collate  # noqa: E402
+
+import mxload.torch  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+N = 12
+Pair = collections.namedtuple("Pair", "a b")
+
+
+class EveryDtype(Dataset):
+    """Samples as torch users write them: nested dicts, tuples and a
+    namedtuple of tensors of every kind, some of them views that are not
+    contiguous (a transposed slice, a conjugate, a negative view), numbers
+    and strings beside them."""
+
+    def __init__(self, grad: bool = False):
+        g = torch.Generator().manual_seed(5)
+        self.base = torch.randn(N, 4, 3, generator=g)
+        self.weight = torch.full((3,), 2.0, requires_grad=grad)
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        x = self.base[i]
+        c = torch.complex(x, -x)
+        return {
+            "bf16": x.to(torch.bfloat16),
+            "f16": x.to(torch.float16),
+            "mask": x > 0,
+            "c64": c,
+            "c128": c.to(torch.complex128).conj(),      # a lazy conjugate view
+            "neg": torch.complex(x, x)._neg_view(),     # a lazy negative view
+            "t": x.t(),                                  # not contiguous
+            "strided": self.base[:, i % 4, ::2],         # not contiguous, offset
+            "u8": (x * 10).to(torch.uint8),
+            "grad": x[0] * self.weight,                  # autograd history when grad=True
+            "nested": (x[1].to(torch.int16), Pair(x[2].to(torch.bfloat16), torch.tensor(i))),
+            "label": i,
+            "name": f"s{i}",
+        }
+
+
+def _same(got, want, path="batch"):
+    """`got` is `want` as default_collate made it: types, dtypes, shapes, bytes."""
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor), f"{path}: {type(got).__name__}, expected a tensor"
+        assert got.dtype == want.dtype, f"{path}: dtype {got.dtype}, expected {want.dtype}"
+        assert got.shape == want.shape, f"{path}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+        a, b = got.detach().resolve_conj().resolve_neg(), want.detach().resolve_conj().resolve_neg()
+        if a.is_complex():
+            a, b = torch.view_as_real(a), torch.view_as_real(b)
+        assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), \
+            f"{path}: values differ"
+        return
+    if type(want) is list and type(got) is tuple:
+        pass   # tuples stay tuples (docs/migration.md: default_collate makes them lists)
+    else:
+        assert type(got) is type(want), f"{path}: {type(got).__name__}, expected {type(want).__name__}"
+    if isinstance(want, dict):
+        assert list(got) == list(want), path
+        for k in want:
+            _same(got[k], want[k], f"{path}[{k!r}]")
+    elif isinstance(want, (tuple, list)):
+        assert len(got) == len(want), path
+        for i, (g, w) in enumerate(zip(got, want)):
+            _same(g, w, f"{path}[{i}]")
+    else:
+        assert got == want, path
+
+
+MODES = [pytest.param({}, id="in-process"),
+         pytest.param({"num_workers": 2, "thread_pool": True}, id="threads"),
+         pytest.param({"num_workers": 2, "multiprocessing_context": "fork"}, id="processes")]
+
+
+@pytest.mark.parametrize("kw", MODES)
+def test_every_dtype_collates_as_default_collate(kw):
+    ds = EveryDtype()
+    with mxload.torch.DataLoader(ds, batch_size=5, **kw) as loader:
+        batches = list(loader)
+    assert len(batches) == 3
+    for b, batch in enumerate(batches):
+        want = default_collate([ds[i] for i in range(5 * b, min(5 * b + 5, N))])
+        _same(batch, want)
+
+
+@pytest.mark.parametrize("kw", MODES)
+def test_no_sample_goes_through_numpy(kw, monkeypatch):
+    """The tensor path converts no sample to numpy: with the conversion and
+    Tensor.numpy() made to raise, the batches still come, equal to torch's."""
+
+    def refuse(*_):
+        raise AssertionError("a sample tensor was converted to numpy")
+
+    monkeypatch.setattr(mxload._torch_compat, "tensor_to_numpy", refuse)
+    monkeypatch.setattr(torch.Tensor, "numpy", refuse)
+    ds = EveryDtype()
+    with mxload.torch.DataLoader(ds, batch_size=4, **kw) as loader:
+        batches = list(loader)
+    for b, batch in enumerate(batches):
+        _same(batch, default_collate([ds[i] for i in range(4 * b, 4 * b + 4)]))
+
+
+@pytest.mark.parametrize("kw", MODES)
+def test_autograd_history(kw):
+    """In the training process (in-process, thread workers) a field whose
+    samples carry autograd history is torch.stack's result with that
+    history, as default_collate's; from worker processes (no graph crosses
+    a process; torch's own workers raise there) it is the same values,
+    detached."""
+    ds = EveryDtype(grad=True)
+    with mxload.torch.DataLoader(ds, batch_size=6, **kw) as loader:
+        batches = list(loader)
+    for b, batch in enumerate(batches):
+        want = default_collate([ds[i] for i in range(6 * b, 6 * b + 6)])
+        _same(batch, want)
+        assert want["grad"].requires_grad
+        if kw.get("thread_pool") or not kw:
+            assert batch["grad"].requires_grad and batch["grad"].grad_fn is not None
+            batch["grad"].sum().backward()
+        else:
+            assert not batch["grad"].requires_grad
+    if not kw.get("num_workers") or kw.get("thread_pool"):
+        assert ds.weight.grad is not None and ds.weight.grad.abs().sum() > 0
+
+
+def test_numpy_loader_keeps_numpy_but_torch_only_dtypes():
+    """mxload.DataLoader hands out numpy arrays for tensor fields numpy has a
+    dtype for; a bfloat16 field (numpy has none) is a tensor."""
+    samples = [{"x": torch.ones(2, dtype=torch.bfloat16) * i, "y": torch.ones(2) * i} for i in range(3)]
+    out = mxload.batchify.default_batchify(samples)
+    assert isinstance(out["y"], mxload.batchify.np.ndarray) and out["y"].dtype == "float32"
+    assert isinstance(out["x"], torch.Tensor) and out["x"].dtype == torch.bfloat16
+    assert out["x"].tolist() == [[0, 0], [1, 1], [2, 2]]
+
+
+def test_mismatched_shapes_name_the_field():
+    samples = [{"x": torch.zeros(3)}, {"x": torch.zeros(4)}]
+    with pytest.raises(ValueError, match=r"batch 7, field sample\['x'\].*(size|shape).*Pad\(\)"):
+        mxload.batchify.collate(mxload.batchify.default_batchify, samples, 7)
+
+
+def test_mixed_dtypes_take_sample_0s_as_torchs_workers_do():
+    """A float64 sample among float32 ones is cast into sample 0's dtype, as
+    torch.stack into the batch's storage does in torch's worker processes;
+    a cast torch refuses (float into an int64 batch) names the field."""
+    out = mxload.batchify.default_batchify([torch.ones(2), torch.ones(2, dtype=torch.float64) / 3])
+    assert out.dtype == "float32" and out[1, 0] == mxload.batchify.np.float32(1 / 3)
+    with pytest.raises(TypeError, match=r"field sample.*Long|field sample.*int64"):
+        mxload.batchify.default_batchify([torch.ones(2, dtype=torch.int64), torch.ones(2) / 3])
+
+
+@pytest.mark.parametrize("kw", MODES)
+def test_unbatched_tensors_copied_by_torch(kw):
+    """batch_size=None: each sample's tensors are copied into the batch by
+    torch (a bfloat16 one too), equal to torch's default_convert."""
+    from torch.utils.data._utils.collate import default_convert
+    ds = EveryDtype()
+    with mxload.torch.DataLoader(ds, batch_size=None, **kw) as loader:
+        got = list(loader)
+    assert len(got) == N
+    for i, sample in enumerate(got):
+        want = default_convert(ds[i])
+        want["label"], want["name"] = sample["label"], sample["name"]   # numbers and strings: as they are
+        _same(sample, want)
