@@ -216,7 +216,7 @@ class LoaderOptions:
             shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler, last_batch=last_batch or "keep",
             batchify_fn=collate if auto_batching else _Unbatched(collate), collate_fn=collate,
             num_workers=num_workers, prefetch=resolved_prefetch,
-            prefetch_factor=None if num_workers == 0 else max(1, resolved_prefetch // num_workers),
+            prefetch_factor=prefetch_factor_of(resolved_prefetch, num_workers),
             thread_pool=bool(thread_pool), timeout=timeout, worker_init_fn=worker_init_fn,
             seed=given_seed if given_seed is not None else (0 if from_torch else _fresh_seed()),
             torch_seeded=from_torch, seeding=seeding, base_seed=0,
@@ -410,12 +410,19 @@ def _check_prefetch(prefetch: object, prefetch_factor: object, num_workers: int)
         raise ValueError("prefetch_factor option could only be specified in multiprocessing (batches in "
                          "flight per worker, num_workers > 0); leave it None for num_workers=0")
     if prefetch is not None:
+        if prefetch_factor == prefetch_factor_of(prefetch, num_workers):
+            return prefetch   # what loader.prefetch_factor reads for it: a rebuild from a loader's attributes
         raise ValueError("pass prefetch (batches in flight in all) or prefetch_factor (per worker, "
                          "torch's), not both")
     if isinstance(prefetch_factor, int) and prefetch_factor < 0:
         raise ValueError(f"prefetch_factor option should be non-negative (batches in flight per worker, at "
                          f"least 1), got {prefetch_factor}")
     return check_int("prefetch_factor", prefetch_factor, 1) * num_workers
+
+
+def prefetch_factor_of(prefetch: int, num_workers: int) -> int | None:
+    """torch's per-worker view of `prefetch` batches in flight in all (None without workers)."""
+    return None if num_workers == 0 else max(1, prefetch // num_workers)
 
 
 def _check_timeout(timeout: object) -> float | None:

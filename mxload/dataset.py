@@ -58,7 +58,8 @@ class Dataset:
     """Base class of map-style datasets: implement ``__getitem__`` and ``__len__``.
 
     Optionally implement ``__getitems__(indices)`` to fetch a whole batch at
-    once (the loader calls it instead of ``__getitem__`` per sample).  Any
+    once (the loader calls it instead of ``__getitem__`` per sample, with a
+    list of Python ints, as torch does).  Any
     object with ``__getitem__`` and ``__len__`` works as a dataset; this base
     class adds :meth:`transform` and :meth:`transform_first`.  Subclasses are
     defined at module level so that spawn workers can pickle them.
@@ -244,7 +245,15 @@ class _SampledBatchDataset(_SampledDataset):
         if idx.size and (idx.min() < 0 or idx.max() >= len(self._indices)):
             bad = int(idx[(idx < 0) | (idx >= len(self._indices))][0])
             raise IndexError(f"index {bad} is out of range for a dataset of length {len(self._indices)}")
-        return self._data.__getitems__(self._indices[idx])
+        keys = self._indices[idx]
+        return self._data.__getitems__(keys if takes_index_arrays(self._data) else keys.tolist())
+
+
+def takes_index_arrays(dataset: Any) -> bool:
+    """Whether `dataset`'s ``__getitems__`` is one of mxload's that gather with numpy and take
+    the batch's int64 index array as it is; any other gets a list of Python ints, as torch
+    passes them (what a dataset written for torch expects)."""
+    return getattr(type(dataset), "__getitems__", None) in _ARRAY_GETITEMS
 
 
 def _check_index(dataset: Dataset, idx: SupportsIndex, length: int) -> int:
@@ -507,3 +516,8 @@ class _SizedLazyTransformIterableDataset(_LazyTransformIterableDataset):
     # Separate class so __len__ exists only when the wrapped stream has one.
     def __len__(self) -> int:
         return len(self._data)
+
+
+# The __getitems__ of mxload's datasets that take the int64 index array (see takes_index_arrays;
+# a subclass that overrides __getitems__ gets a list, as torch passes it).
+_ARRAY_GETITEMS = frozenset((ArrayDataset.__getitems__, _SampledBatchDataset.__getitems__))

@@ -41,9 +41,14 @@ def _torch_samplers(options: LoaderOptions) -> tuple[Any, Any]:
     RandomSampler(dataset, generator=generator) or SequentialSampler(dataset) unless given, a
     BatchSampler over it with automatic batching, an infinite constant sampler for a stream.
     mxload's own (worker-count-independent, checkpointed by seed) where mxload's options ask for
-    them: seed= (mxload's determinism, opted into) or distributed=True."""
-    if not options.iterable and (not options.torch_seeded or options.distributed) \
-            and options.sampler is None and options.batch_sampler is None:
+    them: seed= (mxload's determinism, opted into), distributed=True, or last_batch="rollover"
+    (torch's BatchSampler cannot carry a batch into the next epoch)."""
+    if options.iterable or options.batch_sampler is not None:
+        pass
+    elif options.last_batch == "rollover" or (options.sampler is None and (
+            not options.torch_seeded or options.distributed)):
+        if options.shuffle and options.sampler is None:
+            _data.RandomSampler(options.dataset)   # torch's check: it refuses an empty dataset
         return _make_samplers(options)
     sampler = options.sampler
     if sampler is None:

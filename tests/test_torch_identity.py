@@ -5,8 +5,10 @@ attributes and ``__init__`` signature (Lightning's ``_update_dataloader``, accel
 ``prepare_data_loader``) gets an mxload loader back that uses what it injected."""
 from __future__ import annotations
 
+import inspect
 import json
 
+import numpy as np
 import pytest
 
 import mxload
@@ -175,6 +177,13 @@ def test_numpy_face_keeps_its_own_samplers():
     assert _epochs(loader) == _epochs(again)
 
 
+def test_rollover_keeps_mxloads_batch_sampler():
+    """last_batch="rollover" (mxload's) carries the incomplete batch into the next epoch:
+    torch's BatchSampler cannot, so mxload's makes the batches."""
+    loader = DataLoader(Counting(5), batch_size=2, last_batch="rollover")
+    assert _epochs(loader) == [[[0, 1], [2, 3]], [[4, 0], [1, 2], [3, 4]]]
+
+
 def test_seed_opts_into_mxloads_order():
     """seed= (mxload's, not torch's): the order is mxload's, fixed by the seed whatever torch's RNG."""
     a = DataLoader(Counting(), batch_size=4, shuffle=True, seed=9)
@@ -206,3 +215,110 @@ def test_a_checkpoint_of_torchs_shuffle_resumes_its_order(with_generator, num_wo
     resumed.load_state_dict(state)
     assert [b.tolist() for b in resumed] + _epochs(resumed, 1)[0] == rest
     assert taken + rest[:len(first) - 2] != first   # (a new order each epoch: the state mattered)
+
+
+# ------------------------------------------------------------------ a trainer's rebuild
+
+
+def _rebuild_with_sampler(loader, sampler):
+    """What Lightning's ``_update_dataloader`` (and accelerate's ``prepare_data_loader``) does
+    to inject a DistributedSampler: read the instance's attributes (``vars``), keep those its
+    ``__init__`` takes whose value is not the parameter's default, replace the samplers, and
+    call ``type(loader)(**kwargs)``."""
+    attrs = {k: v for k, v in vars(loader).items() if not k.startswith("_")}
+    attrs["multiprocessing_context"] = loader.multiprocessing_context   # a property: not in vars
+    params = dict(inspect.signature(loader.__init__).parameters)
+    variadic = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    if variadic:
+        params.update(inspect.signature(tdata.DataLoader.__init__).parameters)
+        params.pop("self", None)
+    non_defaults = {name for name, p in params.items() if name in attrs and p.default is not attrs[name]}
+    non_defaults.add("dataset")
+    kwargs = {k: v for k, v in attrs.items() if k in non_defaults}
+    if isinstance(kwargs["dataset"], tdata.IterableDataset):
+        kwargs.update(sampler=None, batch_sampler=None)
+    else:
+        assert loader.batch_sampler is None or type(loader.batch_sampler) is tdata.BatchSampler
+        kwargs.update(sampler=sampler, shuffle=False, batch_sampler=None)
+    required = {p.name for p in params.values()
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+                and p.name not in kwargs}
+    assert not required, f"the rebuild cannot find {required} among the loader's attributes"
+    if not variadic:
+        assert not set(kwargs) - params.keys(), set(kwargs) - params.keys()
+    return type(loader)(**kwargs)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_trainers_rebuild_injects_a_distributed_sampler(shuffle):
+    dataset = Counting()
+    loader = DataLoader(dataset, batch_size=3, shuffle=shuffle, drop_last=True, num_workers=2,
+                        thread_pool=True, max_worker_restarts=0, timeout=30, in_order=False,
+                        collate_fn=None)
+    injected = tdata.DistributedSampler(dataset, num_replicas=2, rank=1, shuffle=False)
+    rebuilt = _rebuild_with_sampler(loader, injected)
+    assert type(rebuilt) is DataLoader and rebuilt.sampler is injected
+    assert type(rebuilt.batch_sampler) is tdata.BatchSampler and rebuilt.batch_sampler.sampler is injected
+    # torch's arguments and mxload's own (thread_pool) came through.
+    assert (rebuilt.batch_size, rebuilt.drop_last, rebuilt.num_workers, rebuilt.thread_pool, rebuilt.timeout,
+            rebuilt.in_order) == (3, True, 2, True, 30, False)
+    expected = list(injected)   # rank 1's half: 1, 3, 5, ...
+    got = sorted(i for b in rebuilt for i in b.tolist())
+    assert got == sorted(expected[:len(expected) // 3 * 3])
+
+
+def test_a_rebuild_keeps_mxloads_own_arguments_and_a_custom_collate():
+    def collate(samples):
+        return [s * 10 for s in samples]
+    loader = DataLoader(Counting(6), batch_size=2, collate_fn=collate, last_batch="discard", prefetch=3,
+                        num_workers=1, max_worker_restarts=2, start_method="spawn")
+    rebuilt = _rebuild_with_sampler(loader, tdata.SequentialSampler(range(5)))
+    assert rebuilt.collate_fn is collate and rebuilt.last_batch == "discard" and rebuilt.drop_last
+    assert (rebuilt.prefetch, rebuilt.max_worker_restarts, rebuilt.start_method) == (3, 2, "spawn")
+
+
+def test_a_rebuild_of_a_stream_loader():
+    loader = DataLoader(Stream(), batch_size=4)
+    rebuilt = _rebuild_with_sampler(loader, None)
+    assert type(rebuilt) is DataLoader
+    assert [b.tolist() for b in rebuilt] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+# ------------------------------------------------------------------ an empty dataset, __getitems__'s keys
+
+
+@pytest.mark.parametrize("seed", [None, 3])
+def test_an_empty_dataset_shuffled_raises_as_torchs(seed):
+    with pytest.raises(ValueError) as theirs:
+        tdata.DataLoader(Counting(0), shuffle=True)
+    with pytest.raises(type(theirs.value)) as ours:
+        DataLoader(Counting(0), shuffle=True, seed=seed)
+    assert str(ours.value) == str(theirs.value)
+    assert list(DataLoader(Counting(0))) == [] == list(tdata.DataLoader(Counting(0)))
+
+
+class KeysSeen(tdata.Dataset):
+    """Records the type of what __getitems__ gets (as an SQLite dataset binding them would)."""
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        return i
+
+    def __getitems__(self, keys):
+        assert type(keys) is list and all(type(k) is int for k in keys), (type(keys), keys)
+        return [k for k in keys]
+
+
+@pytest.mark.parametrize("mode", [dict(), dict(num_workers=2), dict(num_workers=2, thread_pool=True),
+                                  dict(shuffle=True), dict(batch_sampler=[[3, 1], [2]])])
+@pytest.mark.parametrize("face", ["torch", "numpy"])
+def test_getitems_receives_a_list_of_python_ints_as_from_torch(mode, face):
+    make = DataLoader if face == "torch" else mxload.DataLoader
+    kwargs = dict(mode)
+    if "batch_sampler" not in kwargs:
+        kwargs["batch_size"] = 5
+    batches = [list(np.asarray(b).tolist()) for b in make(KeysSeen(), **kwargs)]
+    assert sorted(i for b in batches for i in b) == (sorted([3, 1, 2]) if "batch_sampler" in kwargs
+                                                      else list(range(12)))

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from .. import _rng
+from ..dataset import takes_index_arrays
 
 __all__ = ["SampleSource", "fetch_samples", "encode_key", "decode_key"]
 
@@ -59,7 +60,10 @@ def fetch_key(dataset: Any, words: np.ndarray, seed: int = 0, epoch: int = 0,
 def fetch_samples(dataset: Any, indices: np.ndarray, seed: int = 0, epoch: int = 0,
                   seed_globals: bool = False) -> Any:
     """The samples of one batch: one ``__getitems__`` call where the dataset
-    offers it (torch 2.x protocol), else one ``__getitem__`` per index.
+    offers it (torch 2.x protocol: a list of Python ints, as torch passes it; an
+    SQLite dataset binding a numpy int64 would match no row; mxload's own
+    datasets that gather with numpy, ``takes_index_arrays``, get the int64
+    array itself), else one ``__getitem__`` per index.
     Each call runs inside its sample_rng() context (seed, epoch, index);
     `seed_globals` (seeding="per_sample"): the global RNGs are seeded from
     (seed, epoch, index) before each ``__getitem__``, from (seed, epoch,
@@ -70,7 +74,7 @@ def fetch_samples(dataset: Any, indices: np.ndarray, seed: int = 0, epoch: int =
             _rng.set_sample(seed, epoch, None)
             if seed_globals:
                 _rng.seed_globals(seed, epoch, *indices.tolist())
-            return getitems(indices)
+            return getitems(indices if takes_index_arrays(dataset) else indices.tolist())
         # dataset[i] exactly (the type's __getitem__), called from C
         return _rng.fetch_each(functools.partial(operator.getitem, dataset), indices.tolist(), seed, epoch,
                                seed_globals)
