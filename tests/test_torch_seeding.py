@@ -189,3 +189,28 @@ def test_seeding_torch_needs_torch():
     """)
     assert ("seeding='torch' seeds the workers as torch's DataLoader does, and this program has not "
             "imported torch") in result.stdout, result.stdout + result.stderr
+
+
+class WhoSeeded(tud.Dataset):
+    """What a worker says of its seeding (mxload's get_worker_info: thread workers have it too)."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        import mxload
+        info = mxload.get_worker_info()
+        return torch.tensor([info.id, info.seed])
+
+
+def test_thread_workers_leave_the_global_rngs_to_the_training_loop():
+    """thread_pool=True in seeding="torch": the threads share the training process's RNGs, which
+    stay as torch's loader leaves them (only the base seed is drawn); each worker's info says
+    base_seed + id, as a torch worker's would."""
+    torch.manual_seed(3)
+    base = int(torch.empty((), dtype=torch.int64).random_().item())   # what iter() draws first
+    after_torch = torch.rand(2)
+    torch.manual_seed(3)
+    rows = torch.cat(list(DataLoader(WhoSeeded(), batch_size=2, num_workers=2, thread_pool=True)))
+    assert torch.equal(torch.rand(2), after_torch)
+    assert {(int(w), int(s)) for w, s in rows.tolist()} == {(0, base), (1, base + 1)}
