@@ -195,6 +195,22 @@ def test_persistent_actors_reseed_per_epoch_as_local_workers_do():
         assert_same_batches(a, b)
 
 
+def test_persistent_actors_seeded_as_torch_go_on_as_local_workers_do():
+    """seeding="torch" (mxload.torch's): actors seed random, numpy and torch from base_seed + id,
+    as local workers do, and persistent ones keep their streams across epochs (no reseed)."""
+    torch = pytest.importorskip("torch", reason="seeding='torch' needs torch")
+    def epochs(**backend):
+        torch.manual_seed(4)
+        with mxload.DataLoader(AugmentedDataset(20), batch_size=4, num_workers=2, persistent_workers=True,
+                               seeding="torch", **backend) as loader:
+            return [list(loader) for _ in range(2)]
+    local, remote = epochs(), epochs(backend=SMALL)
+    for a, b in zip(local, remote):
+        assert_same_batches(a, b)
+    globals_drawn = [[int(g) for b in epoch for g in b["global"]] for epoch in remote]
+    assert globals_drawn[0] != globals_drawn[1]   # the streams went on
+
+
 def test_a_killed_actor_is_a_worker_error_naming_actor_node_and_batch():
     loader = mxload.DataLoader(SlowDataset(0.2, n=64), batch_size=2, num_workers=2, backend=SMALL)
     it = iter(loader)
