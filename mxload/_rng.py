@@ -26,9 +26,10 @@ _context = threading.local()
 
 
 def derived_seed(*keys: int) -> int:
-    """A 63-bit seed that follows from `keys` (non-negative integers): the
-    same keys give the same seed on every platform, different keys unrelated ones."""
-    state = np.random.SeedSequence(list(keys)).generate_state(1, np.uint64)
+    """A 63-bit seed that follows from `keys` (integers; a negative one, such as a sample index
+    -1, as its 64-bit two's complement): the same keys give the same seed on every platform,
+    different keys unrelated ones."""
+    state = np.random.SeedSequence([k % 2 ** 64 for k in keys]).generate_state(1, np.uint64)
     return int(state[0]) % (2 ** 63)
 
 

@@ -107,6 +107,24 @@ def test_per_sample_seeding_makes_the_global_rngs_the_same_for_any_num_workers(m
     assert in_process[0] != in_process[1]   # each epoch draws anew
 
 
+class KeyedDraw(mxload.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, key):
+        return np.float64(np.random.rand())
+
+
+def test_per_sample_seeding_with_batch_size_none_seeds_from_any_key():
+    """batch_size=None: the sampler's keys (a tuple, a string, a negative index) seed the draws."""
+    def draws(**kw):
+        keys = [(0, 1), "a", -1, 2]
+        return [float(x) for x in mxload.DataLoader(KeyedDraw(), batch_size=None, sampler=keys,
+                                                    seeding="per_sample", seed=1, **kw)]
+    in_process = draws()
+    assert draws(num_workers=2) == in_process and len(set(in_process)) == 4
+
+
 def test_seeding_is_checked():
     with pytest.raises(ValueError, match="seeding must be one of 'torch', 'per_worker', 'per_sample', "
                                          "got 'sample'"):

@@ -51,7 +51,7 @@ def fetch_key(dataset: Any, words: np.ndarray, seed: int = 0, epoch: int = 0,
     try:
         _rng.set_sample(seed, epoch, key if isinstance(key, int) else None)
         if seed_globals:
-            _rng.seed_globals(seed, epoch, *(words.tolist() if len(words) > 1 else [key]))
+            _rng.seed_globals(seed, epoch, *words.tolist())   # an int key is one word, itself
         return [dataset[key]]
     finally:
         _rng.clear_sample()
