@@ -379,6 +379,30 @@ def test_worker_restart_completes_the_epoch_exactly_once(start_method, tmp_path)
     assert loader.stats["worker_restarts"] == 1
 
 
+class DyingSeedProbe(DyingDataset):
+    """DyingDataset whose samples say which worker loaded them and its torch seed."""
+
+    def __getitem__(self, i: int):
+        super().__getitem__(i)
+        import torch
+        return np.array([torch.initial_seed(), torch.utils.data.get_worker_info().id])
+
+
+def test_a_restarted_worker_seeded_as_torch_starts_again_from_base_seed_plus_id(tmp_path):
+    """seeding="torch" (documented in migration.md): the replacement of worker k starts its
+    streams again from the iteration's base_seed + k, as the worker it replaces did."""
+    torch = pytest.importorskip("torch", reason="seeding='torch' needs torch")
+    torch.manual_seed(9)
+    base = int(torch.empty((), dtype=torch.int64).random_().item())   # what iter() draws
+    torch.manual_seed(9)
+    ds = DyingSeedProbe(at=10, how="kill", n=40, only_once_file=str(tmp_path / "died"))
+    loader = mxload.DataLoader(ds, batch_size=2, num_workers=2, max_worker_restarts=1, seeding="torch")
+    with pytest.warns(RuntimeWarning, match="restarting"):
+        rows = np.concatenate(list(loader))
+    assert loader.stats["worker_restarts"] == 1
+    assert len(rows) == 40 and {(int(s), int(w)) for s, w in rows} == {(base, 0), (base + 1, 1)}
+
+
 def test_restarts_exhausted_raise_worker_error():
     ds = DyingDataset(at=10, how="exit", n=40)  # dies every time it loads sample 10
     loader = mxload.DataLoader(ds, batch_size=2, num_workers=2, max_worker_restarts=2)
