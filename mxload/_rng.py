@@ -35,13 +35,16 @@ def derived_seed(*keys: int) -> int:
 
 def seed_globals(*keys: int) -> None:
     """seeding="per_sample": seed Python's ``random``, numpy's global RNG and (when the program
-    imported it) torch's from `keys` (seed, epoch, sample index), before that sample loads."""
+    imported it) torch's CPU generator from `keys` (seed, epoch, sample index), before that
+    sample loads (about 25 us in all)."""
     seed = derived_seed(*keys)
     random.seed(seed)
     np.random.seed([seed & 0xFFFFFFFF, seed >> 32])
     torch = sys.modules.get("torch")
     if torch is not None:
-        torch.manual_seed(seed)
+        # The CPU generator, where transforms draw: torch.manual_seed() also seeds every
+        # accelerator's (117 us a call here, against 1.5 us).
+        torch.default_generator.manual_seed(seed)
 
 
 def global_states() -> tuple[Any, ...]:
