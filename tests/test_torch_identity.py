@@ -322,3 +322,61 @@ def test_getitems_receives_a_list_of_python_ints_as_from_torch(mode, face):
     batches = [list(np.asarray(b).tolist()) for b in make(KeysSeen(), **kwargs)]
     assert sorted(i for b in batches for i in b) == (sorted([3, 1, 2]) if "batch_sampler" in kwargs
                                                       else list(range(12)))
+
+
+# ------------------------------------------------------------------ timm's MultiEpochsDataLoader
+
+
+class _RepeatSampler:
+    """timm's (timm/data/loader.py): repeats a sampler for ever."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+
+    def __iter__(self):
+        while True:
+            yield from iter(self.sampler)
+
+
+class MultiEpochsDataLoader(DataLoader):
+    """timm's MultiEpochsDataLoader (copied into many training repos), over mxload's loader: it
+    replaces the batch sampler through torch's private initialized flag, keeps one iterator over
+    the endless sampler and yields len(self) batches of it per epoch."""
+
+    def __init__(self, *args, iterate=True, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._DataLoader__initialized = False
+        if self.batch_sampler is None:
+            self.sampler = _RepeatSampler(self.sampler)
+        else:
+            self.batch_sampler = _RepeatSampler(self.batch_sampler)
+        self._DataLoader__initialized = True
+        if iterate:   # (timm always does; iterate=False: the attribute protocol alone)
+            self.iterator = super().__iter__()
+
+    def __len__(self):
+        return len(self.sampler) if self.batch_sampler is None else len(self.batch_sampler.sampler)
+
+    def __iter__(self):
+        for _ in range(len(self)):
+            yield next(self.iterator)
+
+
+def test_timm_multi_epochs_loader_replaces_its_batch_sampler():
+    loader = MultiEpochsDataLoader(Counting(10), batch_size=4, iterate=False)
+    assert isinstance(loader.batch_sampler, _RepeatSampler) and len(loader) == 3
+    with pytest.raises(ValueError, match="batch_sampler attribute should not be set"):
+        loader.batch_sampler = None
+
+
+@pytest.mark.xfail(strict=True, reason="needs lazy sampler drawing (helper B)")
+@pytest.mark.timeout(5)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_timm_multi_epochs_loader_yields_each_epoch_from_one_iterator(num_workers):
+    loader = MultiEpochsDataLoader(Counting(10), batch_size=4, num_workers=num_workers)
+    try:
+        assert [[b.tolist() for b in loader] for _ in range(2)] == [
+            [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]], [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]]
+    finally:
+        loader.iterator.close()
+        loader.close()
