@@ -29,7 +29,7 @@ from .sampler import (
     epoch_batches,
 )
 
-__all__ = ["DataLoader"]
+__all__ = ["DataLoader", "WorkerProcess"]
 
 # torch raises ValueError when these are set on a constructed DataLoader: the
 # epoch machinery was built from them.
@@ -507,6 +507,41 @@ class DataLoader(_Settings, Generic[_T_co]):
                 f"num_workers={self.num_workers}, thread_pool={self.thread_pool})")
 
 
+class WorkerProcess:
+    """One worker process as torch's DataLoader iterator lists it (``it._workers``: its
+    multiprocessing.Process objects): `pid`, ``is_alive()``, ``join(timeout)``, `exitcode`."""
+
+    def __init__(self, process: Any):
+        self._process = process
+        self.pid: int = process.pid
+
+    # A forkserver worker's Process object is closed once the shutdown reaped it (it then
+    # refuses every question with ValueError): it has ended, with the exit code it kept.
+
+    def is_alive(self) -> bool:
+        try:
+            return bool(self._process.is_alive())
+        except ValueError:
+            return False
+
+    def join(self, timeout: float | None = None) -> None:
+        try:
+            self._process.join(timeout)
+        except ValueError:
+            pass
+
+    @property
+    def exitcode(self) -> int | None:
+        """None while it runs; then its exit code (negative: the signal that ended it)."""
+        try:
+            return cast("int | None", self._process.exitcode)
+        except ValueError:
+            return cast("int | None", getattr(self._process, "final_exitcode", None))
+
+    def __repr__(self) -> str:
+        return f"<mxload worker process pid={self.pid} {'alive' if self.is_alive() else 'ended'}>"
+
+
 class _LoaderIterator:
     """What the loader adds around an epoch's iterator, when needed: pinned
     memory, auto_reload (the next epoch starts loading when this one ends),
@@ -525,6 +560,10 @@ class _LoaderIterator:
         # stays until it reached the loop (see EpochIterator._next).
         self._next_lock = inner._next_lock
         self._ready_in = inner._ready_in
+        # torch's iterator attribute: its worker processes, kept after they ended (code written for
+        # torch joins them, or reads their pids); none in-process, with threads or Ray actors.
+        engine = inner.engine
+        self._workers = [WorkerProcess(p) for p in engine.worker_processes()] if engine is not None else []
 
     def __iter__(self) -> _LoaderIterator:
         return self

@@ -131,3 +131,9 @@ class EpochAbortedError(RuntimeError):
         >>> issubclass(mxload.EpochAbortedError, RuntimeError)
         True
     """
+
+
+class UnpicklablePayloadError(TypeError):
+    """The dataset, collate function or worker_init_fn cannot be pickled for spawn or forkserver
+    workers (a TypeError, as multiprocessing's own; its cause is pickle's error).  Internal: so
+    mxload.torch can warn as torch's DataLoader does before raising it."""

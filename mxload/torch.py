@@ -13,11 +13,13 @@ this module is for programs that use torch anyway, and imports it.
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any, TypeVar
 
 from ._options import LoaderOptions
 from .dataloader import DataLoader as _NumpyDataLoader
 from .dataloader import _make_samplers
+from .errors import UnpicklablePayloadError
 
 torch: Any = importlib.import_module("torch")   # fail here, clearly, if torch is missing
 _data: Any = importlib.import_module("torch.utils.data")
@@ -26,6 +28,14 @@ _torch_loader: Any = importlib.import_module("torch.utils.data.dataloader")
 __all__ = ["DataLoader"]
 
 _T_co = TypeVar("_T_co", covariant=True)
+
+# Word for word what torch 2.x warns when a worker Process's arguments cannot be pickled
+# (before it raises the error): programs and tests match it.
+PICKLE_ERROR_WARNING = (
+    "Got pickle error when attempting to start a worker Process. This might be because the worker "
+    "Process arguments are not picklable. Python 3.14+ changed the multiprocessing start method in "
+    "non-Mac POSIX platforms to 'forkserver', which requires the worker Process arguments to be "
+    "picklable. You can also try multiprocessing.set_start_method('fork').")
 
 # The attributes torch's DataLoader.__init__ stores, read as torch holds them (see _torch_view).
 _TORCH_AS_GIVEN = ("pin_memory", "pin_memory_device", "timeout", "worker_init_fn", "in_order", "generator",
@@ -114,3 +124,10 @@ class DataLoader(_NumpyDataLoader[_T_co], _data.DataLoader[_T_co]):  # type: ign
             multiprocessing_context=context, batch_size=options.batch_size, drop_last=options.drop_last,
             collate_fn=collate, _dataset_kind=kind.Iterable if options.iterable else kind.Map, _iterator=None)
         return view
+
+    def _start_iter(self) -> Any:
+        try:
+            return super()._start_iter()
+        except UnpicklablePayloadError:
+            warnings.warn(PICKLE_ERROR_WARNING, stacklevel=3)   # the caller of iter()
+            raise

@@ -5,11 +5,14 @@ attributes and ``__init__`` signature (Lightning's ``_update_dataloader``, accel
 ``prepare_data_loader``) gets an mxload loader back that uses what it injected."""
 from __future__ import annotations
 
+import gc
 import inspect
 import json
+import os
 
 import numpy as np
 import pytest
+from conftest import start_methods
 
 import mxload
 
@@ -380,3 +383,48 @@ def test_timm_multi_epochs_loader_yields_each_epoch_from_one_iterator(num_worker
     finally:
         loader.iterator.close()
         loader.close()
+
+
+# ------------------------------------------------------------------ torch's iterator internals code reads
+
+
+class WorkerPids(tdata.Dataset):
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return torch.tensor([tdata.get_worker_info().id, os.getpid()])
+
+
+@pytest.mark.parametrize("method", start_methods("fork", "spawn", "forkserver"))
+def test_iterator_workers_are_torchs_process_handles(method):
+    """``it._workers`` as torch's iterator holds them (torch's own tests and user code read it):
+    each worker's pid (the one get_worker_info() runs in), is_alive(), join(), exitcode, kept
+    once the workers ended; an iterator left early ends them too."""
+    loader = DataLoader(WorkerPids(), batch_size=2, num_workers=2, multiprocessing_context=method)
+    it = iter(loader)
+    workers = it._workers
+    assert len(workers) == 2 and all(w.is_alive() and w.exitcode is None for w in workers)
+    data = torch.cat(list(it)).tolist()
+    assert {tuple(d) for d in data} == {(wid, w.pid) for wid, w in enumerate(it._workers)}
+    del it
+    gc.collect()
+    for w in workers:
+        w.join(10)
+        assert not w.is_alive() and w.exitcode is not None
+    it = iter(loader)
+    workers = it._workers
+    next(it)
+    del it
+    for w in workers:
+        w.join(10)
+        assert not w.is_alive()
+    assert iter(DataLoader(WorkerPids(), batch_size=2))._workers == []
+
+
+def test_an_unpicklable_worker_argument_warns_as_torch_then_raises():
+    loader = DataLoader(Counting(), batch_size=2, num_workers=2, worker_init_fn=lambda i: None,
+                        multiprocessing_context="forkserver")
+    with pytest.warns(UserWarning, match="^Got pickle error when attempting to start a worker Process"):
+        with pytest.raises(TypeError, match="cannot be pickled"):
+            iter(loader)

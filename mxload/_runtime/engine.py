@@ -25,7 +25,7 @@ import os
 import sys
 import threading
 from multiprocessing import util as mp_util
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -142,6 +142,12 @@ class Engine:
     def worker_pids(self) -> list[int | None]:
         """Each worker's pid (None for a thread), by worker id."""
         return [self.transport.pid(wid) for wid in range(len(self.roster))]
+
+    def worker_processes(self) -> list[Any]:
+        """Each worker's local process object (transport.process), by worker id; [] for threads
+        or Ray actors."""
+        processes = [self.transport.process(wid) for wid in range(len(self.roster))]
+        return [p for p in processes if p is not None]
 
     @property
     def total_batches(self) -> int | None:

@@ -222,6 +222,11 @@ class Transport(ABC):
     def pid(self, worker_id: int) -> int | None:
         """The worker's process id (None for a thread)."""
 
+    def process(self, worker_id: int) -> Any:
+        """The worker's local process object (pid, is_alive(), join(), exitcode: the subset of
+        multiprocessing.Process the engine uses), None where it is no local process."""
+        return None
+
     @property
     def receiving(self) -> bool:
         """Whether results can still arrive (a receiving thread runs)."""

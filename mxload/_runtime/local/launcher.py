@@ -26,7 +26,7 @@ from multiprocessing import forkserver
 from typing import Any, Generic, Protocol, TypeVar
 
 from ..._core import WorkerChannel
-from ...errors import WorkerError
+from ...errors import UnpicklablePayloadError, WorkerError
 from .. import wire
 from ..shutdown import SHUTDOWN_DEADLINE_S, SHUTDOWN_GRACE_S, SHUTDOWN_TERMINATE_S
 from ..worker import Payload, WorkerConfig, in_worker_process, worker_process_main
@@ -321,7 +321,7 @@ class Launcher:
         try:
             data, self._payload_fds = pickle_payload(self._template.payload)
         except Exception as e:
-            raise TypeError(
+            raise UnpicklablePayloadError(
                 f"the dataset ({self._dataset_type}), batchify_fn or worker_init_fn cannot be pickled "
                 f"for {self.start_method!r} workers: {e}. Make them picklable (module-level "
                 f"functions and classes) or use start_method='fork'") from e

@@ -198,6 +198,9 @@ class ProcessTransport(Transport):
     def pid(self, worker_id: int) -> int | None:
         return self._handles[worker_id].pid if worker_id < len(self._handles) else None
 
+    def process(self, worker_id: int) -> Any:
+        return self._handles[worker_id].process if worker_id < len(self._handles) else None
+
     @property
     def receiving(self) -> bool:
         return self._fetcher is not None and self._fetcher.running

@@ -251,6 +251,9 @@ class ForkServerWorker(ForkServerProcess):
             # status pipe closed (as for a client that exited: it reports to no one).
             popen.close()                         # multiprocessing's finalizer: both pipes
             popen.returncode = -signal.SIGKILL    # what it was sent: close() reads no closed pipe
+        # A closed Process refuses every question: its exit code is kept for those who ask later
+        # (the iterator's torch-style _workers).
+        self.final_exitcode = popen.returncode if popen is not None else None
         super().close()
 
 
