@@ -696,3 +696,49 @@ def test_iterable_datasets_resumed_mid_epoch_at_random_points_yield_every_sample
         got = taken + [i for b in rest for i in b]
         assert sorted(got) == ds.samples(), f"{what}: stopped after {stop} of {total} batches; got {got}"
 
+
+
+class UnevenStream(mxload.IterableDataset):
+    """Worker k yields `counts[k]` samples, 100 * k + j, each after a random pause up to `jitter`."""
+
+    def __init__(self, counts: list[int], jitter: float):
+        self.counts = counts
+        self.jitter = jitter
+
+    def __iter__(self):
+        import random
+        import time
+        k = mxload.get_worker_info().id
+        pace = random.Random()
+        for j in range(self.counts[k]):
+            if self.jitter:
+                time.sleep(pace.random() * self.jitter)
+            yield np.int64(100 * k + j)
+
+
+@pytest.mark.races
+@pytest.mark.timeout(600)
+def test_streams_that_end_apart_interleave_in_one_order_whenever_their_ends_are_learnt(seed):
+    """Workers' streams of different lengths, random pauses, any window: the batches come
+    round-robin over the workers, each worker's next batch in turn, skipping those whose stream
+    ended (torch's order), in race_rounds(30) rounds.  Dispatching by `batch index % workers left`
+    made the order depend on when an end was learnt (a worker twice in a row)."""
+    import random
+
+    from conftest import race_rounds
+
+    rng = random.Random(seed)
+    for r in range(race_rounds(30)):
+        workers = rng.randint(2, 4)
+        counts = [rng.randint(0, 9) for _ in range(workers)]
+        batch_size, prefetch = rng.randint(1, 3), rng.randint(1, 8)
+        jitter = rng.choice([0.0, 0.0005, 0.002])
+        per_worker = [[list(range(100 * k + j, 100 * k + min(j + batch_size, n)))
+                       for j in range(0, n, batch_size)] for k, n in enumerate(counts)]
+        expected = [batches[i] for i in range(max(map(len, per_worker)))
+                    for batches in per_worker if i < len(batches)]
+        loader = mxload.DataLoader(UnevenStream(counts, jitter), batch_size=batch_size, num_workers=workers,
+                                   prefetch=prefetch, timeout=20)
+        got = [b.tolist() for b in loader]
+        assert got == expected, (f"round {r}: counts {counts}, batch_size {batch_size}, prefetch {prefetch}, "
+                                 f"jitter {jitter}")
