@@ -123,17 +123,21 @@ def viewing_dtype(name: str) -> np.dtype[Any]:
 
 
 def _torch_dtype(name: str) -> Any:
-    dtype = getattr(sys.modules["torch"], name[len(TORCH_DTYPE_PREFIX):], None)
-    if not name.startswith(TORCH_DTYPE_PREFIX) or dtype is None:
+    # A worker made the field, so torch is installed; this process may not
+    # have imported it yet (a dataset that imports torch in its workers only).
+    torch = importlib.import_module("torch")
+    dtype = getattr(torch, name[len(TORCH_DTYPE_PREFIX):], None)
+    if not name.startswith(TORCH_DTYPE_PREFIX) or not isinstance(dtype, torch.dtype):
         raise TypeError(f"a batch names torch dtype {name!r}, which this torch (torch "
-                        f"{sys.modules['torch'].__version__}) does not have")
+                        f"{torch.__version__}) does not have")
     return dtype
 
 
 def as_torch_dtype(array: np.ndarray, name: str) -> Any:
     """A field of torch-only dtype `name` (its bytes in `array`, from
     viewing_dtype) as a tensor of that dtype over the same memory."""
-    return sys.modules["torch"].from_numpy(array).view(_torch_dtype(name))
+    dtype = _torch_dtype(name)
+    return sys.modules["torch"].from_numpy(array).view(dtype)
 
 
 def _over(out: np.ndarray, dtype: Any) -> Any:
