@@ -23,6 +23,7 @@ from libc.string cimport memcpy
 cimport numpy as cnp
 import os
 import warnings
+from collections import deque
 
 import numpy as np
 
@@ -46,6 +47,7 @@ include "receive.pxi"
 include "channel.pxi"
 include "task.pxi"
 include "handoff.pxi"
+include "supply.pxi"
 include "window.pxi"
 include "watchdog.pxi"
 

@@ -45,13 +45,13 @@ cdef class EngineWindow:
     cdef public object transport
     cdef public Py_ssize_t prefetch        # tasks in flight at most
     cdef public Py_ssize_t in_flight       # dispatched and not yet taken
-    cdef public Py_ssize_t next_dispatch   # the position in the plan's order of the next task
-    cdef public Py_ssize_t yielded         # the plan's batches taken (or skipped)
+    cdef public Py_ssize_t next_dispatch   # tasks dispatched this epoch
+    cdef public Py_ssize_t yielded         # the epoch's batches taken (or skipped)
     cdef public Py_ssize_t discard         # stream batches still to drop (a resumed stream)
     cdef public object state               # shutdown.RUNNING ("running"), SHUTTING_DOWN, CLOSED
     cdef public object epoch               # the epoch being served
-    cdef public list order                 # the plan's batch indices to deliver; None: a stream
-    cdef public list batches               # the plan's batches of indices; None: a stream
+    cdef public BatchSupply supply         # the epoch's batches of indices, drawn as needed; None: a stream
+    cdef public object due                 # a deque: the batch indices dispatched, not yet taken, in order
     cdef public bint in_order
     cdef public bint profiling             # a profiler times the epoch's tasks
     cdef public object timeout             # the loader's, for a batch's wait
@@ -82,6 +82,7 @@ cdef class EngineWindow:
         self.in_order = True
         self.waited = -1
         self._forks = mxl_fork_generation
+        self.due = deque()
 
     @property
     def forked(self):
@@ -143,7 +144,12 @@ cdef class EngineWindow:
                     del outstanding[key]
                 skip = item is self._exhausted or self.discard > 0
                 # The commit: no call into Python until the batch has moved from the
-                # buffer's slot to `ready`.
+                # buffer's slot to `ready` (the deque's are C calls).
+                if self.supply is not None:
+                    if self.in_order:
+                        self.due.popleft()
+                    else:
+                        self.due.remove(idx)
                 self.yielded += 1
                 self.in_flight -= 1
                 if skip:
@@ -165,9 +171,13 @@ cdef class EngineWindow:
         `generation`-th).  Nothing is committed here."""
         cdef Py_ssize_t idx = -1
         cdef bint filling
-        if self.order is not None:
-            if self.yielded >= len(self.order):   # only the consumer moves `yielded`
-                return self._end
+        cdef BatchSupply supply = self.supply
+        if supply is not None:
+            if len(self.due) == 0:   # only the consumer takes from `due`
+                if supply.at_end:
+                    return self._end
+                if supply.error is not None:   # the sampler's: in its turn, after the batches before
+                    raise self.engine._own(supply._failure())
         else:
             with self.lock:   # a stream: every worker's ended, and no task is out
                 if self.in_flight == 0 and self.roster.all_done():
@@ -184,7 +194,12 @@ cdef class EngineWindow:
             timeout = max(0.0, timeout - (now - self._wait_start) / 1e9)
         cdef bint any_index = not self.in_order
         if not any_index:
-            idx = self.order[self.yielded] if self.order is not None else self.yielded
+            if supply is None:
+                idx = self.yielded
+            elif len(self.due) > 0:
+                idx = self.due[0]
+            else:   # none could be dispatched (no worker takes tasks): the next one's
+                idx = supply.handed
         transport = self.transport
         receive = transport.receive   # the transport's compiled wait, or None
         try:
@@ -235,40 +250,51 @@ cdef class EngineWindow:
         and its worker's queue by put_task, last: an exception finds it in
         both or in neither, never sent twice nor lost.  What was put is sent
         now or by a later send_queued/flush."""
-        cdef list order, batches
+        cdef BatchSupply supply
         cdef list live
         cdef Py_ssize_t n, idx
         transport = self.transport
         put = transport.put_task
         with self.lock:
-            # The plan is read under the lock: a call that waited for it while another thread's
+            # The supply is read under the lock: a call that waited for it while another thread's
             # iter() began a new epoch (begin_epoch, which holds it) fills the window from the
-            # new epoch's plan, never from the one this call began with.
-            order = self.order
-            batches = self.batches
+            # new epoch's, never from the one this call began with.
+            supply = self.supply
             while self.in_flight < self.prefetch and self.state == "running":
                 n = self.next_dispatch
-                if order is not None:
-                    if n >= len(order):
+                if supply is not None:
+                    # Drawn from the sampler now (its code may raise: an Exception waits in the
+                    # supply for its turn, after the batches dispatched before it).
+                    try:
+                        got = supply.peek()
+                    except Exception as e:
+                        if e is supply.error:
+                            supply.error_raised = False   # the consumer raises it in its turn
+                        got = None
+                    if got is None:
                         transport.flush()   # the epoch's last tasks: none waits for another
                         return
-                    idx = order[n]
-                    if idx < 0 or idx >= len(batches):   # (the module does not check bounds)
-                        raise IndexError(f"the plan's batch {idx} is not among its {len(batches)}")
-                    indices = batches[idx]
+                    idx, indices = <tuple>got
                 else:
                     idx, indices = n, None
                 # Round-robin by batch index: the roster's pick, from its cached takers
                 # while they stand; anything else (a stream's cycle) is the roster's to decide.
                 live = self.roster._takers
-                if order is not None and live is not None and len(live) > 0 \
+                if supply is not None and live is not None and len(live) > 0 \
                         and (self.in_order or len(live) == 1):
                     wid = live[idx % len(live)]
                 else:
-                    wid = self.roster.pick(idx, self.in_order, order is None)
+                    wid = self.roster.pick(idx, self.in_order, supply is None)
                     if wid is None:
                         return
-                if put is None:   # (Ray) no such queue: its dispatch marks the epoch torn meanwhile
+                if put is None:
+                    # (Ray) no such queue: its dispatch marks the epoch torn meanwhile, from before
+                    # the batch leaves the supply.
+                    self.torn = f"the dispatch of batch {idx}'s task"
+                if supply is not None:
+                    supply.handed = idx + 1
+                    self.due.append(idx)
+                if put is None:
                     self.engine._dispatch_unqueued(wid, idx, indices)
                     continue
                 epoch = self.epoch

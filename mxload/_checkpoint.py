@@ -2,11 +2,13 @@
 
 A loader's state is small and JSON-serialisable: the loader seed, the epoch
 number, the sampler's state *at the start of that epoch* (it regenerates the
-epoch's exact batch list, rollover carry included), the dataset's own
+epoch's exact batches, rollover carry included), the dataset's own
 state_dict() if it has one, and the set of batch indices already yielded
-(a prefix count plus any out-of-order extras).  Resuming rebuilds the same
-batch list and never dispatches the taken batches; an IterableDataset is
-replayed from the epoch start and its first batches are dropped.
+(a prefix count plus any out-of-order extras).  Resuming draws the same
+batches again and never dispatches the taken ones (a sampler without a
+state, an infinite one included, is replayed to where the stream got); an
+IterableDataset is replayed from the epoch start and its first batches are
+dropped.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ class EpochProgress:
     `prefix`, which every reader ignores.  Taking a batch twice counts it once."""
 
     __slots__ = ("epoch", "sampler_state", "dataset_state", "torch_rng", "prefix", "extra", "_finished",
-                 "total", "_on_complete", "pending", "_slot")
+                 "supply", "_on_complete", "pending", "_slot")
 
     def __init__(self, epoch: int, sampler_state: Any, dataset_state: Any,
                  done: dict[str, Any] | None = None, torch_rng: str | None = None):
@@ -45,7 +47,8 @@ class EpochProgress:
         self.prefix = int(done.get("prefix", 0))       # batches 0..prefix-1 taken
         self.extra = set(int(i) for i in done.get("extra", ()))   # and these (those < prefix: stale)
         self._finished = False                          # the epoch ran to its end
-        self.total: int | None = None                # batches in the epoch, when known
+        # The epoch's batches as they are drawn (_runtime: a BatchSupply); None: a stream.
+        self.supply: Any = None
         # Called once when every batch was taken (e.g. to pass a rollover
         # batch sampler's leftovers on to the next epoch): popped by one C
         # call, so two threads that see the epoch complete call it once.
@@ -56,6 +59,12 @@ class EpochProgress:
         # next call, and a checkpoint taken meanwhile must not count it.
         self.pending: int | None = None
         self._slot: Any = None
+
+    @property
+    def total(self) -> int | None:
+        """The batches in the epoch, once known (drawn to its end, or known before)."""
+        supply = self.supply
+        return supply.total if supply is not None else None
 
     @property
     def finished(self) -> bool:
@@ -137,13 +146,18 @@ class EpochProgress:
         if self.total is not None and self.count >= self.total:
             self._completed()
 
-    def remaining(self, total: int) -> list[int]:
-        """The batch indices of a `total`-batch epoch not taken yet, in order
-        (and remember `total`)."""
-        self.total = total
-        if self.count >= total:
+    def drawn_by(self, supply: Any) -> None:
+        """The epoch's batches are drawn by `supply` (it knows their count once it is known)."""
+        self.supply = supply
+        total = supply.total
+        if total is not None and self.count >= total:
             self._completed()   # nothing left (e.g. a rollover epoch too short for one batch)
-        return [i for i in range(self.prefix, total) if i not in self.extra]
+
+    def taken_before(self) -> tuple[int, set[int]]:
+        """The batches taken before this epoch (resumed) began: every one below the first of
+        them, and those above it."""
+        prefix = self.prefix
+        return prefix, {i for i in self.extra if i >= prefix}
 
     def state(self, seed: int) -> dict[str, Any]:
         prefix, extra = self._done()

@@ -263,6 +263,27 @@ class QueuePut:
     def __call__(self, wid: int, task: tuple[int, int, Any, bool]) -> bool: ...
 
 @final
+class BatchSupply:
+    """An epoch's batches of indices, drawn from the batch sampler as they are needed (supply.pxi)."""
+    batches: Any
+    skip: set[int] | None
+    handed: int
+    total: int | None
+    expected: int | None
+    what: str
+    epoch: Any
+    error: BaseException | None
+    error_raised: bool
+    def __new__(cls, batches: Any, start: int, skip: set[int] | None, total: int | None,
+                expected: int | None, what: str, epoch: Any, aborted: type[BaseException]) -> Self: ...
+    def peek(self) -> tuple[int, Any] | None: ...
+    @property
+    def at_end(self) -> bool: ...
+    @property
+    def length(self) -> int | None: ...
+    @property
+    def left(self) -> int | None: ...
+
 class EngineWindow:
     """One engine's prefetch window and hand-over (window.pxi): Engine owns one."""
     engine: Any
@@ -279,8 +300,8 @@ class EngineWindow:
     discard: int
     state: Any
     epoch: Any
-    order: list[int] | None
-    batches: list[Any] | None
+    supply: BatchSupply | None
+    due: Any
     in_order: bool
     profiling: bool
     timeout: float | None

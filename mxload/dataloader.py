@@ -23,10 +23,11 @@ from ._torch_compat import pin_batch, pinning_for_loader, to_tensors
 from .sampler import (
     BatchSampler,
     DistributedSampler,
+    EpochBatches,
     RandomSampler,
     SequentialSampler,
-    bulk_batches,
     epoch_batches,
+    epoch_keys,
 )
 
 __all__ = ["DataLoader", "WorkerProcess"]
@@ -185,8 +186,8 @@ class DataLoader(_Settings, Generic[_T_co]):
             batching: each sample is one "batch", passed alone to `collate_fn` (default
             :data:`mxload.batchify.default_convert`).
         shuffle (bool): draw a new random order every epoch. Default ``False``.
-        sampler: an iterable of indices with ``__len__`` (a :mod:`mxload.sampler` sampler or a
-            torch one); exclusive with `shuffle`.
+        sampler: an iterable of indices (a :mod:`mxload.sampler` sampler or a torch one; drawn as
+            the batches need them, so an infinite one works); exclusive with `shuffle`.
         last_batch (str | None): ``"keep"`` (default), ``"discard"`` or ``"rollover"`` (carry the
             incomplete batch into the next epoch when this one is consumed to its end).
         batch_sampler: an iterable of index lists; exclusive with `batch_size`, `shuffle`, `sampler`
@@ -347,12 +348,13 @@ class DataLoader(_Settings, Generic[_T_co]):
         self._run_seed.pending = False
         self._options = dataclasses.replace(self._options, seed=value)
 
-    def _epoch_batches(self) -> list[Any]:
-        """This epoch's batches of indices (advances the sampler's epoch)."""
+    def _epoch_batches(self, start: int) -> EpochBatches:
+        """This epoch's batches of indices from batch `start` on, drawn as they are needed
+        (advances the sampler's epoch: it is iterated now)."""
         self._follow_dataset_length()
         if not self._options.auto_batching and self._options.batch_sampler is None:
-            return bulk_batches(self.sampler)   # batch_size=None: one sampler key per batch
-        return epoch_batches(self.batch_sampler)
+            return epoch_keys(self.sampler, start)   # batch_size=None: one sampler key per batch
+        return epoch_batches(self.batch_sampler, start)
 
     def __iter__(self) -> Any:
         """A new epoch.  Iterators are independent, as in torch (zip(loader, loader) pairs two

@@ -3,18 +3,24 @@
 Every sampler exposes ``epoch_indices()``, which returns the next epoch's
 indices as a 1-D ``np.int64`` array and advances the epoch.  ``__iter__`` is
 built on top of it.  The loader calls it directly (through
-``BatchSampler.epoch_batches()``), so an epoch is one array made by one numpy
+``BatchSampler.batch_arrays()``), so an epoch is one array made by one numpy
 call (``arange``, ``permutation``), each batch is a view of it, and a batch's
 indices reach its worker as raw int64 bytes with its task: no Python int is
 made per index (an epoch of 10 million samples as a list would be 10 million
 objects, seconds to build and hundreds of MB), and a worker only ever sees
 the indices of the batches it loads.
+
+Any other sampler (a user's, torch's) is iterated as the batches need its
+indices, as torch does (:func:`epoch_batches`): an infinite one works, and
+the first batch does not wait for the epoch to be drawn.
 """
 
+import itertools
 import operator
 import os
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import numpy as np
@@ -103,29 +109,29 @@ def _sampler_indices(sampler: Any) -> IndexArray:
     return _checked_indices(indices, None)
 
 
-def bulk_batches(sampler: Any) -> list[IndexArray]:
-    """batch_size=None: one batch per key the sampler yields this epoch.  An
-    integer key is the one-index batch [key]; any other (a list of indices,
-    a slice...) is passed to ``dataset[...]`` as it is, as torch does, so it
-    travels encoded (``_runtime.source.encode_key``)."""
-    from ._runtime.source import encode_key
-    if getattr(sampler, "epoch_indices", None) is not None or isinstance(sampler, np.ndarray):
-        keys: Any = _sampler_indices(sampler)
-    else:
-        keys = list(sampler)
-        try:
-            keys = _checked_indices(np.fromiter(map(operator.index, keys), dtype=np.int64), None)
-        except (TypeError, OverflowError):
-            pass
-    if isinstance(keys, np.ndarray):
-        return [keys[i:i + 1] for i in range(len(keys))]
-    batches = []
-    for key in keys:
-        try:
-            batches.append(np.array([operator.index(key)], np.int64))
-        except (TypeError, OverflowError):
-            batches.append(encode_key(key))
-    return batches
+def _drawn_whole(sampler: Any) -> bool:
+    """Whether a sampler's epoch is drawn as one array (mxload's samplers: one numpy call), or
+    is one already (a list, a range): else it is drawn index by index, as the batches need them."""
+    return (getattr(sampler, "epoch_indices", None) is not None
+            or isinstance(sampler, (np.ndarray, list, tuple, range)))
+
+
+def _slices(indices: IndexArray, size: int, start: int) -> Iterator[IndexArray]:
+    """Views of `indices`, `size` at a time, from the `start`-th on: made as they are drawn, by
+    C code only (no Python frame a signal handler's exception could cut short)."""
+    first, n = start * size, len(indices)
+    return map(indices.__getitem__, map(slice, range(first, n, size), range(first + size, n + size, size)))
+
+
+def _key_batch(key: Any) -> Any:
+    """batch_size=None: an integer key is the one-index batch [key]; any other (a list of
+    indices, a slice...) is passed to ``dataset[...]`` as it is, as torch does, so it travels
+    encoded (``_runtime.source.encode_key``)."""
+    try:
+        return np.array([operator.index(key)], np.int64)
+    except (TypeError, OverflowError):
+        from ._runtime.source import encode_key
+        return encode_key(key)
 
 
 _INT64 = np.dtype(np.int64)
@@ -415,8 +421,8 @@ class BatchSampler(Sampler):
     the leftover indices over and puts them first in the next epoch.
 
     Args:
-        sampler: a :class:`Sampler` or any iterable of ints with ``__len__``
-            (e.g. a list).
+        sampler: a :class:`Sampler` or any iterable of ints (e.g. a list; one
+            without ``__len__``, an infinite one, is drawn as its batches are).
         batch_size (int): indices per batch.
         last_batch (str): ``"keep"`` (default), ``"discard"`` or ``"rollover"``.
 
@@ -493,16 +499,47 @@ class BatchSampler(Sampler):
 
     def epoch_batches(self) -> list[IndexArray]:
         """Return the next epoch's batches as a list of int64 array views and advance."""
-        indices = self.epoch_indices()
+        return list(self.batch_arrays()[0])
+
+    def batch_arrays(self, start: int = 0) -> tuple[Iterator[IndexArray], int | None]:
+        """The next epoch's batches as 1-D int64 arrays, from batch `start` on, drawn as they are
+        iterated, and how many the epoch has where known now (advances the epoch).
+
+        mxload's samplers (and lists, ranges, arrays) give the epoch as one array, each batch
+        a view of it; any other sampler is iterated as the batches need its indices (an
+        infinite one works), with the count known only at its end."""
+        if _drawn_whole(self.sampler):
+            indices = self.epoch_indices()
+            return _slices(indices, self.batch_size, start), -(-len(indices) // self.batch_size)
+        carry, self._carry = self._carry, np.empty(0, dtype=np.int64)
+        self._pending = None
+        batches = self._drawn_batches(iter(self.sampler), carry)
+        return (itertools.islice(batches, start, None) if start else batches), None
+
+    def _drawn_batches(self, sampler: Iterator[Any], carry: IndexArray) -> Iterator[IndexArray]:
+        """`sampler`'s indices in batches, after the rollover `carry`; the incomplete last batch
+        as `last_batch` says (rollover: kept for the next epoch, see end_epoch)."""
         bs = self.batch_size
-        return [indices[i:i + bs] for i in range(0, len(indices), bs)]
+        ints = map(operator.index, sampler)   # floats refused, not truncated
+        while True:
+            drawn = np.fromiter(itertools.islice(ints, bs - len(carry)), dtype=np.int64)
+            batch = np.concatenate((carry, drawn)) if len(carry) else drawn
+            carry = batch[:0]
+            if len(batch) == bs:
+                yield batch
+                continue
+            if self.last_batch == "rollover":
+                self._pending = batch
+            elif self.last_batch == "keep" and len(batch):
+                yield batch
+            return
 
     def __iter__(self) -> Iterator[list[int]]:
-        # The batches are drawn now (the epoch advances on iter()); the
-        # rollover carry is passed on only if the iteration runs to its end.
-        return self._consume(self.epoch_batches())
+        # The epoch advances on iter(); the rollover carry is passed on
+        # only if the iteration runs to its end.
+        return self._consume(self.batch_arrays()[0])
 
-    def _consume(self, batches: list[IndexArray]) -> Iterator[list[int]]:
+    def _consume(self, batches: Iterator[IndexArray]) -> Iterator[list[int]]:
         for batch in batches:
             yield batch.tolist()
         self.end_epoch()
@@ -650,11 +687,59 @@ class DistributedSampler(Sampler):
                 f"drop_last={self.drop_last})")
 
 
-def epoch_batches(batch_sampler: Any) -> list[Any]:
-    """An epoch's batches of indices from `batch_sampler` (advancing its
-    epoch), each checked to be a 1-D sequence of integers."""
-    draw: Any = getattr(batch_sampler, "epoch_batches", None)
-    if draw is not None and type(batch_sampler) is BatchSampler:
-        return cast(list[Any], draw())   # views of its sampler's indices, checked as a whole
-    batches = draw() if draw is not None else batch_sampler
-    return [batch_sampler_indices(b, i) for i, b in enumerate(batches)]
+@dataclass(frozen=True)
+class EpochBatches:
+    """An epoch's batches of indices, drawn from its batch sampler as they are iterated.
+
+    Args:
+        batches: the batches (1-D int64 arrays, or encoded keys), from the first one asked for on.
+        total: how many the epoch has, where known before it is drawn (mxload's samplers).
+        expected: what the batch sampler's len() says (None: it has none, or refuses).
+        what: the sampler, in words, for its errors.
+    """
+    batches: Iterator[Any]
+    total: int | None
+    expected: int | None
+    what: str
+
+
+def epoch_batches(batch_sampler: Any, start: int = 0) -> EpochBatches:
+    """The next epoch's batches of indices from `batch_sampler` (advancing its epoch: it is
+    iterated now), from batch `start` on (a resumed epoch), each checked to be a 1-D sequence
+    of integers as it is drawn."""
+    expected = _length(batch_sampler)   # before it is iterated (its length may change with its epoch)
+    if type(batch_sampler) is BatchSampler:
+        batches, total = batch_sampler.batch_arrays(start)   # checked as a whole, or as drawn
+        what = f"the sampler {type(batch_sampler.sampler).__name__}"
+    else:
+        draw: Any = getattr(batch_sampler, "epoch_batches", None)   # (a subclass of mxload's)
+        raw = iter(draw()) if draw is not None else iter(batch_sampler)
+        batches = map(batch_sampler_indices, itertools.islice(raw, start, None) if start else raw,
+                      itertools.count(start))
+        total, what = None, f"the batch sampler {type(batch_sampler).__name__}"
+    return EpochBatches(batches, total, total if total is not None else expected, what)
+
+
+def epoch_keys(sampler: Any, start: int = 0) -> EpochBatches:
+    """batch_size=None: the next epoch's batches, one per key `sampler` yields, from batch
+    `start` on, drawn as they are iterated."""
+    expected = _length(sampler)
+    total: int | None = None
+    # (A list may hold keys that are no integers: taken one by one.)
+    if getattr(sampler, "epoch_indices", None) is not None or isinstance(sampler, np.ndarray):
+        indices = _sampler_indices(sampler)
+        batches: Iterator[Any] = _slices(indices, 1, start)
+        total = len(indices)
+    else:
+        keys = iter(sampler)
+        batches = map(_key_batch, itertools.islice(keys, start, None) if start else keys)
+    return EpochBatches(batches, total, total if total is not None else expected,
+                        f"the sampler {type(sampler).__name__}")
+
+
+def _length(obj: Any) -> int | None:
+    """len(obj), or None where it has none (an infinite sampler) or refuses."""
+    try:
+        return len(obj)
+    except TypeError:
+        return None

@@ -349,20 +349,26 @@ class SwitchesOnly:
     def __init__(self):
         self.active: list[tuple[int, int]] = []
         self.taken = 0   # of the epoch's 400 batches
+        self.supply = None   # the epoch's: its batches taken are drawn
 
     def set_active(self, workers: int, window: int) -> None:
         self.active.append((workers, window))
 
     def progress(self) -> tuple[int, int]:
+        self.supply.handed = self.taken
         return self.taken, self.taken
 
 
 def climbing(tuner: autotune.AutoTuner, settled=(2, 2)) -> autotune.AutoBatches:
     """An epoch's AutoBatches past its switch to `settled` on SwitchesOnly, fed by window()."""
+    from mxload._checkpoint import EpochProgress
     from mxload._runtime.epoch import EpochPlan
-    plan = EpochPlan([np.arange(1)] * 400, list(range(400)))
+    from mxload.sampler import EpochBatches
+    plan = EpochPlan.of(lambda start: EpochBatches(iter([np.arange(1)] * 400), 400, 400, "the sampler"),
+                        EpochProgress(0, None, None), 0)
     auto = autotune.AutoBatches(tuner, 0, plan, lambda part: SimpleNamespace(ready=None), None, None, True)
     auto.engine, auto._settled, auto._switched = SwitchesOnly(), settled, True
+    auto.engine.supply = plan.supply
     tuner.settled = settled
     return auto
 

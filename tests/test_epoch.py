@@ -9,36 +9,64 @@ from conftest import asleep_in, wait_until
 import mxload
 from mxload._checkpoint import EpochProgress
 from mxload._runtime.epoch import EpochPlan
+from mxload.sampler import EpochBatches
 
 
 def batches(n):
     return [np.arange(2 * i, 2 * i + 2, dtype=np.int64) for i in range(n)]
 
 
-def test_a_fresh_epoch_delivers_every_batch_in_order():
-    every = batches(5)
-    plan = EpochPlan.of(every, EpochProgress(0, None, None))
-    assert plan.batches is every and plan.order == [0, 1, 2, 3, 4] and plan.discard == 0
+def plan_of(every, progress, known=True):
+    """The plan of an epoch of `every` batch, drawn as the sampler would be (its count known
+    before, as mxload's samplers', or only at its end); also what was drawn from the sampler."""
+    drawn = []
+
+    def draw(start):
+        def batches():
+            for i, b in enumerate(every[start:], start):
+                drawn.append(i)
+                yield b
+        n = len(every) if known else None
+        return EpochBatches(batches(), n, n, "the sampler")
+    return EpochPlan.of(draw, progress, 0), drawn
+
+
+def handed(plan):
+    """Every batch the plan hands out, as its takers take them."""
+    out = []
+    while (got := plan.supply.peek()) is not None:
+        out.append(got[0])
+        plan.supply.handed = got[0] + 1
+    return out
+
+
+@pytest.mark.parametrize("known", [True, False], ids=["count known", "count at the end"])
+def test_a_fresh_epoch_delivers_every_batch_in_order_drawn_as_needed(known):
+    progress = EpochProgress(0, None, None)
+    plan, drawn = plan_of(batches(5), progress, known)
+    assert plan.discard == 0 and drawn == []   # nothing drawn before a batch is asked for
+    assert plan.supply.peek()[0] == 0 and drawn == [0, 1]   # the first, and one ahead
+    assert handed(plan) == [0, 1, 2, 3, 4] and progress.total == 5
 
 
 def test_a_resumed_epoch_leaves_out_exactly_the_batches_taken():
     progress = EpochProgress(3, None, None, {"prefix": 2, "extra": [4]})
-    plan = EpochPlan.of(batches(6), progress)
-    assert plan.order == [2, 3, 5] and plan.discard == 0
-    assert progress.total == 6
+    plan, drawn = plan_of(batches(6), progress)
+    assert handed(plan) == [2, 3, 5] and plan.discard == 0 and plan.supply.length == 3
+    assert progress.total == 6 and drawn == [2, 3, 4, 5]   # the prefix is never drawn
 
 
 def test_a_resumed_stream_is_replayed_dropping_what_was_taken():
-    plan = EpochPlan.of(None, EpochProgress(0, None, None, {"prefix": 3, "extra": [5]}))
-    assert plan.batches is None and plan.order is None and plan.discard == 4
+    plan = EpochPlan.of(None, EpochProgress(0, None, None, {"prefix": 3, "extra": [5]}), 0)
+    assert plan.supply is None and plan.discard == 4
 
 
 def test_an_epoch_whose_batches_were_all_taken_is_empty_and_complete():
     done = []
     progress = EpochProgress(0, None, None, {"prefix": 3})
     progress.on_complete = lambda: done.append(True)
-    plan = EpochPlan.of(batches(3), progress)
-    assert plan.order == [] and progress.complete and done == [True]
+    plan, _ = plan_of(batches(3), progress)
+    assert handed(plan) == [] and progress.complete and done == [True]
 
 
 MODES = [dict(num_workers=0), dict(num_workers=2, thread_pool=True), dict(num_workers=2)]

@@ -152,14 +152,18 @@ class PlannedBatches(ListedBatches):
     (np.array([3, 2**63 + 5], np.uint64), r"batch 1 holds index 9223372036854775813, beyond int64"),
     ([1, 2**63], r"batch 1 holds an index beyond int64"),
 ])
-def test_a_batch_sampler_batch_that_is_not_1d_integers_is_named_before_any_worker_starts(
+def test_a_batch_sampler_batch_that_is_not_1d_integers_is_named_before_it_reaches_a_worker(
         num_workers, sampler_type, bad, match):
     # Sent to a worker as it was, a 2-D batch desynchronised the worker's
     # stream (it died with a protocol error) and a mask became indices 0/1.
+    # Checked as it is drawn (batch samplers are drawn lazily, as torch draws them): the batch
+    # before it is delivered, then the error, and the epoch ends with its workers.
     loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(100) * 10),
                                batch_sampler=sampler_type([[0, 1], bad, [5]]), num_workers=num_workers)
+    it = iter(loader)
+    assert next(it).tolist() == [0, 10]
     with pytest.raises(ValueError, match="batch_sampler's " + match):
-        iter(loader)
+        next(it)
     assert mp.active_children() == []
     # What numpy alone would make floats or objects of is indexed item by item.
     good = sampler_type([[0, 1], np.array([2], np.uint8), (5,), [np.int64(6), np.uint64(7)],

@@ -522,3 +522,32 @@ def test_persistent_actors_after_ray_was_restarted_are_started_anew():
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=100)
     assert proc.stdout.splitlines()[-1:] == ["second epoch True True"], (proc.stdout, proc.stderr[-3000:])
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_an_infinite_sampler_is_drawn_as_the_actors_need_it_and_resumes():
+    """Samplers are drawn lazily on Ray too (its dispatch has no task queue): an infinite one
+    gives batches, a checkpoint mid-stream resumes in a fresh loader exactly, and a sampler
+    that raises mid-epoch raises itself after the batches before it, leaving no actor."""
+    from test_lazy_sampler import BreaksAt, Endless, Squares
+
+    def loader(sampler):
+        return mxload.DataLoader(Squares(), batch_size=4, sampler=sampler, num_workers=2, backend=SMALL,
+                                 timeout=60)
+    with loader(Endless(1000, seed=1)) as first:
+        it = iter(first)
+        taken = [next(it)[:, 0].tolist() for _ in range(6)]
+        state = first.state_dict()
+        more = [next(it)[:, 0].tolist() for _ in range(4)]
+    flat = [i for _, i in zip(range(40), iter(Endless(1000, seed=1)))]
+    assert taken + more == [flat[i:i + 4] for i in range(0, 40, 4)]
+    with loader(Endless(1000, seed=1)) as resumed:
+        resumed.load_state_dict(state)
+        it = iter(resumed)
+        assert [next(it)[:, 0].tolist() for _ in range(4)] == more
+        it.close()
+    with loader(BreaksAt(100, good=10)) as broken:
+        it = iter(broken)
+        assert [next(it)[:, 0].tolist() for _ in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+        with pytest.raises(ValueError, match="corrupt"):
+            next(it)
+        assert it.engine.state == "closed"

@@ -3,8 +3,9 @@ one module per stage.  Its only input is the loader's LoaderOptions
 (``mxload/_options.py``); only ``messages.py`` and ``wire.py`` (and ``mxload/_collate``'s
 layout) define a format that crosses processes.
 
-    epoch.py       start_epoch, EpochPlan (which batches; resumed or not) and the
-                   one EpochIterator, for 0 workers (InProcessBatches) or N (the engine)
+    epoch.py       start_epoch, EpochPlan (which batches; resumed or not: the batch
+                   sampler drawn as batches are needed, _core.BatchSupply, csrc/supply.pxi)
+                   and the one EpochIterator, for 0 workers (InProcessBatches) or N (the engine)
     engine.py      Engine: epochs, failure record, restart policy; its prefetch window,
                    dispatch (round-robin by batch index) and consumption from the
                    ReorderBuffer run per batch, compiled (csrc/window.pxi: EngineWindow)
@@ -39,9 +40,10 @@ layout) define a format that crosses processes.
 
 One batch with worker processes:
 
-    DataLoader.__iter__ -> epoch.start_epoch: the batch sampler's indices -> EpochPlan
+    DataLoader.__iter__ -> epoch.start_epoch: the batch sampler's iterator -> EpochPlan
       -> Engine.begin_epoch -> _core.EngineWindow.dispatch_more (compiled, as all of the
-         consumer's per-batch path) -> the transport's put_task: TaskHold holds it for a pair,
+         consumer's per-batch path): the next batch's indices drawn from the BatchSupply
+         as the window has room -> the transport's put_task: TaskHold holds it for a pair,
          _core.send_tasks packs and sends (a pooled slab with each) over the worker's socket
     worker process: worker.serve -> source.SampleSource.samples -> plan + fill the slab
       -> Batch (or NewSlab with its descriptor, Failed, Exhausted) -> wire.send

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import threading
 import time
 from collections import deque
@@ -427,11 +428,12 @@ class AutoBatches:
                  make_inprocess: Callable[[EpochPlan], InProcessBatches],
                  start_engine: Callable[[EpochPlan, int, Callable[[Any], None]], bool],
                  profiler: Profiler | None, persistent: bool):
-        assert plan.order is not None
+        assert plan.supply is not None
         self.profiler = profiler
         self._tuner = tuner
         self._epoch = epoch
         self._plan = plan
+        self._supply = plan.supply   # every producer of the epoch draws from it in turn
         self._make_inprocess = make_inprocess
         self._inprocess = make_inprocess(plan)
         self._ended: list[Any] = []    # producers used up before the current one
@@ -446,7 +448,6 @@ class AutoBatches:
         self.closed = False
         # persistent_workers, until the loader is collected (EpochIterator.release_engine_at_end).
         self.persistent = persistent
-        self._done = 0                 # batches of the plan handed out by producers used up
         self._loads: list[int] = []
         self._steps: list[int] = []
         self._step_cpus: list[int] = []
@@ -455,7 +456,8 @@ class AutoBatches:
         self._batch_bytes = 0           # of the probe's first batch
         self._probe_start: tuple[int, float | None, float] = (0, None, 0.0)
         resume = tuner.resume_workers()
-        long_enough = len(plan.order) > PROBE_BATCHES + MIN_ENGINE_BATCHES
+        length = plan.supply.length   # (None: an infinite sampler, or one without len())
+        long_enough = length is None or length > PROBE_BATCHES + MIN_ENGINE_BATCHES
         # Long enough for a probe but without one: the last probe found in-process clearly faster.
         self._unprobed = long_enough and not resume and tuner.probe_skipped()
         if self._unprobed:
@@ -497,7 +499,7 @@ class AutoBatches:
 
     @property
     def total_batches(self) -> int | None:
-        return len(self._plan.order) if self._plan.order is not None else None
+        return self._supply.length
 
     def next_batch(self) -> tuple[int, Any] | Marker:
         if self.closed:
@@ -550,8 +552,8 @@ class AutoBatches:
             if not self._batch_bytes:
                 self._batch_bytes = batch_nbytes(got[1])
         n = len(self._loads)
-        assert self._plan.order is not None
-        if n >= PROBE_MAX_BATCHES or n >= len(self._plan.order) // 4 or (
+        length = self._supply.length
+        if n >= PROBE_MAX_BATCHES or (length is not None and n >= length // 4) or (
                 n >= PROBE_BATCHES and self._returned_ns - self._probe_start[0] >= PROBE_MIN_S * 1e9):
             self._probing = False
             self._inprocess_from = self._returned_ns
@@ -574,18 +576,11 @@ class AutoBatches:
         tuner.others_busy = max(0.0, ((busy - busy0) - (own_cpu_s() - own0)) / wall)
         return tuner.others_busy
 
-    def _rest(self, handed_out: int) -> EpochPlan:
-        """The plan's batches after the first `handed_out` of those not yet used up."""
-        plan = self._plan
-        assert plan.order is not None
-        self._done += handed_out
-        return type(plan)(plan.batches, plan.order[self._done:], 0)
-
     def _to_engine(self) -> bool:
         """Start the rest of the epoch on the engine with `_switch_to` workers taking tasks;
         False if the epoch was ended meanwhile (by another thread)."""
         workers, self._switch_to = self._switch_to, 0
-        rest = self._rest(self._inprocess.position)
+        rest = self._plan   # its supply goes on from the first batch in-process did not hand out
         self._ended.append(self._inprocess)
         # The climb's state first: a Ctrl-C deferred while the engine starts is raised out of
         # _start_engine, after the engine was adopted, and the epoch may go on.
@@ -620,8 +615,7 @@ class AutoBatches:
     def _to_inprocess(self) -> None:
         """The engine's batches are all taken: the rest of the epoch in-process."""
         self._draining = False
-        assert self.engine is not None
-        rest = self._rest(self.engine.progress()[1])
+        rest = self._plan   # its supply goes on from the first batch the engine did not dispatch
         engine_producer = self._current
         engine_producer.persistent = self.persistent
         self._ended.append(engine_producer)
@@ -742,9 +736,12 @@ class AutoBatches:
         self._tuner.engine_rate(taken * 1e9 / max(self._engine_last_ns - start_ns, 1))
 
     def _batches_left(self) -> int:
-        """The epoch's batches the engine has yet to hand out."""
-        assert self._plan.order is not None and self.engine is not None
-        return len(self._plan.order) - self._done - self.engine.progress()[0]
+        """The epoch's batches the engine has yet to hand out, as far as known (an infinite
+        sampler's: as many as there can be)."""
+        assert self.engine is not None
+        taken, dispatched = self.engine.progress()
+        left = self._supply.left
+        return left + dispatched - taken if left is not None else sys.maxsize
 
     def _inprocess_run_rate(self) -> None:
         """An epoch that stayed in-process after its probe: what in-process reached over it."""

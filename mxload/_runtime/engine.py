@@ -151,7 +151,7 @@ class Engine:
 
     @property
     def total_batches(self) -> int | None:
-        return None if self._plan is None or self._plan.order is None else len(self._plan.order)
+        return None if self._plan is None or self._plan.supply is None else self._plan.supply.length
 
     # ------------------------------------------------------------------ epochs and dispatch
 
@@ -176,7 +176,8 @@ class Engine:
                     self.roster.workers[item.slot].outstanding.pop((item.epoch, item.idx), None)
             self.roster.new_epoch()
             self._plan = plan
-            window.order, window.batches, window.profiling = plan.order, plan.batches, profiler is not None
+            window.supply, window.profiling = plan.supply, profiler is not None
+            window.due.clear()
             window.ready = window.own_error = window.torn = None
             window.discard = plan.discard
             window.next_dispatch = window.yielded = window.in_flight = 0
@@ -187,7 +188,7 @@ class Engine:
         return generation
 
     def progress(self) -> tuple[int, int]:
-        """(batches taken, tasks dispatched) of this epoch's plan."""
+        """(batches taken, tasks dispatched) of this epoch."""
         return self.window.yielded, self.window.next_dispatch
 
     def set_active(self, workers: int, window: int) -> None:

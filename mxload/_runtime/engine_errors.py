@@ -88,10 +88,12 @@ def aborted_error(where: str) -> EpochAbortedError:
 
 
 def ended_error(error: BaseException) -> EpochAbortedError:
-    """What next() says after `error` (a worker's death, the loader's timeout) ended the epoch:
+    """What next() says after `error` (a worker's death, the loader's timeout, the sampler's
+    error, whose note names it) ended the epoch:
     the loop may not have seen it (a signal handler's exception can replace it)."""
+    notes = "".join(f" ({note})" for note in getattr(error, "__notes__", ()) if isinstance(note, str))
     return EpochAbortedError(
-        f"this epoch ended with {type(error).__name__}: {m.safe_text(error)} -- its remaining batches "
+        f"this epoch ended with {type(error).__name__}: {m.safe_text(error)}{notes} -- its remaining batches "
         f"were not delivered. Batches delivered before are correct. Start a new epoch with iter(loader) "
         f"(a checkpoint from state_dict() resumes where it stopped)")
 

@@ -1,6 +1,7 @@
-"""One epoch: which batches it delivers (EpochPlan, resumed or not), where
-they are made (in the calling thread, or by the engine's workers), and the
-one EpochIterator the training loop holds, for 0 or N workers."""
+"""One epoch: which batches it delivers (EpochPlan, resumed or not: the
+batch sampler drawn as the batches are needed, a BatchSupply), where they
+are made (in the calling thread, or by the engine's workers), and the one
+EpochIterator the training loop holds, for 0 or N workers."""
 from __future__ import annotations
 
 import functools
@@ -13,11 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-import numpy as np
-
 from .._checkpoint import EpochProgress
 from .._collate import plan as _plan
-from .._core import defer_sigint, handing_next, sigint_safe_finalizer
+from .._core import BatchSupply, defer_sigint, handing_next, sigint_safe_finalizer
 from ..errors import EpochAbortedError
 from .autotune import AutoBatches, AutoTuner
 from .batch_errors import as_loop_error
@@ -29,8 +28,14 @@ from .source import SampleSource
 if TYPE_CHECKING:
     from .._options import LoaderOptions
     from ..profiler import Profiler
+    from ..sampler import EpochBatches
 
 __all__ = ["EpochIterator", "EpochPlan", "start_epoch"]
+
+
+# EpochIterator: a producer's ended_by() for the sampler's own error, which ends the epoch
+# (its workers stay, if persistent: they hold nothing of it).
+SAMPLER_FAILED = "the batch sampler"
 
 
 @dataclass(frozen=True)
@@ -38,23 +43,29 @@ class EpochPlan:
     """Which batches an epoch delivers.
 
     Args:
-        batches: every batch's indices (None: an IterableDataset's stream).
-        order: the batch indices to deliver, in order; a resumed epoch
-            leaves out those already taken (None: a stream).
+        supply: the batches to deliver, drawn from the batch sampler as they
+            are needed; a resumed epoch leaves out those already taken
+            (None: an IterableDataset's stream).
         discard: stream batches to drop first (a resumed stream is replayed
             from its start; these were taken before the checkpoint).
     """
-    batches: list[np.ndarray] | None
-    order: list[int] | None
+    supply: BatchSupply | None
     discard: int = 0
 
     @classmethod
-    def of(cls, batches: list[np.ndarray] | None, progress: EpochProgress) -> EpochPlan:
-        """The plan of an epoch of `batches` (None: a stream) given what
-        `progress` (fresh, or loaded from a state_dict) says was taken."""
-        if batches is None:
-            return cls(None, None, progress.count)
-        return cls(batches, progress.remaining(len(batches)), 0)
+    def of(cls, draw: Callable[[int], EpochBatches] | None, progress: EpochProgress,
+           epoch: int) -> EpochPlan:
+        """The plan of epoch `epoch`, whose batches `draw(start)` begins to draw from batch
+        `start` on (None: a stream), given what `progress` (fresh, or loaded from a
+        state_dict) says was taken."""
+        if draw is None:
+            return cls(None, progress.count)
+        start, skip = progress.taken_before()
+        drawn = draw(start)
+        supply = BatchSupply(drawn.batches, start, skip, drawn.total, drawn.expected, drawn.what, epoch,
+                             EpochAbortedError)
+        progress.drawn_by(supply)
+        return cls(supply, 0)
 
 
 class _Producer(Protocol):
@@ -123,7 +134,7 @@ class InProcessBatches:
         self._batchify = options.batchify_fn
         self._epoch = epoch
         self._plan = plan
-        self._position = 0                   # in plan.order; for a stream, batches taken
+        self._position = 0                   # batches handed out
         self._discard = plan.discard
         self._source = SampleSource(options.dataset, options.iterable, options.fetch_batch_size,
                                     options.drop_last, options.seed, keyed=not options.auto_batching,
@@ -135,15 +146,19 @@ class InProcessBatches:
         one; a StopIteration or a SystemExit & co is made an error for the
         batch (batch_errors.py), as with workers.  A Ctrl-C, or a signal
         handler's exception, leaves the epoch where it was.  The result is
-        also left in `ready` (see EngineWindow.next_batch)."""
-        order = self._plan.order
-        if order is not None and self._position >= len(order):
-            return END
-        idx = order[self._position] if order is not None else self._plan.discard + self._position
+        also left in `ready` (see EngineWindow.next_batch).  The sampler's
+        error raises as itself and ends the epoch (see BatchSupply)."""
+        supply = self._plan.supply
+        if supply is not None:
+            got = supply.peek()   # drawn from the sampler now
+            if got is None:
+                return END
+            idx, indices = got
+        else:
+            idx, indices = self._plan.discard + self._position, None
         t0 = time.monotonic_ns()
         try:
-            batches = self._plan.batches
-            samples = (self._source.samples(self._epoch, batches[idx]) if batches is not None
+            samples = (self._source.samples(self._epoch, indices) if supply is not None
                        else self._stream_samples())
             if samples is None:
                 return END
@@ -152,19 +167,26 @@ class InProcessBatches:
             else:
                 batch = self._collate_profiled(idx, samples, t0)
         except BaseException as e:
-            if raised_by_a_signal(e, retryable=order is not None):
+            if raised_by_a_signal(e, retryable=supply is not None):
                 raise   # not the batch's failure: the next call loads it again
             origin = (f"Raised in the training process (pid {os.getpid()}, no workers) "
                       f"while loading batch {idx}.")
             failure = BatchFailure(as_loop_error(e, origin, None, os.getpid(), idx))
             self.ready = (idx, failure)   # plain stores: no signal handler runs between them
             self._position += 1
+            if supply is not None:
+                supply.handed = idx + 1
             return idx, failure
         self.ready = (idx, batch)
         self._position += 1
+        if supply is not None:
+            supply.handed = idx + 1
         return idx, batch
 
     def ended_by(self, error: BaseException) -> str | None:
+        supply = self._plan.supply
+        if supply is not None and error is supply.error:
+            return SAMPLER_FAILED
         return None   # as a plain loop: the epoch stays where it was
 
     def _stream_samples(self) -> Any:
@@ -186,12 +208,8 @@ class InProcessBatches:
 
     @property
     def total_batches(self) -> int | None:
-        return len(self._plan.order) if self._plan.order is not None else None
-
-    @property
-    def position(self) -> int:
-        """How many of the plan's batches were handed out."""
-        return self._position
+        supply = self._plan.supply
+        return supply.length if supply is not None else None
 
     def end(self, release: bool) -> None:
         self._source.close()
@@ -215,6 +233,9 @@ class _EngineBatches:
         window = self.engine.window
         own, window.own_error = window.own_error, None   # (it holds the error's traceback: a cycle)
         if own is error:
+            supply = window.supply
+            if supply is not None and error is supply.error:
+                return SAMPLER_FAILED
             return ""   # a worker's death, a timeout: the engine's own error
         # Another exception (a signal handler's): the epoch goes on, unless
         # it cut short a step that cannot be retried.
@@ -296,10 +317,12 @@ class EpochIterator:
                         # Said again by any later call: the exception raised now may never reach
                         # the loop (a signal handler's, delivered as the shutdown below completes,
                         # replaces it), and the epoch must not then look exhausted.
-                        self._aborted = (aborted_error(ended) if ended else ended_error(e)).args[0]
+                        self._aborted = (aborted_error(ended) if ended and ended != SAMPLER_FAILED
+                                         else ended_error(e)).args[0]
                     del e
                     if ended is not None:
-                        self._end(force=True)
+                        # (The sampler's error leaves persistent workers: they hold nothing of it.)
+                        self._end(force=ended != SAMPLER_FAILED)
                     raise
                 if fresh is END:
                     self._progress.finished = True
@@ -396,7 +419,7 @@ class EpochIterator:
     __del__ = sigint_safe_finalizer(_finalize)
 
 
-def start_epoch(options: LoaderOptions, epoch: int, batches: Callable[[], list[np.ndarray]] | None,
+def start_epoch(options: LoaderOptions, epoch: int, batches: Callable[[int], EpochBatches] | None,
                 progress: EpochProgress, profiler: Profiler | None, engine: Engine | None,
                 persistent: bool, length: Callable[[], int],
                 on_engine: Callable[[Engine], None], restarts: dict[str, int],
@@ -405,15 +428,16 @@ def start_epoch(options: LoaderOptions, epoch: int, batches: Callable[[], list[n
     `engine` (persistent workers) if it is still usable, else on a new one,
     which `on_engine` receives before anything can interrupt (a persistent
     engine's owner must learn of it, whatever happens next).  `batches`
-    makes the epoch's batches of indices (None: an IterableDataset);
+    begins to draw the epoch's batches of indices from a given batch on
+    (sampler.epoch_batches; None: an IterableDataset);
     `progress` says which were taken (a resumed epoch) and records those
     taken from now on; `length` is the loader's len() (a stream's epoch);
     `restarts`: the loader's max_worker_restarts spent so far (see Engine);
     `tuner`: num_workers="auto" (autotune.py)."""
     t0 = time.monotonic_ns()
-    plan = EpochPlan.of(batches() if batches is not None else None, progress)
+    plan = EpochPlan.of(batches, progress, epoch)
     t1 = time.monotonic_ns()
-    if tuner is not None and plan.order is not None:
+    if tuner is not None and plan.supply is not None:
         auto = _auto_batches(tuner, options, epoch, plan, profiler, engine, persistent, on_engine, restarts)
         if profiler is not None:
             profiler.epoch_started(time.monotonic_ns() - t0, 0)

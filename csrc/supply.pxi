@@ -1,0 +1,128 @@
+# An epoch's batches of indices, drawn from the batch sampler as they are needed (torch draws
+# its sampler the same way): the first batch goes out as soon as its indices exist, an infinite
+# sampler works, and memory does not grow with the sampler's length.  The training loop's
+# thread draws: the in-process producer (mxload/_runtime/epoch.py) once per batch, the engine's
+# window (window.pxi) as it fills the prefetch window.
+
+@cython.final
+@cython.auto_pickle(False)
+cdef class BatchSupply:
+    """The epoch's batch iterator, `batches` ((batch index, indices) pairs in order, the
+    batches a resumed epoch had taken left out), one batch drawn ahead, so the epoch's end is
+    known when its last batch is handed out (a checkpoint taken then is the next epoch's).
+
+    peek() is the first batch not handed out, or None at the end; its taker hands it out by
+    setting `handed` past its index: a plain store, so a signal handler's exception cannot
+    land between the hand-over and the record of it (peek() drops what is behind `handed`).
+
+    A draw that raises (the sampler's own error, or a signal handler's exception that landed
+    in the sampler's code, which leaves a generator finished) ends the supply: the batches
+    drawn before it are handed out, then peek() raises it (with a note naming the sampler,
+    the batch and the epoch) once, and EpochAbortedError after.  An Exception raised while
+    drawing ahead waits for its turn; anything else (KeyboardInterrupt) is raised at once."""
+
+    cdef public object batches      # iterator of (batch index, indices)
+    cdef public object skip         # batch indices a resumed epoch had taken (a set), or None
+    cdef public Py_ssize_t handed   # batches below this index were handed out
+    cdef public object total        # the epoch's batches, once known (int), else None
+    cdef public object expected     # what the batch sampler's len() said (int), or None
+    cdef public object what         # the sampler, in words ("the sampler Foo")
+    cdef public object epoch
+    cdef public object error        # what ended the draws, or None
+    cdef public bint error_raised   # `error` reached the loop once
+    cdef object _head, _ahead       # drawn, not handed out; _END after the last
+    cdef Py_ssize_t _drawn          # the batch index the next draw gets
+    cdef Py_ssize_t _start          # the first batch index drawn (a resumed epoch's)
+    cdef object _aborted
+
+    def __cinit__(self, batches, Py_ssize_t start, skip, total, expected, what, epoch, aborted):
+        """`start`: the index of the first batch `batches` yields (a resumed epoch skips those
+        below); `skip`: taken indices above it; `total`: the epoch's batches where known now;
+        `aborted`: errors.EpochAbortedError."""
+        self.batches = batches
+        self.skip = skip if skip else None
+        self.handed = start
+        self._drawn = start
+        self._start = start
+        self.total = total
+        self.expected = expected if expected is not None else total
+        self.what = what
+        self.epoch = epoch
+        self._aborted = aborted
+
+    cdef object _draw(self):
+        """The next batch not taken before: (index, indices), or _END (the epoch's count of
+        batches then known); raises what ended the draws."""
+        cdef Py_ssize_t idx
+        while True:
+            if self.error is not None:
+                raise self._failure()
+            idx = self._drawn
+            try:
+                indices = next(self.batches)
+            except StopIteration:
+                self.total = idx
+                return _END
+            except BaseException as e:
+                self.error = e
+                if isinstance(e, Exception):
+                    e.add_note(f"mxload: raised by {self.what} while drawing batch {idx} of epoch "
+                               f"{self.epoch}: the epoch ended, and its workers unless persistent; the "
+                               f"batches before it were delivered")
+                raise self._failure()
+            self._drawn = idx + 1
+            if self.skip is None or idx not in self.skip:
+                return (idx, indices)
+
+    cdef object _failure(self):
+        """The error that ended the draws: itself the first time, then EpochAbortedError."""
+        error = self.error
+        if not self.error_raised:
+            self.error_raised = True
+            return error
+        return self._aborted(f"the epoch cannot go on: {self.what} raised {type(error).__name__}"
+                             f"({error}) while its batches were drawn (batch {self._drawn}); start a "
+                             f"new epoch with iter(loader)")
+
+    cpdef object peek(self):
+        """The first batch not handed out, (index, indices), drawing as needed; None at the end."""
+        while True:
+            if self._head is None:
+                if self._ahead is not None:
+                    self._head, self._ahead = self._ahead, None
+                else:
+                    self._head = self._draw()
+            if self._head is _END:
+                return None
+            if (<tuple>self._head)[0] >= self.handed:
+                break
+            self._head = None   # handed out already
+        if self._ahead is None and self.error is None:
+            try:
+                self._ahead = self._draw()
+            except Exception:
+                self.error_raised = False   # kept in `error`: raised in its turn, after this batch
+        return self._head
+
+    @property
+    def at_end(self):
+        """Every batch was handed out."""
+        return self._head is _END or (self._head is None and self._ahead is _END)
+
+    @property
+    def length(self):
+        """The batches this epoch delivers (a resumed one: those not taken before); None if unknown."""
+        n = self.total if self.total is not None else self.expected
+        return None if n is None else max(0, n - self._skipped())
+
+    @property
+    def left(self):
+        """The batches not yet handed out, as far as known; None if unknown."""
+        n = self.total if self.total is not None else self.expected
+        return None if n is None else max(0, n - self.handed)
+
+    cdef Py_ssize_t _skipped(self):
+        return self._start + (len(self.skip) if self.skip is not None else 0)
+
+
+_END = object()   # BatchSupply: no batch after this one
