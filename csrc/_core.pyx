@@ -24,6 +24,8 @@ cimport numpy as cnp
 import os
 import warnings
 from collections import deque
+from itertools import islice as _islice
+from operator import index as _operator_index
 
 import numpy as np
 

@@ -16,7 +16,8 @@ cdef class BatchSupply:
     land between the hand-over and the record of it (peek() drops what is behind `handed`).
 
     A draw that raises (the sampler's own error, or a signal handler's exception that landed
-    in the sampler's code, which leaves a generator finished) ends the supply: the batches
+    in the sampler's code, which leaves a generator finished; not one that landed in mxload's
+    check of a batch, see CheckedBatches) ends the supply: the batches
     drawn before it are handed out, then peek() raises it (with a note naming the sampler,
     the batch and the epoch) once, and EpochAbortedError after.  An Exception raised while
     drawing ahead waits for its turn; anything else (KeyboardInterrupt) is raised at once."""
@@ -34,11 +35,14 @@ cdef class BatchSupply:
     cdef Py_ssize_t _drawn          # the batch index the next draw gets
     cdef Py_ssize_t _start          # the first batch index drawn (a resumed epoch's)
     cdef object _aborted
+    cdef object _by_signal
 
-    def __cinit__(self, batches, Py_ssize_t start, skip, total, expected, what, epoch, aborted):
+    def __cinit__(self, batches, Py_ssize_t start, skip, total, expected, what, epoch, aborted,
+                  by_signal=None):
         """`start`: the index of the first batch `batches` yields (a resumed epoch skips those
         below); `skip`: taken indices above it; `total`: the epoch's batches where known now;
-        `aborted`: errors.EpochAbortedError."""
+        `aborted`: errors.EpochAbortedError; `by_signal(error)`: whether a signal handler
+        raised `error` (where `batches` can draw again after it: CheckedBatches)."""
         self.batches = batches
         self.skip = skip if skip else None
         self.handed = start
@@ -49,6 +53,7 @@ cdef class BatchSupply:
         self.what = what
         self.epoch = epoch
         self._aborted = aborted
+        self._by_signal = by_signal
 
     cdef object _draw(self):
         """The next batch not taken before: (index, indices), or _END (the epoch's count of
@@ -64,6 +69,9 @@ cdef class BatchSupply:
                 self.total = idx
                 return _END
             except BaseException as e:
+                if (self._by_signal is not None and getattr(self.batches, "retryable", False)
+                        and self._by_signal(e)):
+                    raise   # cut short mxload's check of a batch it holds: the next draw checks it
                 self.error = e
                 if isinstance(e, Exception):
                     e.add_note(f"mxload: raised by {self.what} while drawing batch {idx} of epoch "
@@ -126,3 +134,81 @@ cdef class BatchSupply:
 
 
 _END = object()   # BatchSupply: no batch after this one
+
+
+@cython.final
+@cython.auto_pickle(False)
+cdef class DrawnBatches:
+    """A sampler's indices in batches of `size` 1-D int64 arrays, drawn as they are iterated
+    (mxload.sampler.BatchSampler over a sampler it does not draw whole: a user's, torch's, an
+    infinite one), after the rollover `carry`; the incomplete last batch as `last` says
+    ("keep", "discard", or "rollover": left in `rest` for the next epoch).  Compiled: the only
+    Python code a draw runs is the sampler's own, so a signal handler's exception raised in
+    mxload's code never lands in it."""
+
+    cdef object _ints
+    cdef Py_ssize_t _size
+    cdef object _carry
+    cdef object _last
+    cdef bint _done
+    cdef public object rest
+
+    def __cinit__(self, indices, Py_ssize_t size, carry, last):
+        self._ints = map(_operator_index, indices)   # floats refused, not truncated
+        self._size = size
+        self._carry = carry
+        self._last = last
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        carry = self._carry
+        drawn = np.fromiter(_islice(self._ints, self._size - len(carry)), dtype=np.int64)
+        batch = np.concatenate((carry, drawn)) if len(carry) else drawn
+        self._carry = batch[:0]
+        if len(batch) == self._size:
+            return batch
+        self._done = True
+        if self._last == "rollover":
+            self.rest = batch
+        elif self._last == "keep" and len(batch):
+            return batch
+        raise StopIteration
+
+
+@cython.final
+@cython.auto_pickle(False)
+cdef class CheckedBatches:
+    """The batches of `raw` (a batch sampler's, or a sampler's keys), each made what the loader
+    sends by `check(batch, position)` (mxload's Python).  The raw batch is held until checked:
+    an exception raised in `check` (a signal handler's, which may land in any Python code)
+    loses nothing, and the next call checks it again; `retryable` says the last exception was
+    such (BatchSupply then keeps drawing)."""
+
+    cdef object _raw
+    cdef object _check
+    cdef object _held
+    cdef Py_ssize_t _position
+    cdef public bint retryable
+
+    def __cinit__(self, raw, check, Py_ssize_t position):
+        self._raw = raw
+        self._check = check
+        self._position = position
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._held is None:
+            self.retryable = False
+            self._held = (next(self._raw),)
+        self.retryable = True
+        out = self._check((<tuple>self._held)[0], self._position)
+        self._held = None
+        self._position += 1
+        self.retryable = False
+        return out

@@ -263,13 +263,15 @@ cdef class EngineWindow:
             while self.in_flight < self.prefetch and self.state == "running":
                 n = self.next_dispatch
                 if supply is not None:
-                    # Drawn from the sampler now (its code may raise: an Exception waits in the
-                    # supply for its turn, after the batches dispatched before it).
+                    # Drawn from the sampler now.  Its own error waits in the supply for its turn,
+                    # after the batches dispatched before it; a signal handler's exception that
+                    # left the supply able to draw again is raised (the next call dispatches).
                     try:
                         got = supply.peek()
                     except Exception as e:
-                        if e is supply.error:
-                            supply.error_raised = False   # the consumer raises it in its turn
+                        if e is not supply.error:
+                            raise
+                        supply.error_raised = False   # the consumer raises it in its turn
                         got = None
                     if got is None:
                         transport.flush()   # the epoch's last tasks: none waits for another

@@ -143,7 +143,9 @@ class EpochProgress:
         while self.prefix in self.extra:
             self.prefix += 1   # (cut short here: prefix - 1 stays in extra, ignored)
             self.extra.discard(self.prefix - 1)
-        if self.total is not None and self.count >= self.total:
+        supply = self.supply   # (its compiled field, not the property: this runs once a batch)
+        total = supply.total if supply is not None else None
+        if total is not None and self.count >= total:
             self._completed()
 
     def drawn_by(self, supply: Any) -> None:

@@ -7,7 +7,7 @@ SampleTree and TreeTable, field_views, layout planner, ALIGNMENT,
 monotonic_ns), slab.pxi (Slab, BatchOwner),
 receive.pxi (FrameReceiver, build_views, the frame constants), task.pxi
 (send_task, send_tasks) and handoff.pxi (ViewTemplate, claim_batch)."""
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, Self, TypedDict, TypeVar, final, overload
 
 import numpy as np
@@ -275,7 +275,8 @@ class BatchSupply:
     error: BaseException | None
     error_raised: bool
     def __new__(cls, batches: Any, start: int, skip: set[int] | None, total: int | None,
-                expected: int | None, what: str, epoch: Any, aborted: type[BaseException]) -> Self: ...
+                expected: int | None, what: str, epoch: Any, aborted: type[BaseException],
+                by_signal: Callable[[BaseException], bool] | None = None) -> Self: ...
     def peek(self) -> tuple[int, Any] | None: ...
     @property
     def at_end(self) -> bool: ...
@@ -283,6 +284,21 @@ class BatchSupply:
     def length(self) -> int | None: ...
     @property
     def left(self) -> int | None: ...
+
+class DrawnBatches:
+    """A sampler's indices in batches of `size` int64 arrays, drawn as iterated (supply.pxi)."""
+    rest: NDArray[np.int64] | None
+    def __new__(cls, indices: Iterator[Any], size: int, carry: NDArray[np.int64], last: str) -> Self: ...
+    def __iter__(self) -> Self: ...
+    def __next__(self) -> NDArray[np.int64]: ...
+
+class CheckedBatches:
+    """Batches each made what the loader sends by `check(batch, position)`, the raw one held
+    until checked (supply.pxi)."""
+    retryable: bool
+    def __new__(cls, raw: Iterator[Any], check: Callable[[Any, int], Any], position: int) -> Self: ...
+    def __iter__(self) -> Self: ...
+    def __next__(self) -> Any: ...
 
 class EngineWindow:
     """One engine's prefetch window and hand-over (window.pxi): Engine owns one."""

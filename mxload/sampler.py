@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._checks import check_int
+from ._core import CheckedBatches, DrawnBatches
 
 __all__ = [
     "Sampler",
@@ -123,7 +124,7 @@ def _slices(indices: IndexArray, size: int, start: int) -> Iterator[IndexArray]:
     return map(indices.__getitem__, map(slice, range(first, n, size), range(first + size, n + size, size)))
 
 
-def _key_batch(key: Any) -> Any:
+def _key_batch(key: Any, position: int) -> Any:
     """batch_size=None: an integer key is the one-index batch [key]; any other (a list of
     indices, a slice...) is passed to ``dataset[...]`` as it is, as torch does, so it travels
     encoded (``_runtime.source.encode_key``)."""
@@ -456,6 +457,8 @@ class BatchSampler(Sampler):
         # whose generator sets it after its last batch: an abandoned epoch
         # has used up the old carry and passes nothing on.
         self._pending: IndexArray | None = None
+        # The epoch drawn as its batches are (batch_arrays): its leftovers, once drawn to its end.
+        self._drawn: DrawnBatches | None = None
 
     def epoch_indices(self) -> IndexArray:
         """Return the flat indices covered by the next epoch's batches and advance.
@@ -494,8 +497,11 @@ class BatchSampler(Sampler):
     def end_epoch(self) -> None:
         """The epoch's batches were all consumed: its rollover leftovers open
         the next epoch (the loader calls this when the last batch is taken)."""
-        if self._pending is not None:
-            self._carry, self._pending = self._pending, None
+        drawn, self._drawn = self._drawn, None
+        pending = drawn.rest if drawn is not None else self._pending
+        self._pending = None
+        if pending is not None:
+            self._carry = pending
 
     def epoch_batches(self) -> list[IndexArray]:
         """Return the next epoch's batches as a list of int64 array views and advance."""
@@ -509,30 +515,14 @@ class BatchSampler(Sampler):
         a view of it; any other sampler is iterated as the batches need its indices (an
         infinite one works), with the count known only at its end."""
         if _drawn_whole(self.sampler):
+            self._drawn = None
             indices = self.epoch_indices()
             return _slices(indices, self.batch_size, start), -(-len(indices) // self.batch_size)
         carry, self._carry = self._carry, np.empty(0, dtype=np.int64)
         self._pending = None
-        batches = self._drawn_batches(iter(self.sampler), carry)
+        # (Compiled: a signal handler's exception raised in mxload's code never lands in a draw.)
+        self._drawn = batches = DrawnBatches(iter(self.sampler), self.batch_size, carry, self.last_batch)
         return (itertools.islice(batches, start, None) if start else batches), None
-
-    def _drawn_batches(self, sampler: Iterator[Any], carry: IndexArray) -> Iterator[IndexArray]:
-        """`sampler`'s indices in batches, after the rollover `carry`; the incomplete last batch
-        as `last_batch` says (rollover: kept for the next epoch, see end_epoch)."""
-        bs = self.batch_size
-        ints = map(operator.index, sampler)   # floats refused, not truncated
-        while True:
-            drawn = np.fromiter(itertools.islice(ints, bs - len(carry)), dtype=np.int64)
-            batch = np.concatenate((carry, drawn)) if len(carry) else drawn
-            carry = batch[:0]
-            if len(batch) == bs:
-                yield batch
-                continue
-            if self.last_batch == "rollover":
-                self._pending = batch
-            elif self.last_batch == "keep" and len(batch):
-                yield batch
-            return
 
     def __iter__(self) -> Iterator[list[int]]:
         # The epoch advances on iter(); the rollover carry is passed on
@@ -714,8 +704,8 @@ def epoch_batches(batch_sampler: Any, start: int = 0) -> EpochBatches:
     else:
         draw: Any = getattr(batch_sampler, "epoch_batches", None)   # (a subclass of mxload's)
         raw = iter(draw()) if draw is not None else iter(batch_sampler)
-        batches = map(batch_sampler_indices, itertools.islice(raw, start, None) if start else raw,
-                      itertools.count(start))
+        batches = CheckedBatches(itertools.islice(raw, start, None) if start else raw, batch_sampler_indices,
+                                 start)
         total, what = None, f"the batch sampler {type(batch_sampler).__name__}"
     return EpochBatches(batches, total, total if total is not None else expected, what)
 
@@ -732,7 +722,7 @@ def epoch_keys(sampler: Any, start: int = 0) -> EpochBatches:
         total = len(indices)
     else:
         keys = iter(sampler)
-        batches = map(_key_batch, itertools.islice(keys, start, None) if start else keys)
+        batches = CheckedBatches(itertools.islice(keys, start, None) if start else keys, _key_batch, start)
     return EpochBatches(batches, total, total if total is not None else expected,
                         f"the sampler {type(sampler).__name__}")
 

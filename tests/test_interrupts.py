@@ -717,26 +717,41 @@ def _seed(name: str) -> int:
     return seed
 
 
-@pytest.mark.parametrize("config", ["fork", "spawn", "forkserver", "threads", "fork+auto_reload"])
+@pytest.mark.parametrize("config", ["fork", "spawn", "forkserver", "threads", "fork+auto_reload",
+                                    "fork+user sampler", "fork+user batch_sampler",
+                                    "in-process+user batch_sampler"])
 def test_an_exception_from_a_signal_handler_inside_next_leaves_the_epoch_going_on(config):
     """A training loop catches an exception that its SIGALRM handler raises
     (a step timeout) and goes on.  Landing anywhere inside next() (the wait,
     the hand-over of the batch, the next tasks' dispatch), it must not end
     the epoch: every batch comes exactly once, in order, as torch's iterator
-    does.  Before, the epoch ended at the first one, as if exhausted."""
+    does.  Before, the epoch ended at the first one, as if exhausted.  A user's sampler or
+    batch sampler is drawn inside next() (lazily, as torch draws it): a landing in mxload's
+    code around the draw must lose no batch either."""
     seed = _seed("MXLOAD_SIGNAL_SEED")
-    kwargs = {"fork": "start_method='fork'", "spawn": "start_method='spawn'",
-              "forkserver": "start_method='forkserver'", "threads": "thread_pool=True",
+    kwargs = {"fork": "num_workers=2, start_method='fork'",
+              "spawn": "num_workers=2, start_method='spawn'",
+              "forkserver": "num_workers=2, start_method='forkserver'",
+              "threads": "num_workers=2, thread_pool=True",
               # the loader's wrapper around the epoch (auto_reload, pinning, tensors)
-              "fork+auto_reload": "start_method='fork', auto_reload=True"}[config]
+              "fork+auto_reload": "num_workers=2, start_method='fork', auto_reload=True",
+              "fork+user sampler": "num_workers=2, start_method='fork', sampler=Indices()",
+              "fork+user batch_sampler": "num_workers=2, start_method='fork', batch_sampler=Batches()",
+              "in-process+user batch_sampler": "num_workers=0, batch_sampler=Batches()"}[config]
     out, err, rc = run_child(RAISING_TIMER + textwrap.dedent(f"""
         random.seed({seed})
         if {config!r} == "forkserver":   # long-lived by design: started before the baseline
             import multiprocessing.forkserver
             multiprocessing.forkserver.ensure_running()
         helpers = set(children())
-        loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(1000)), batch_size=1,
-                                   num_workers=2, {kwargs})
+        class Indices:   # a user's sampler, drawn as the batches need it
+            def __iter__(self):
+                yield from range(1000)
+        class Batches:   # a user's batch sampler, drawn as the batches need it
+            def __iter__(self):
+                for i in range(1000):
+                    yield [i]
+        loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(1000)), batch_size=1, {kwargs})
         it = iter(loader)
         first, every = 0.0003 + random.random() * 0.0005, 0.0002 + random.random() * 0.0004
         signal.setitimer(signal.ITIMER_REAL, first, every)

@@ -187,3 +187,52 @@ def test_num_workers_auto_with_an_infinite_sampler():
         it = iter(loader)
         assert _firsts(it, 40) == _expected(sampler, 40)
         it.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_torch_dropin_takes_an_infinite_sampler_as_torch_does(workers):
+    """mxload.torch.DataLoader with an infinite sampler (as iteration-based training passes one)
+    gives torch's DataLoader's batches, and len() raises as torch's does."""
+    torch = pytest.importorskip("torch")
+    import mxload.torch as mt
+
+    class Samples(torch.utils.data.Dataset):
+        def __len__(self):
+            return 1000
+
+        def __getitem__(self, i):
+            return torch.tensor([i, i * i % 1009])
+
+    def batches(make):
+        loader = make(Samples(), batch_size=4, sampler=Endless(1000, seed=11), num_workers=workers)
+        with pytest.raises(TypeError):
+            len(loader)
+        it = iter(loader)
+        out = [b[:, 0].tolist() for b in itertools.islice(it, 12)]
+        del it
+        return out
+    assert batches(mt.DataLoader) == batches(torch.utils.data.DataLoader) == _expected(Endless(1000, 11), 12)
+
+
+@pytest.mark.races
+@pytest.mark.timeout(300)
+def test_infinite_streams_resume_exactly_wherever_they_are_checkpointed(seed):
+    """Checkpoints of an infinite sampler's epoch taken at random points (0 or 2 workers,
+    processes or threads, persistent or not, the window at 1-4 batches a
+    worker) and resumed in a fresh loader: the resumed loader's batches are exactly the next
+    ones, every time."""
+    import random
+    rng = random.Random(seed)
+    for _ in range(60):
+        mode = rng.choice(MODES)
+        sampler_seed, taken = rng.randrange(1000), rng.randrange(0, 30)
+        extra = dict(prefetch_factor=rng.randint(1, 4)) if mode[0] else {}
+        with _loader(Endless(1000, sampler_seed), mode, **extra) as loader:
+            it = iter(loader)
+            _firsts(it, taken)
+            state = loader.state_dict()
+        with _loader(Endless(1000, sampler_seed), mode, **extra) as resumed:
+            resumed.load_state_dict(state)
+            it = iter(resumed)
+            assert _firsts(it, 6) == _expected(Endless(1000, sampler_seed), 6, skip=taken), (mode, taken)
+            it.close()

@@ -63,7 +63,7 @@ class EpochPlan:
         start, skip = progress.taken_before()
         drawn = draw(start)
         supply = BatchSupply(drawn.batches, start, skip, drawn.total, drawn.expected, drawn.what, epoch,
-                             EpochAbortedError)
+                             EpochAbortedError, raised_by_signal_handler)
         progress.drawn_by(supply)
         return cls(supply, 0)
 
