@@ -372,7 +372,6 @@ def test_timm_multi_epochs_loader_replaces_its_batch_sampler():
         loader.batch_sampler = None
 
 
-@pytest.mark.xfail(strict=True, reason="needs lazy sampler drawing (helper B)")
 @pytest.mark.timeout(5)
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_timm_multi_epochs_loader_yields_each_epoch_from_one_iterator(num_workers):
