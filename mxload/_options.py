@@ -22,7 +22,13 @@ from typing import Any, cast
 import numpy as np
 
 from ._checks import check_bool, check_int
-from ._torch_compat import is_torch_iterable_dataset, seed_from_torch, torch_module
+from ._torch_compat import (
+    apply_datapipe_shuffle,
+    is_iter_datapipe,
+    is_torch_iterable_dataset,
+    seed_from_torch,
+    torch_module,
+)
 from .backends import Backend, RayBackend, resolve_backend
 from .batchify import _Unbatched, default_batchify, default_convert
 from .dataset import IterableDataset
@@ -161,6 +167,9 @@ class LoaderOptions:
                         distributed=distributed, try_nopython=try_nopython)
         iterable = is_iterable_dataset(dataset)
         if iterable:   # first, as torch: an order argument means nothing to a stream, whatever its kind
+            if shuffle is not None and is_iter_datapipe(dataset):
+                # As torch: a DataPipe graph's shufflers are switched on or off by shuffle=.
+                dataset, shuffle = apply_datapipe_shuffle(dataset, shuffle), None
             _check_stream_order(shuffle, sampler, batch_sampler)
         _check_kinds(last_batch, batch_sampler, batchify_fn, collate_fn)
         batchify_fn = collate_fn if collate_fn is not None else batchify_fn

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "torch_module", "is_torch_iterable_dataset", "is_tensor", "tensor_to_numpy", "seed_from_torch",
+    "torch_module", "is_torch_iterable_dataset", "is_iter_datapipe", "apply_datapipe_shuffle", "is_tensor",
+    "tensor_to_numpy", "seed_from_torch",
     "enter_worker", "torch_numpy_seed", "pin_batch", "pinning_device", "to_tensors",
     "PIN_MEMORY_NO_ACCELERATOR", "shuffle_generator", "generator_state", "set_generator_state",
     "collatable_tensor", "batch_dtype", "TORCH_DTYPE_PREFIX", "viewing_dtype", "as_torch_dtype",
@@ -47,6 +48,19 @@ def is_torch_iterable_dataset(dataset: Any) -> bool:
     duck-typed rule (``__iter__`` without ``__getitem__``) misses it."""
     return any(name == "IterableDataset" and module.startswith("torch.utils.data")
                for module, name in _mro_names(dataset))
+
+
+def is_iter_datapipe(dataset: Any) -> bool:
+    """Whether `dataset` is a torch IterDataPipe (its DataLoader takes shuffle= for one)."""
+    return any(name == "IterDataPipe" and module.startswith("torch.utils.data")
+               for module, name in _mro_names(dataset))
+
+
+def apply_datapipe_shuffle(datapipe: Any, shuffle: object) -> Any:
+    """shuffle= for an IterDataPipe, as torch's DataLoader applies it: every shuffler in its graph
+    switched on or off (torch's graph_settings; the graph is returned)."""
+    settings: Any = importlib.import_module("torch.utils.data.graph_settings")
+    return settings.apply_shuffle_settings(datapipe, shuffle=bool(shuffle))
 
 
 def is_tensor(x: Any) -> bool:

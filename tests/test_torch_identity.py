@@ -427,3 +427,15 @@ def test_an_unpicklable_worker_argument_warns_as_torch_then_raises():
     with pytest.warns(UserWarning, match="^Got pickle error when attempting to start a worker Process"):
         with pytest.raises(TypeError, match="cannot be pickled"):
             iter(loader)
+
+
+def test_an_iter_datapipe_takes_shuffle_as_torch():
+    """torch's DataLoader takes shuffle= for an IterDataPipe (it switches the graph's shufflers);
+    any other stream refuses it."""
+    from torch.utils.data.datapipes.iter import IterableWrapper
+    pipe = IterableWrapper(range(40)).shuffle()
+    torch.manual_seed(0)
+    assert sorted(i for b in DataLoader(pipe, batch_size=8, shuffle=True) for i in b.tolist()) == list(range(40))
+    assert [b.tolist() for b in DataLoader(pipe, batch_size=8, shuffle=False)][0] == list(range(8))
+    with pytest.raises(ValueError, match="expected unspecified shuffle"):
+        DataLoader(Stream(), shuffle=True)

@@ -19,8 +19,8 @@ while the file's imports run, so its ``from torch.utils.data import
 DataLoader`` gets mxload's.  Its datasets and functions then belong to that
 module, so a spawn worker or a spawned test process imports the same module
 by name, and the swap happens there as well.  Tests that reach into torch's
-loader internals (``_MultiProcessingDataLoaderIter``, ``it._workers``,
-private attributes) are reported as not applicable: list them in
+loader internals (``_MultiProcessingDataLoaderIter``, private attributes
+mxload does not give) would be reported as not applicable: list them in
 ``NOT_APPLICABLE`` with the reason.
 """
 from __future__ import annotations
@@ -50,23 +50,11 @@ ENV = "MXLOAD_TORCH_TEST_DATALOADER"
 MODULE = "_mxload_upstream_dataloader"
 
 # test id (Class.test_name) -> why it cannot apply to a drop-in loader: it asserts on torch's
-# private iterator machinery, not on behaviour (its behavioural parts were checked apart: the
-# same results), or on a difference mxload makes on purpose.  Both classes run each test (the
-# second with persistent workers).
-_WORKERS = "reads the iterator's private _workers (torch's Process objects)"
-NOT_APPLICABLE: dict[str, str] = {
-    f"{cls}.{test}": reason
-    for cls in ("TestDataLoader", "TestDataLoaderPersistentWorkers")
-    for test, reason in {
-        "test_bulk_loading_nobatch": "asserts the loader's private _auto_collation",
-        "test_get_worker_info": _WORKERS,
-        "test_iterable_style_dataset": _WORKERS,
-        "test_partial_workers": _WORKERS,
-        "test_proper_exit": _WORKERS,
-        "test_worker_init_fn_forkserver": (
-            "expects torch's 'Got pickle error' UserWarning before the error: mxload raises a "
-            "TypeError naming what cannot be pickled and how to fix it, without the warning"),
-    }.items()}
+# private iterator machinery, not on behaviour, or on a difference mxload makes on purpose; such a
+# test is skipped, saying why.  None today: the tests that read the iterator's _workers (their pid,
+# is_alive(), join(), exitcode), the loader's _auto_collation, or expect torch's "Got pickle
+# error" warning get what torch gives (mxload.torch.DataLoader is a torch DataLoader subclass).
+NOT_APPLICABLE: dict[str, str] = {}
 
 _WRAPPER = textwrap.dedent('''
     """PyTorch's test/test_dataloader.py, with mxload.torch.DataLoader as its DataLoader."""
