@@ -511,7 +511,8 @@ class DataLoader(_Settings, Generic[_T_co]):
 
 class WorkerProcess:
     """One worker process as torch's DataLoader iterator lists it (``it._workers``: its
-    multiprocessing.Process objects): `pid`, ``is_alive()``, ``join(timeout)``, `exitcode`."""
+    multiprocessing.Process objects): `pid`, ``is_alive()``, ``join(timeout)``, `exitcode`,
+    ``terminate()``, ``kill()``."""
 
     def __init__(self, process: Any):
         self._process = process
@@ -531,6 +532,16 @@ class WorkerProcess:
             self._process.join(timeout)
         except ValueError:
             pass
+
+    def terminate(self) -> None:
+        """SIGTERM, if it still runs (the loader ends its workers itself: this is for code
+        written for torch's Process objects)."""
+        if self.is_alive():
+            self._process.terminate()
+
+    def kill(self) -> None:
+        if self.is_alive():
+            self._process.kill()
 
     @property
     def exitcode(self) -> int | None:

@@ -411,6 +411,7 @@ def test_iterator_workers_are_torchs_process_handles(method):
     for w in workers:
         w.join(10)
         assert not w.is_alive() and w.exitcode is not None
+        w.terminate()   # (torch's tests end theirs so: a no-op once ended)
     it = iter(loader)
     workers = it._workers
     next(it)
