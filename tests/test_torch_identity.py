@@ -436,7 +436,8 @@ def test_an_iter_datapipe_takes_shuffle_as_torch():
     from torch.utils.data.datapipes.iter import IterableWrapper
     pipe = IterableWrapper(range(40)).shuffle()
     torch.manual_seed(0)
-    assert sorted(i for b in DataLoader(pipe, batch_size=8, shuffle=True) for i in b.tolist()) == list(range(40))
+    shuffled = [i for b in DataLoader(pipe, batch_size=8, shuffle=True) for i in b.tolist()]
+    assert sorted(shuffled) == list(range(40))
     assert [b.tolist() for b in DataLoader(pipe, batch_size=8, shuffle=False)][0] == list(range(8))
     with pytest.raises(ValueError, match="expected unspecified shuffle"):
         DataLoader(Stream(), shuffle=True)
