@@ -106,10 +106,11 @@ _BATCH_DTYPES: dict[Any, tuple[np.dtype[Any], str | None]] = {}
 def collatable_tensor(x: Any) -> bool:
     """Whether `x` is a tensor torch.stack can write into a CPU batch: a
     strided tensor on the CPU (others keep the conversion to numpy, which
-    copies a device tensor to the host first)."""
+    copies a device tensor to the host first).  A nested tensor is strided
+    but has no one shape: never."""
     torch = torch_module()
     return (torch is not None and isinstance(x, torch.Tensor) and x.layout is torch.strided
-            and x.device.type == "cpu")
+            and not x.is_nested and x.device.type == "cpu")
 
 
 def batch_dtype(dtype: Any) -> tuple[np.dtype[Any], str | None]:

@@ -174,6 +174,28 @@ def test_mixed_dtypes_take_sample_0s_as_torchs_workers_do():
         mxload.batchify.default_batchify([torch.ones(2, dtype=torch.int64), torch.ones(2) / 3])
 
 
+def _clone_each(batch):
+    return [t.clone() for t in batch]
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage")
+@pytest.mark.parametrize("kw", MODES)
+def test_nested_tensors_pass_a_custom_collate_and_default_collation_refuses_them_as_torch(kw):
+    """A nested tensor (strided, but with no one shape) from a custom collate_fn arrives as itself;
+    the default collation refuses a batch of them with torch's error (before: "NestedTensorImpl
+    doesn't support sizes" from mxload's planning, either way)."""
+    samples = [torch.nested.nested_tensor([torch.arange(i + 1.0), torch.ones(2)]) for i in range(4)]
+    with mxload.torch.DataLoader(samples, batch_size=2, collate_fn=_clone_each, **kw) as loader:
+        got = [t for batch in loader for t in batch]
+    assert len(got) == 4 and all(g.is_nested for g in got)
+    for g, want in zip(got, samples):
+        assert all(torch.equal(a, b) for a, b in zip(g.unbind(), want.unbind()))
+    with mxload.torch.DataLoader(samples, batch_size=2, **kw) as loader, \
+            pytest.raises(RuntimeError, match=r"batch 0, field sample: Batches of nested tensors are "
+                                              r"not currently supported by the default collate_fn"):
+        next(iter(loader))
+
+
 @pytest.mark.parametrize("kw", MODES)
 def test_unbatched_tensors_copied_by_torch(kw):
     """batch_size=None: each sample's tensors are copied into the batch by

@@ -469,6 +469,10 @@ def stack_column(planner: Planner, samples: Sequence[Any], path: str) -> Node:
                                     f"collates at most {_core.MAX_DIMS} (the batch dimension included)")
             tensors = samples if type(samples) is list else list(samples)
             return planner.add_tensor(path, TensorField(path, tensors, True, planner.batch_index))
+        if first.is_nested:   # torch's words: the test suites of torch users match them
+            raise planner.error(RuntimeError, path, "Batches of nested tensors are not currently supported "
+                                "by the default collate_fn; please provide a custom collate_fn to handle "
+                                "them appropriately.")
         samples = [tensor_to_numpy(x) if is_tensor(x) else x for x in samples]   # on a device: to the host
         first = samples[0]
     if not isinstance(first, np.ndarray) and isinstance(first, SCALAR_TYPES):
