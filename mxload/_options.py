@@ -103,7 +103,7 @@ class LoaderOptions:
     auto_reload: bool
     try_nopython: bool | None
     backend: Backend | None                       # None: local processes (or threads)
-    # num_workers="auto" (_runtime/autotune.py): num_workers is then the most it may use.
+    # num_workers="auto" (_runtime/autotune/): num_workers is then the most it may use.
     autotune: bool = False
     auto_window: bool = False                     # prefetch="auto" (or not given with "auto" workers)
     torch_face: bool = False                      # mxload.torch's: arguments taken as torch takes them

@@ -1,4 +1,4 @@
-"""num_workers="auto" (mxload/_runtime/autotune.py): what it picks, that its batches equal a
+"""num_workers="auto" (mxload/_runtime/autotune/): what it picks, that its batches equal a
 fixed worker count's bit for bit, and that adding and retiring workers mid-epoch loses,
 repeats and reorders nothing."""
 from __future__ import annotations
@@ -15,6 +15,7 @@ from fresh_python import run
 
 import mxload
 from mxload._runtime import autotune
+from mxload._runtime.autotune import policy, producer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -55,7 +56,7 @@ def three_cores(monkeypatch):
 def workers_win(monkeypatch):
     """The model predicts the most workers fastest, and no epoch's measured rate overrules it:
     every epoch moves onto the engine."""
-    monkeypatch.setattr(autotune, "predict_ns", lambda k, *_: 1e6 / (k + 1))
+    monkeypatch.setattr(policy, "predict_ns", lambda k, *_: 1e6 / (k + 1))
     monkeypatch.setattr(autotune.AutoTuner, "engine_rate", lambda self, rate: None)
     monkeypatch.setattr(autotune.AutoTuner, "losing_to_inprocess", lambda self, rate: False)
 
@@ -64,11 +65,11 @@ def workers_win(monkeypatch):
 def restless(monkeypatch):
     """Every window tries another worker count and keeps it: workers are added and retired
     every few batches."""
-    monkeypatch.setattr(autotune, "WINDOW_BATCHES", 3)
-    monkeypatch.setattr(autotune, "WINDOW_MIN_S", 0.0)
-    monkeypatch.setattr(autotune, "TRY_EVERY", 1)
-    monkeypatch.setattr(autotune, "TRY_GAIN", -1.0)
-    monkeypatch.setattr(autotune, "TRY_UNDO_LOSS", 1.0)   # never undone in the switch's window
+    monkeypatch.setattr(producer, "WINDOW_BATCHES", 3)
+    monkeypatch.setattr(producer, "WINDOW_MIN_S", 0.0)
+    monkeypatch.setattr(policy, "TRY_EVERY", 1)
+    monkeypatch.setattr(policy, "TRY_GAIN", -1.0)
+    monkeypatch.setattr(policy, "TRY_UNDO_LOSS", 1.0)   # never undone in the switch's window
 
 
 @pytest.mark.parametrize("persistent", [False, True])
@@ -101,10 +102,10 @@ def test_workers_added_and_retired_mid_epoch_lose_repeat_and_reorder_nothing(thr
 @pytest.mark.parametrize("persistent", [False, True])
 def test_workers_that_lose_to_in_process_hand_back_mid_epoch_and_the_next_epoch_stays_in_process(
         three_cores, monkeypatch, persistent):
-    monkeypatch.setattr(autotune, "predict_ns", lambda k, *_: 1e6 / (k + 1))
+    monkeypatch.setattr(policy, "predict_ns", lambda k, *_: 1e6 / (k + 1))
     monkeypatch.setattr(autotune.AutoTuner, "losing_to_inprocess", lambda self, rate: True)
-    monkeypatch.setattr(autotune, "WINDOW_BATCHES", 3)
-    monkeypatch.setattr(autotune, "WINDOW_MIN_S", 0.0)
+    monkeypatch.setattr(producer, "WINDOW_BATCHES", 3)
+    monkeypatch.setattr(producer, "WINDOW_MIN_S", 0.0)
     kw = dict(batch_size=2, shuffle=True, seed=9)
     reference = [flat(r) for r in [mxload.DataLoader(Augmented(), **kw)] * 2]
     with mxload.DataLoader(Augmented(), **kw, num_workers="auto", persistent_workers=persistent) as loader:
@@ -129,7 +130,7 @@ def test_a_try_is_judged_on_the_window_after_its_switch(three_cores, workers_win
     taken = [c[1] for c in loader.autotune["changes"]]
     assert len(taken) >= 4, taken
     gaps = [b - a for a, b in zip(taken, taken[1:])]
-    assert min(gaps) >= (2 + autotune.VERDICT_WINDOWS) * autotune.WINDOW_BATCHES, gaps
+    assert min(gaps) >= (2 + policy.VERDICT_WINDOWS) * producer.WINDOW_BATCHES, gaps
 
 
 def test_in_order_false_with_auto_delivers_every_batch_once(three_cores, workers_win, restless):
@@ -184,7 +185,7 @@ def test_a_batch_cheap_to_gather_but_big_to_copy_stays_in_process(monkeypatch):
     """bench/autotune.py's tabular-getitems: 0.08 ms to gather 1 MB in-process, which a worker
     must also copy into shared memory: workers reached 0.4x of in-process there.  dict16 (0.85 ms
     for 1 MB) gains from 2 workers."""
-    monkeypatch.setattr(autotune.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(policy.os, "cpu_count", lambda: 2)
     tuner = autotune.AutoTuner(max_workers=2, cores=2, auto_window=True, fixed_window=4)
     mb = 1 << 20
     assert tuner.choose(0, [82_000] * 8, [7_000] * 7, [7_000] * 7, batch_bytes=mb) == 0
@@ -196,7 +197,7 @@ def test_a_close_call_is_measured_and_the_measurement_decides(monkeypatch):
     """images on 2 cores: 0.58 ms to load 9.6 MB in-process; the model's estimates of a worker's
     own costs put 2 workers within a few percent of in-process, which only a measurement can
     settle.  Workers that then lose are not taken again at once."""
-    monkeypatch.setattr(autotune.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(policy.os, "cpu_count", lambda: 2)
     tuner = autotune.AutoTuner(max_workers=2, cores=2, auto_window=True, fixed_window=4)
     images = ([576_000] * 8, [12_000] * 7, [12_000] * 7)
     assert tuner.choose(0, *images, batch_bytes=9_633_792) == 2
@@ -213,7 +214,7 @@ MB = 1 << 20
 
 def two_core_tuner(monkeypatch) -> autotune.AutoTuner:
     """A fresh tuner on a 2-core machine, up to 2 workers."""
-    monkeypatch.setattr(autotune.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(policy.os, "cpu_count", lambda: 2)
     return autotune.AutoTuner(max_workers=2, cores=2, auto_window=True, fixed_window=4)
 
 
@@ -235,7 +236,7 @@ def test_one_slow_probe_does_not_make_losing_workers_look_faster(monkeypatch):
 
 
 def test_heavy_samples_on_many_cores_get_workers_and_the_fewest_that_keep_up(monkeypatch):
-    monkeypatch.setattr(autotune.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(policy.os, "cpu_count", lambda: 8)
     tuner = autotune.AutoTuner(max_workers=8, cores=8, auto_window=True, fixed_window=16)
     # 4 ms to load a batch, a 1 ms step that sleeps (a GPU's): 4 workers keep up, more would idle.
     k = tuner.choose(0, [4_000_000] * 8, [1_000_000] * 7, [50_000] * 7)
@@ -256,8 +257,8 @@ def test_workers_slower_than_in_process_last_epoch_give_in_process_next_epoch():
 def test_an_epoch_too_short_for_a_window_still_measures_its_workers(monkeypatch, three_cores):
     """Fast batches in short epochs: no throughput window ends before the epoch does, and the
     epoch's engine rate is what tells the next epoch whether its workers paid."""
-    monkeypatch.setattr(autotune, "predict_ns", lambda k, *_: 1e6 / (k + 1))
-    monkeypatch.setattr(autotune, "WINDOW_MIN_S", 1e3)
+    monkeypatch.setattr(policy, "predict_ns", lambda k, *_: 1e6 / (k + 1))
+    monkeypatch.setattr(producer, "WINDOW_MIN_S", 1e3)
     loader = mxload.DataLoader(Augmented(200), batch_size=4, num_workers="auto", persistent_workers=True)
     try:
         assert len(flat(loader)) == 50
@@ -343,131 +344,23 @@ def test_after_workers_lose_the_tuner_waits_longer_each_time_before_trying_them_
         assert "in-process for this and 1 more epoch(s)" in tuner.choices[3].reason
 
 
-class SwitchesOnly:
-    """An engine that records the settings the climb puts in force."""
-
-    def __init__(self):
-        self.active: list[tuple[int, int]] = []
-        self.taken = 0   # of the epoch's 400 batches
-        self.supply = None   # the epoch's: its batches taken are drawn
-
-    def set_active(self, workers: int, window: int) -> None:
-        self.active.append((workers, window))
-
-    def progress(self) -> tuple[int, int]:
-        self.supply.handed = self.taken
-        return self.taken, self.taken
-
-
-def climbing(tuner: autotune.AutoTuner, settled=(2, 2)) -> autotune.AutoBatches:
-    """An epoch's AutoBatches past its switch to `settled` on SwitchesOnly, fed by window()."""
-    from mxload._checkpoint import EpochProgress
-    from mxload._runtime.epoch import EpochPlan
-    from mxload.sampler import EpochBatches
-    plan = EpochPlan.of(lambda start: EpochBatches(iter([np.arange(1)] * 400), 400, 400, "the sampler"),
-                        EpochProgress(0, None, None), 0)
-    auto = autotune.AutoBatches(tuner, 0, plan, lambda part: SimpleNamespace(ready=None), None, None, True)
-    auto.engine, auto._settled, auto._switched = SwitchesOnly(), settled, True
-    auto.engine.supply = plan.supply
-    tuner.settled = settled
-    return auto
-
-
-def window(auto: autotune.AutoBatches, rate: float) -> None:
-    """A window of 8 batches that ran at `rate` batches/s ends."""
-    auto._window_count = 8
-    auto._window_start = time.perf_counter_ns() - int(8e9 / rate)
-    auto._window_done()
-
-
 def two_cores(monkeypatch) -> autotune.AutoTuner:
     """A tuner on 2 cores that chose 2 workers for decode-bound batches (40 ms each: 25 a second
-    in-process, below any rate the tests feed)."""
-    monkeypatch.setattr(autotune.os, "cpu_count", lambda: 2)
+    in-process)."""
+    monkeypatch.setattr(policy.os, "cpu_count", lambda: 2)
     tuner = autotune.AutoTuner(max_workers=2, cores=2, auto_window=True, fixed_window=4)
     assert tuner.choose(0, [40_000_000] * 8, [0] * 7, [0] * 7) == 2
     return tuner
 
 
-def test_the_climb_tries_first_what_the_model_ranks_closest(monkeypatch):
-    """On 2 cores, with 2 workers settled, a worker fewer (predicted twice as slow) is tried
-    last, after the windows the model cannot rank."""
-    tuner = two_cores(monkeypatch)
-    auto = climbing(tuner)
-    assert auto._neighbours() == [(2, 4), (2, 1), (1, 2)]
-    tuner.choices[-1].predicted_ms[1] = 1.0   # a worker fewer predicted the fastest
-    assert auto._neighbours()[0] == (1, 2)
-
-
-def test_a_try_toward_less_that_loses_even_in_its_switch_window_is_undone_at_once(monkeypatch):
-    """jpeg on 2 cores: a try of 1 worker in place of 2 ran at 0.6x even in the window that
-    flatters it; waiting for its verdict window cost another window at half speed."""
-    tuner = two_cores(monkeypatch)
-    tuner.schedule.turn = 1   # the second neighbour: half the window
-    auto = climbing(tuner)
-    for rate in [50, 100, 100, 100, 100]:   # the pipeline's fill, then 4 settled windows
-        window(auto, rate)
-    assert auto.engine.active == [(2, 2)]
-    window(auto, 60)
-    assert auto.engine.active == [(2, 2), (2, 4)] and auto._trying is None
-    assert tuner.schedule.every == 2 * autotune.TRY_EVERY and not tuner.changes
-
-
-@pytest.mark.parametrize("turn, tried, switch_rate", [(1, (2, 1), 95), (0, (2, 4), 60)])
-def test_a_try_gets_its_verdict_after_the_switch_window_unless_it_lost_toward_less(
-        monkeypatch, turn, tried, switch_rate):
-    """A try toward less within TRY_UNDO_LOSS in its switch window, and any try toward more
-    (its switch window penalises it), waits for the next window's verdict."""
-    tuner = two_cores(monkeypatch)
-    tuner.schedule.turn = turn
-    auto = climbing(tuner)
-    for rate in [50, 100, 100, 100, 100]:
-        window(auto, rate)
-    window(auto, switch_rate)
-    assert auto._trying == tried and auto.engine.active == [(2, tuner.window(*tried))]
-    window(auto, 120)   # the verdict, over VERDICT_WINDOWS: faster by more than TRY_GAIN, kept
-    assert auto._trying == tried
-    window(auto, 100)
-    assert auto._trying is None and auto._settled == tuner.settled == tried
-    assert len(tuner.changes) == 1 and tuner.schedule.every == autotune.TRY_EVERY
-
-
-def test_the_wait_between_tries_that_did_not_pay_carries_over_to_the_next_epoch(monkeypatch):
-    """The try schedule is the tuner's: a settled setting whose tries lost is not tried again
-    at every epoch's start."""
-    tuner = two_cores(monkeypatch)
-    auto = climbing(tuner)
-    for rate in [50, 100, 100, 100, 100, 90, 90, 90]:   # ... a try of a larger window that lost
-        window(auto, rate)
-    assert auto.engine.active == [(2, 8), (2, 4)] and tuner.schedule.every == 8
-    for settled_windows in (4, 3):   # two short epochs: no try is due in either
-        auto = climbing(tuner)
-        for rate in [50] + [100] * settled_windows:
-            window(auto, rate)
-        assert auto.engine.active == [], settled_windows
-    window(auto, 100)   # the 8th settled window since the try: the next neighbour, in turn
-    assert auto.engine.active == [(2, 2)]
-    # A fresh probe starts the climb over.
-    tuner.choose(3, [4_000_000] * 8, [0] * 7, [0] * 7)
-    assert tuner.schedule.every == autotune.TRY_EVERY and tuner.schedule.since == 0
-
-
-@pytest.mark.parametrize("verdicts, kept", [([118, 88], False), ([112, 100], True), ([70], False)])
-def test_a_try_is_judged_on_its_verdict_windows_together(monkeypatch, verdicts, kept):
-    """One window of 8 batches varies by 15% on a busy machine (jpeg kept a window 0.93x as fast
-    on one lucky one): the verdict is the mean of VERDICT_WINDOWS, against the settled setting's
-    last windows; a window TRY_UNDO_LOSS slower ends the try at once."""
-    tuner = two_cores(monkeypatch)
-    auto = climbing(tuner)
-    for rate in [50, 96, 104, 100, 100]:   # the settled setting: 100 a second
-        window(auto, rate)
-    assert auto._trying == (2, 4)
-    window(auto, 60)   # its switch: a larger window's pipeline fills, no verdict
-    for rate in verdicts:
-        window(auto, rate)
-    assert auto._trying is None
-    assert (tuner.settled == (2, 4)) is kept and len(tuner.changes) == int(kept)
-    assert auto.engine.active == [(2, 8)] + ([] if kept else [(2, 4)])
+def auto_batches(tuner: autotune.AutoTuner) -> autotune.AutoBatches:
+    """An epoch's AutoBatches of 400 batches, over a producer that is never called."""
+    from mxload._checkpoint import EpochProgress
+    from mxload._runtime.epoch import EpochPlan
+    from mxload.sampler import EpochBatches
+    plan = EpochPlan.of(lambda start: EpochBatches(iter([np.arange(1)] * 400), 400, 400, "the sampler"),
+                        EpochProgress(0, None, None), 0)
+    return autotune.AutoBatches(tuner, 0, plan, lambda part: SimpleNamespace(ready=None), None, None, True)
 
 
 def test_a_probe_too_short_for_proc_stat_takes_the_last_load_it_could_measure(monkeypatch):
@@ -475,14 +368,14 @@ def test_a_probe_too_short_for_proc_stat_takes_the_last_load_it_could_measure(mo
     /proc/stat's 10 ms tick: one tick read as 4 cores busy and cut the workers the model could
     use."""
     tuner = two_cores(monkeypatch)
-    auto = climbing(tuner)
+    auto = auto_batches(tuner)
     tuner.others_busy = 0.5
     auto._probe_start = (time.perf_counter_ns(), 0.0, 0.0)   # nonsense counters: not read
     assert auto._others_busy() == 0.5
     from mxload._cpus import machine_busy_s, own_cpu_s
     if machine_busy_s() is None:
         pytest.skip("no /proc/stat")
-    auto._probe_start = (time.perf_counter_ns() - int(autotune.PROBE_MIN_S * 2e9), machine_busy_s(),
+    auto._probe_start = (time.perf_counter_ns() - int(producer.PROBE_MIN_S * 2e9), machine_busy_s(),
                          own_cpu_s())
     measured = auto._others_busy()
     assert measured == tuner.others_busy and 0.0 <= measured <= 64
@@ -507,8 +400,8 @@ def test_epochs_that_stay_in_process_measure_their_whole_run(monkeypatch):
     """The probe's first batches flatter in-process (images: 1350-1700 batches/s where whole
     in-process runs made 1243): an epoch that stays in-process after its probe adds what its
     run reached to the rates workers are compared with."""
-    monkeypatch.setattr(autotune, "predict_ns", lambda k, *_: 1e6 * (k + 1))   # in-process wins
-    monkeypatch.setattr(autotune, "REPROBE_S", 0.0)   # every epoch probes
+    monkeypatch.setattr(policy, "predict_ns", lambda k, *_: 1e6 * (k + 1))   # in-process wins
+    monkeypatch.setattr(policy, "REPROBE_S", 0.0)   # every epoch probes
     loader = mxload.DataLoader(Augmented(), batch_size=4, num_workers="auto")
     tuner = loader._iterations.tuner
     for _ in range(2):
@@ -540,7 +433,7 @@ def test_workers_chosen_on_a_runs_first_probe_alone_are_not_resumed_without_anot
     assert tuner.choose(0, *cold, batch_bytes=MB) == 2
     tuner.settled = (2, 2)       # as the engine's start sets it
     tuner.engine_rate(9_000.0)   # the workers' epoch: far above the cold probe's ~1600
-    for _ in range(autotune.RESUMES_ON_ONE_RATE):
+    for _ in range(policy.RESUMES_ON_ONE_RATE):
         assert tuner.resume_workers() == 2
         tuner.engine_rate(9_000.0)
     assert tuner.resume_workers() == 0, "resumed on one probe's word for good"
@@ -563,35 +456,15 @@ def test_one_slow_epoch_on_workers_does_not_send_them_back(monkeypatch):
         assert tuner.resume_workers() == workers, rate
 
 
-def test_no_try_starts_where_the_epoch_would_cut_it_short_and_a_cut_one_counts_as_lost(monkeypatch):
-    """A try needs its switch and VERDICT_WINDOWS more: near the epoch's end none starts (jpeg's
-    64-batch epochs ended in a try's switch window, and the unjudged try came back every epoch);
-    one an epoch's end cuts all the same is undone and waits twice as long."""
-    tuner = two_cores(monkeypatch)
-    auto = climbing(tuner)
-    auto.engine.taken = 400 - (autotune.VERDICT_WINDOWS + 1) * autotune.WINDOW_BATCHES + 1
-    for rate in [50, 100, 100, 100, 100, 100]:
-        window(auto, rate)
-    assert auto.engine.active == []   # due, but no room for it
-    auto.engine.taken = 0
-    window(auto, 100)
-    assert auto.engine.active == [(2, 8)]
-    auto._current = SimpleNamespace(persistent=True, end=lambda release: None)
-    auto._ended = []
-    auto.end(False)
-    assert auto._trying is None and tuner.schedule.every == 2 * autotune.TRY_EVERY
-    assert auto._neighbours() and climbing(tuner, settled=(0, 2))._neighbours() == []
-
-
 def test_epochs_after_a_clear_in_process_win_skip_their_probe_until_one_is_due(monkeypatch):
     """tabular-getitems (0.09 ms batches, 97 an epoch): a probe and its choice in every epoch
     cost 4-7% of in-process's throughput.  Where the last probe found workers clearly slower,
     epochs skip theirs for REPROBE_S, still measuring their whole in-process run."""
-    monkeypatch.setattr(autotune, "predict_ns", lambda k, *_: 1e6 * (k + 1))   # workers 2x slower
-    monkeypatch.setattr(autotune, "REPROBE_S", 3600.0)
+    monkeypatch.setattr(policy, "predict_ns", lambda k, *_: 1e6 * (k + 1))   # workers 2x slower
+    monkeypatch.setattr(policy, "REPROBE_S", 3600.0)
     # However slow an epoch runs on a busy machine (the whole suite on 2 cores), not "slowed":
     # that rule, tested below, would make the next epoch probe.
-    monkeypatch.setattr(autotune, "SLOWED_PROBE", 1.0)
+    monkeypatch.setattr(policy, "SLOWED_PROBE", 1.0)
     loader = mxload.DataLoader(Augmented(), batch_size=4, num_workers="auto")
     tuner = loader._iterations.tuner
     for _ in range(4):
@@ -609,7 +482,7 @@ def test_epochs_after_a_clear_in_process_win_skip_their_probe_until_one_is_due(m
 def test_a_close_call_or_a_backoff_never_skips_the_next_probe(monkeypatch):
     """Only a clear win of in-process skips probes: a close call, or in-process forced by
     workers that lost, leaves every next epoch its probe."""
-    monkeypatch.setattr(autotune, "REPROBE_S", 3600.0)
+    monkeypatch.setattr(policy, "REPROBE_S", 3600.0)
     tuner = two_core_tuner(monkeypatch)   # workers predicted 2x slower:
     assert tuner.choose(0, *GETITEMS_PROBE, batch_bytes=MB) == 0 and tuner.probe_skipped()
     tuner = two_core_tuner(monkeypatch)
@@ -622,8 +495,8 @@ def test_a_close_call_or_a_backoff_never_skips_the_next_probe(monkeypatch):
 def test_an_unprobed_epoch_much_slower_than_in_process_was_makes_the_next_one_probe(monkeypatch):
     """The samples got dearer (or the machine busier) while probes were skipped: an epoch whose
     whole run falls SLOWED_PROBE below the kept in-process rate makes the next epoch probe."""
-    monkeypatch.setattr(autotune, "predict_ns", lambda k, *_: 1e6 * (k + 1))
-    monkeypatch.setattr(autotune, "REPROBE_S", 3600.0)
+    monkeypatch.setattr(policy, "predict_ns", lambda k, *_: 1e6 * (k + 1))
+    monkeypatch.setattr(policy, "REPROBE_S", 3600.0)
     loader = mxload.DataLoader(Augmented(), batch_size=4, num_workers="auto")
     tuner = loader._iterations.tuner
     flat(loader)
@@ -643,14 +516,14 @@ def test_workers_started_by_the_epoch_count_against_it_only_if_they_end_with_it(
     start, first faults) below in-process, and the next epoch went back in-process for nothing.
     Workers that end with the epoch pay their start every epoch: that rate is the truth.  The
     same whether windows ended in the epoch or only its whole rate was measured."""
-    monkeypatch.setattr(autotune, "predict_ns", lambda k, *_: 1e6 / (k + 1))
+    monkeypatch.setattr(policy, "predict_ns", lambda k, *_: 1e6 / (k + 1))
     monkeypatch.setattr(autotune.AutoTuner, "losing_to_inprocess", lambda self, rate: False)
     if windows:
-        monkeypatch.setattr(autotune, "WINDOW_BATCHES", 3)
-        monkeypatch.setattr(autotune, "WINDOW_MIN_S", 0.0)
-        monkeypatch.setattr(autotune, "TRY_EVERY", 10**6)   # no try: settled windows only
+        monkeypatch.setattr(producer, "WINDOW_BATCHES", 3)
+        monkeypatch.setattr(producer, "WINDOW_MIN_S", 0.0)
+        monkeypatch.setattr(policy, "TRY_EVERY", 10**6)   # no try: settled windows only
     else:
-        monkeypatch.setattr(autotune, "WINDOW_MIN_S", 1e3)   # no window ends: the epoch's whole rate
+        monkeypatch.setattr(producer, "WINDOW_MIN_S", 1e3)   # no window ends: the epoch's whole rate
     loader = mxload.DataLoader(Augmented(200), batch_size=4, num_workers="auto",
                                persistent_workers=persistent)
     try:
@@ -702,12 +575,12 @@ def test_a_superseded_epoch_starts_no_workers_and_takes_over_none(three_cores, w
     with mxload.DataLoader(mxload.ArrayDataset(np.arange(1000)), batch_sampler=EpochBatches(64, spacing=200),
                            num_workers="auto", persistent_workers=True, timeout=10) as loader:
         first = iter(loader)
-        producer = first._producer   # what first's next() calls once past its check
-        while not producer._switch_to:
+        auto = first._producer   # what first's next() calls once past its check
+        while not auto._switch_to:
             next(first)   # the probe, in-process
         second = iter(loader)
-        assert producer.next_batch() is CLOSED_BY_OTHER
-        assert producer.engine is None and loader._iterations.engine is None
+        assert auto.next_batch() is CLOSED_BY_OTHER
+        assert auto.engine is None and loader._iterations.engine is None
         assert [b.tolist() for b in second] == _epoch(1, 64)
 
 
@@ -814,7 +687,7 @@ def test_a_signal_handlers_exception_in_the_probe_keeps_its_batch_as_in_process_
 
 def test_reasons_count_one_worker_in_the_singular(monkeypatch):
     """loader.autotune's reasons said "1 workers predicted ..."."""
-    monkeypatch.setattr(autotune.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(policy.os, "cpu_count", lambda: 2)
     stays = autotune.AutoTuner(max_workers=1, cores=1, auto_window=True, fixed_window=2)
     assert stays.choose(0, [200_000] * 8, [1_000_000] * 7, [1_000_000] * 7) == 0
     goes = autotune.AutoTuner(max_workers=1, cores=2, auto_window=True, fixed_window=2)

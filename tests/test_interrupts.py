@@ -777,10 +777,11 @@ def test_a_signal_handler_raising_while_auto_adds_and_retires_workers_loses_noth
     out, err, rc = run_child(RAISING_TIMER + textwrap.dedent(f"""
         random.seed({seed})
         from mxload._runtime import autotune
-        autotune.predict_ns = lambda k, *_: 1e6 / (k + 1)
+        from mxload._runtime.autotune import policy, producer
+        policy.predict_ns = lambda k, *_: 1e6 / (k + 1)
         autotune.AutoTuner.losing_to_inprocess = lambda self, rate: False
-        autotune.WINDOW_BATCHES, autotune.WINDOW_MIN_S = 4, 0.0
-        autotune.TRY_EVERY, autotune.TRY_GAIN, autotune.TRY_UNDO_LOSS = 1, -1.0, 1.0
+        producer.WINDOW_BATCHES, producer.WINDOW_MIN_S = 4, 0.0
+        policy.TRY_EVERY, policy.TRY_GAIN, policy.TRY_UNDO_LOSS = 1, -1.0, 1.0
         helpers = set(children())
         loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(1000)), batch_size=1, num_workers="auto",
                                    start_method="fork")

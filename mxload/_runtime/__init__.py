@@ -9,6 +9,9 @@ layout) define a format that crosses processes.
     engine.py      Engine: epochs, failure record, restart policy; its prefetch window,
                    dispatch (round-robin by batch index) and consumption from the
                    ReorderBuffer run per batch, compiled (csrc/window.pxi: EngineWindow)
+    autotune/      num_workers="auto": model.py (the time per batch with k workers),
+                   policy.py (AutoTuner: the choice at an epoch's start; Climb: the verdicts
+                   on the engine's windows), producer.py (AutoBatches: measures, applies)
     transport.py   the seam: Transport (how tasks reach workers, results come back,
                    shutdown phases) and ResultSink (the engine, as a transport sees it)
     shutdown.py    the numbered shutdown sequence and its one deadline

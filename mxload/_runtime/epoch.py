@@ -433,7 +433,7 @@ def start_epoch(options: LoaderOptions, epoch: int, batches: Callable[[int], Epo
     `progress` says which were taken (a resumed epoch) and records those
     taken from now on; `length` is the loader's len() (a stream's epoch);
     `restarts`: the loader's max_worker_restarts spent so far (see Engine);
-    `tuner`: num_workers="auto" (autotune.py)."""
+    `tuner`: num_workers="auto" (autotune/)."""
     t0 = time.monotonic_ns()
     plan = EpochPlan.of(batches, progress, epoch)
     t1 = time.monotonic_ns()
