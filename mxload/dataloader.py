@@ -17,7 +17,7 @@ from ._cpus import warn_if_oversubscribed
 from ._iterations import Iterations
 from ._options import LoaderOptions
 from ._runtime.engine import merge_counters
-from ._runtime.epoch import start_epoch
+from ._runtime.epoch import EpochRequest, start_epoch
 from ._seeding import RunSeed
 from ._torch_compat import pin_batch, pinning_for_loader, to_tensors
 from .sampler import (
@@ -383,10 +383,11 @@ class DataLoader(_Settings, Generic[_T_co]):
             self._pin_checked = True
             self._pin_device = pinning_for_loader(self.pin_memory_device, stacklevel=3)
         progress = self._position.epoch_starting(self)
-        it = start_epoch(self._options, self.epoch, None if self.iterable else self._epoch_batches,
-                         progress, self.profiler, runs.engine, self.persistent_workers, self.__len__,
-                         functools.partial(runs.use_engine, persistent=self.persistent_workers),
-                         runs.restarts, runs.tuner)
+        it = start_epoch(EpochRequest(
+            options=self._options, epoch=self.epoch, batches=None if self.iterable else self._epoch_batches,
+            progress=progress, profiler=self.profiler, engine=runs.engine, persistent=self.persistent_workers,
+            length=self.__len__, restarts=runs.restarts, tuner=runs.tuner,
+            on_engine=functools.partial(runs.use_engine, persistent=self.persistent_workers)))
         self.epoch += 1
         runs.started(it)
         if self._pin_device is not None or self.auto_reload or self.iterable or self._as_tensors:

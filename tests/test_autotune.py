@@ -360,7 +360,8 @@ def auto_batches(tuner: autotune.AutoTuner) -> autotune.AutoBatches:
     from mxload.sampler import EpochBatches
     plan = EpochPlan.of(lambda start: EpochBatches(iter([np.arange(1)] * 400), 400, 400, "the sampler"),
                         EpochProgress(0, None, None), 0)
-    return autotune.AutoBatches(tuner, 0, plan, lambda part: SimpleNamespace(ready=None), None, None, True)
+    starts = SimpleNamespace(inprocess=lambda part: SimpleNamespace(ready=None), engine=None)
+    return autotune.AutoBatches(tuner, 0, plan, starts, None, True)
 
 
 def test_a_probe_too_short_for_proc_stat_takes_the_last_load_it_could_measure(monkeypatch):

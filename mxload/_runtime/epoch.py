@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ..profiler import Profiler
     from ..sampler import EpochBatches
 
-__all__ = ["EpochIterator", "EpochPlan", "start_epoch"]
+__all__ = ["EpochIterator", "EpochPlan", "EpochRequest", "start_epoch"]
 
 
 # EpochIterator: a producer's ended_by() for the sampler's own error, which ends the epoch
@@ -419,60 +419,81 @@ class EpochIterator:
     __del__ = sigint_safe_finalizer(_finalize)
 
 
-def start_epoch(options: LoaderOptions, epoch: int, batches: Callable[[int], EpochBatches] | None,
-                progress: EpochProgress, profiler: Profiler | None, engine: Engine | None,
-                persistent: bool, length: Callable[[], int],
-                on_engine: Callable[[Engine], None], restarts: dict[str, int],
-                tuner: AutoTuner | None = None) -> EpochIterator:
-    """Start epoch `epoch`: in the calling thread (num_workers=0), or on
-    `engine` (persistent workers) if it is still usable, else on a new one,
-    which `on_engine` receives before anything can interrupt (a persistent
-    engine's owner must learn of it, whatever happens next).  `batches`
-    begins to draw the epoch's batches of indices from a given batch on
-    (sampler.epoch_batches; None: an IterableDataset);
-    `progress` says which were taken (a resumed epoch) and records those
-    taken from now on; `length` is the loader's len() (a stream's epoch);
-    `restarts`: the loader's max_worker_restarts spent so far (see Engine);
-    `tuner`: num_workers="auto" (autotune/)."""
+@dataclass(frozen=True)
+class EpochRequest:
+    """What the loader asks for at an epoch's start (start_epoch).
+
+    Args:
+        options: the loader's options.
+        epoch: the epoch's number.
+        batches: begins to draw the epoch's batches of indices from a given batch on
+            (sampler.epoch_batches; None: an IterableDataset).
+        progress: which batches were taken (a resumed epoch); records those taken from now on.
+        profiler: the loader's, if any.
+        engine: the loader's persistent engine, if it has one running.
+        persistent: persistent_workers.
+        length: the loader's len() (a stream's epoch).
+        on_engine: receives a new engine before anything can interrupt (a persistent
+            engine's owner must learn of it, whatever happens next).
+        restarts: the loader's max_worker_restarts spent so far (see Engine).
+        tuner: num_workers="auto" (autotune/).
+    """
+    options: LoaderOptions
+    epoch: int
+    batches: Callable[[int], EpochBatches] | None
+    progress: EpochProgress
+    profiler: Profiler | None
+    engine: Engine | None
+    persistent: bool
+    length: Callable[[], int]
+    on_engine: Callable[[Engine], None]
+    restarts: dict[str, int]
+    tuner: AutoTuner | None = None
+
+
+def start_epoch(request: EpochRequest) -> EpochIterator:
+    """Start the epoch `request` asks for: in the calling thread (num_workers=0), on the loader's
+    persistent engine if it is still usable, else on a new one, or (num_workers="auto") in the
+    calling thread first, AutoBatches moving it onto an engine when it picks workers."""
     t0 = time.monotonic_ns()
-    plan = EpochPlan.of(batches, progress, epoch)
+    plan = EpochPlan.of(request.batches, request.progress, request.epoch)
     t1 = time.monotonic_ns()
+    profiler, tuner = request.profiler, request.tuner
     if tuner is not None and plan.supply is not None:
-        auto = _auto_batches(tuner, options, epoch, plan, profiler, engine, persistent, on_engine, restarts)
+        if profiler is not None:
+            profiler.autotune = tuner.report
+        auto = AutoBatches(tuner, request.epoch, plan, _AutoStarts(request), profiler, request.persistent)
         if profiler is not None:
             profiler.epoch_started(time.monotonic_ns() - t0, 0)
-        return EpochIterator(auto, progress, length)
-    if options.num_workers == 0 or tuner is not None:
-        it = EpochIterator(InProcessBatches(options, epoch, plan, profiler), progress, length)
+        return EpochIterator(auto, request.progress, request.length)
+    if request.options.num_workers == 0 or tuner is not None:
+        it = EpochIterator(InProcessBatches(request.options, request.epoch, plan, profiler), request.progress,
+                           request.length)
         if profiler is not None:
             profiler.epoch_started(time.monotonic_ns() - t0, 0)
         return it
-    return _start_on_engine(options, epoch, plan, progress, profiler, engine, persistent, length, on_engine,
-                            restarts, t1 - t0)
+    return _start_on_engine(request, plan, t1 - t0)
 
 
-def _start_on_engine(options: LoaderOptions, epoch: int, plan: EpochPlan, progress: EpochProgress,
-                     profiler: Profiler | None, engine: Engine | None, persistent: bool,
-                     length: Callable[[], int], on_engine: Callable[[Engine], None],
-                     restarts: dict[str, int], sampling_ns: int) -> EpochIterator:
+def _start_on_engine(request: EpochRequest, plan: EpochPlan, sampling_ns: int) -> EpochIterator:
     """All or nothing: a Ctrl-C meanwhile is raised once the iterator
     exists, whose finalizer then ends a non-persistent engine."""
     made: list[EpochIterator] = []
-    _engine_batches(options, epoch, plan, profiler, engine, persistent, on_engine, restarts, sampling_ns,
-                    None, lambda producer: made.append(EpochIterator(producer, progress, length)))
+    _engine_batches(request, plan, request.engine, request.persistent, sampling_ns, None,
+                    lambda producer: made.append(EpochIterator(producer, request.progress, request.length)))
     return made[0]
 
 
 @defer_sigint
-def _engine_batches(options: LoaderOptions, epoch: int, plan: EpochPlan, profiler: Profiler | None,
-                    engine: Engine | None, persistent: bool, on_engine: Callable[[Engine], None],
-                    restarts: dict[str, int], sampling_ns: int, active: tuple[int, int] | None,
+def _engine_batches(request: EpochRequest, plan: EpochPlan, engine: Engine | None, persistent: bool,
+                    sampling_ns: int, active: tuple[int, int] | None,
                     adopt: Callable[[_EngineBatches], None]) -> None:
     """Start `plan` on `engine` (persistent workers), or on a new engine,
     and hand its producer to `adopt` before a Ctrl-C deferred meanwhile is
     raised; `active`: (workers taking tasks, window) for num_workers="auto"."""
     t1 = time.monotonic_ns()
     producer: _EngineBatches | None = None
+    epoch, profiler = request.epoch, request.profiler
     created = engine is None or not engine.usable or engine.began(epoch)
     if engine is None or created:   # (both, for the type checker)
         if engine is not None:
@@ -480,9 +501,9 @@ def _engine_batches(options: LoaderOptions, epoch: int, plan: EpochPlan, profile
             # epoch already (its start was interrupted; the loader's epoch
             # did not advance): its tasks' answers may still come.
             engine.shutdown()
-        engine = Engine(options, epoch, restarts)
+        engine = Engine(request.options, epoch, request.restarts)
     try:
-        on_engine(engine)
+        request.on_engine(engine)
         if active is not None:
             engine.set_active(*active)
         generation = engine.begin_epoch(epoch, plan, profiler)
@@ -498,27 +519,30 @@ def _engine_batches(options: LoaderOptions, epoch: int, plan: EpochPlan, profile
         raise
 
 
-def _auto_batches(tuner: AutoTuner, options: LoaderOptions, epoch: int, plan: EpochPlan,
-                  profiler: Profiler | None, engine: Engine | None, persistent: bool,
-                  on_engine: Callable[[Engine], None], restarts: dict[str, int]) -> AutoBatches:
-    """num_workers="auto": the epoch starts in-process; AutoBatches moves the
-    rest onto an engine (this loader's persistent one if usable) when it picks workers."""
-    def start_engine(rest: EpochPlan, workers: int, adopt: Callable[[_EngineBatches], None]) -> bool:
-        nonlocal engine
-        # Whole under the epoch's end lock: an epoch ended meanwhile (superseded by another
-        # thread's iter(), which may already run its own epoch on the loader's persistent
-        # workers) starts no engine and takes over none.
+class _AutoStarts:
+    """What an epoch's AutoBatches starts (autotune.producer.EpochStarts): its in-process
+    producers, and the engine when it picks workers (this loader's persistent one if usable)."""
+
+    def __init__(self, request: EpochRequest):
+        self.request = request
+
+    def inprocess(self, part: EpochPlan) -> InProcessBatches:
+        request = self.request
+        return InProcessBatches(request.options, request.epoch, part, request.profiler)
+
+    def engine(self, auto: AutoBatches, rest: EpochPlan, workers: int,
+               adopt: Callable[[_EngineBatches], None]) -> bool:
+        """Start `rest` on the engine with `workers` taking tasks; False if `auto` was ended
+        meanwhile.  Whole under the epoch's end lock: an epoch ended meanwhile (superseded by
+        another thread's iter(), which may already run its own epoch on the loader's persistent
+        workers) starts no engine and takes over none."""
+        request = self.request
+        assert request.tuner is not None
         with auto.end_lock:
             if auto.closed:
                 return False
-            if persistent and auto.persistent is False:
-                engine = None   # the loader is gone: the workers end with this epoch
-            _engine_batches(options, epoch, rest, profiler, engine, auto.persistent, on_engine, restarts, 0,
-                            (workers, tuner.window(workers)), adopt)
+            # The loader is gone (auto.persistent turned False): the workers end with this epoch.
+            engine = None if request.persistent and auto.persistent is False else request.engine
+            _engine_batches(request, rest, engine, auto.persistent, 0,
+                            (workers, request.tuner.window(workers)), adopt)
             return True
-    if profiler is not None:
-        profiler.autotune = tuner.report
-    def make_inprocess(part: EpochPlan) -> InProcessBatches:
-        return InProcessBatches(options, epoch, part, profiler)
-    auto = AutoBatches(tuner, epoch, plan, make_inprocess, start_engine, profiler, persistent)
-    return auto

@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..._cpus import machine_busy_s, own_cpu_s
 from ..results import CLOSED_BY_OTHER, Marker
@@ -29,6 +29,17 @@ WINDOW_BATCHES = 8           # a throughput measurement spans at least this many
 WINDOW_MIN_S = 0.03          # ... and this long (an epoch of fast batches must still reach a verdict)
 
 
+class EpochStarts(Protocol):
+    """What an epoch's AutoBatches starts (epoch.py provides it)."""
+
+    def inprocess(self, part: EpochPlan) -> InProcessBatches:
+        """A producer of `part`'s batches in the calling thread."""
+
+    def engine(self, auto: AutoBatches, rest: EpochPlan, workers: int, adopt: Callable[[Any], None]) -> bool:
+        """Start `rest` on an engine with `workers` taking tasks, handing its producer to `adopt`
+        before a Ctrl-C deferred meanwhile is raised; False if `auto` was ended meanwhile."""
+
+
 class AutoBatches:
     """An epoch's producer with ``num_workers="auto"``: the probe in-process,
     then in-process or the engine, the adjustments, and the way back to
@@ -38,9 +49,7 @@ class AutoBatches:
     epoch's ready slot is empty: a batch an exception kept there is never
     looked for in a producer that did not make it."""
 
-    def __init__(self, tuner: AutoTuner, epoch: int, plan: EpochPlan,
-                 make_inprocess: Callable[[EpochPlan], InProcessBatches],
-                 start_engine: Callable[[EpochPlan, int, Callable[[Any], None]], bool],
+    def __init__(self, tuner: AutoTuner, epoch: int, plan: EpochPlan, starts: EpochStarts,
                  profiler: Profiler | None, persistent: bool):
         assert plan.supply is not None
         self.profiler = profiler
@@ -48,14 +57,13 @@ class AutoBatches:
         self._epoch = epoch
         self._plan = plan
         self._supply = plan.supply   # every producer of the epoch draws from it in turn
-        self._make_inprocess = make_inprocess
-        self._inprocess = make_inprocess(plan)
+        self._starts = starts
+        self._inprocess = starts.inprocess(plan)
         self._ended: list[Any] = []    # producers used up before the current one
         self._current: Any = self._inprocess
         self._slot: Any = self._inprocess
-        self._start_engine = start_engine
         self.engine: Engine | None = None
-        # Set by end(), under end_lock, which start_engine holds while it starts an engine: an
+        # Set by end(), under end_lock, which EpochStarts.engine holds while it starts an engine: an
         # epoch ended from another thread (a newer iter() superseding it) starts no engine after,
         # nor adjusts one that now serves the next epoch.
         self.end_lock = threading.RLock()
@@ -189,13 +197,13 @@ class AutoBatches:
         rest = self._plan   # its supply goes on from the first batch in-process did not hand out
         self._ended.append(self._inprocess)
         # The climb's state first: a Ctrl-C deferred while the engine starts is raised out of
-        # _start_engine, after the engine was adopted, and the epoch may go on.
+        # EpochStarts.engine, after the engine was adopted, and the epoch may go on.
         settled = self._tuner.settled = (workers, self._tuner.per_worker)
         self.climb = Climb(self._tuner, self._epoch, settled)
         self._window_count = 0
         self._window_start = time.perf_counter_ns()
         self._engine_from = (self._window_start, self._taken)
-        if not self._start_engine(rest, workers, self._adopt):
+        if not self._starts.engine(self, rest, workers, self._adopt):
             return False
         # The windows start once the engine has (the workers' start is not their throughput).
         self._window_start = time.perf_counter_ns()
@@ -225,7 +233,7 @@ class AutoBatches:
         engine_producer = self._current
         engine_producer.persistent = self.persistent
         self._ended.append(engine_producer)
-        self._inprocess = self._make_inprocess(rest)
+        self._inprocess = self._starts.inprocess(rest)
         self._current = self._slot = self._inprocess
         engine_producer.end(False)   # ends a non-persistent engine's workers now
 
