@@ -109,7 +109,7 @@ cdef class _HandingNext:
     call made from Python bytecode, so in Python the batch `_next` returned
     could be lost between its return and the training loop.  No bytecode
     runs here: either the loop gets the batch, or the slot keeps it for the
-    next call."""
+    next call (NOTE [ Signal-safe hand-over ])."""
     cdef readonly object __wrapped__
 
     def __init__(self, fn):

@@ -18,7 +18,8 @@
 # store (stale epoch, closed buffer), a worker's end, a wake-up or a timeout.
 # A frame reported stays first in its channel until take_frame() removes it.
 #
-# Lock discipline.  The channels (buffers, descriptors, attachments) are
+# Lock discipline (NOTE [ Native mutexes touch no Python ], reorder.pxi).  The
+# channels (buffers, descriptors, attachments) are
 # guarded by a native mutex, _mu, which is only ever held by C code that
 # touches no Python object (no allocation, no callback) and never blocks:
 # recvmsg is non-blocking, and poll() runs outside it on a snapshot of the
@@ -394,7 +395,7 @@ cdef class FrameReceiver:
             found = rb._pop_smallest() if any_index else rb._pop(idx)
             if found is not _MISSING:
                 if rb.keep_handover:
-                    rb.handover = found if any_index else (idx, found)   # see ReorderBuffer.handover
+                    rb.handover = found if any_index else (idx, found)   # NOTE [ Signal-safe hand-over ]
                 return _EV_READY, -1, 0, found
             with nogil:
                 ev = self._scan(True, &slot, &tag)

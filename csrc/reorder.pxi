@@ -1,6 +1,7 @@
 # ReorderBuffer: batches arrive out of order (from the fetcher thread), the
 # consumer takes them in order.  Every wait happens with the GIL released.
 #
+# NOTE [ Native mutexes touch no Python ]
 # Lock discipline.  The Python state (_items, _order, _closed, _reason) is
 # guarded by the GIL alone: each method reads and updates it in Cython code
 # that runs no Python code in between (int keys; nothing that calls back).
@@ -134,7 +135,7 @@ cdef class ReorderBuffer:
     # consumer sets it back to None.  An exception that cuts the hand-over
     # short (a signal handler's, raised in the Python code between this wait
     # and the training loop) leaves the batch here for the next call instead
-    # of losing it.
+    # of losing it (NOTE [ Signal-safe hand-over ], docs/design.md).
     cdef public object handover
     cdef public bint keep_handover
 

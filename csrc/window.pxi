@@ -26,7 +26,7 @@ cdef class EngineWindow:
     of Python frames.  The engine (engine.py) sets every field; what happens
     once per epoch, or on a failure, it does in Python, called from here.
 
-    The hand-over (see the consumer section of engine.py): the batch taken
+    The hand-over (NOTE [ Signal-safe hand-over ]; the consumer section of engine.py): the batch taken
     goes from the buffer's `handover` slot to `ready` by plain stores.  A signal
     handler's exception (a program's SIGALRM step timeout, Ctrl-C caught
     and ignored) is raised only by a call into Python code; here those are

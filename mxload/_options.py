@@ -33,9 +33,11 @@ from .backends import Backend, RayBackend, resolve_backend
 from .batchify import _Unbatched, default_batchify, default_convert
 from .dataset import IterableDataset
 
-__all__ = ["LoaderOptions", "START_METHODS", "SEEDINGS", "is_iterable_dataset"]
+__all__ = ["LoaderOptions", "START_METHODS", "SEEDINGS", "MAX_AUTO_WORKERS", "is_iterable_dataset"]
 
 START_METHODS = ("fork", "spawn", "forkserver")
+# num_workers="auto" tunes up to this many workers (never more than the usable cores).
+MAX_AUTO_WORKERS = 16
 
 # The seeding= values: how the workers' global RNGs (random, numpy's, torch's) are seeded.
 #   "torch": as torch's DataLoader: worker k of an iteration gets base_seed + k (numpy: torch's
@@ -263,7 +265,6 @@ def _resolve_auto(num_workers: object, prefetch: object, prefetch_factor: object
     if not (isinstance(num_workers, str) and num_workers == "auto"):
         return num_workers, prefetch, False, auto_window
     from ._cpus import usable_cores
-    from ._runtime.autotune import MAX_AUTO_WORKERS
     if iterable:
         raise ValueError("num_workers='auto' needs a map-style dataset: an IterableDataset's stream is split "
                          "among a fixed number of workers (get_worker_info()), so pass an int")

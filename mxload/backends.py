@@ -2,31 +2,34 @@
 Ray actors anywhere in a Ray cluster (:class:`RayBackend`, the ``mxload[ray]``
 extra).  This module never imports ray: only starting Ray workers does.
 
-A backend makes the engine's transport (``Backend.make_transport``): a new kind
-of worker is one transport module and its backend class, and the engine names
-none of them (tests/test_backends.py plugs in one of its own)."""
+A backend is configuration: it says where workers run, and names no transport.
+The one runtime module that names the transports (``mxload/_runtime/transports.py``)
+makes the built-in backends' transports; a backend of your own makes its transport
+itself (``Backend.make_transport``): a new kind of worker is one transport module
+and its backend class (tests/test_backends.py plugs in one of its own)."""
 from __future__ import annotations
 
 import math
-from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from ._runtime.transport import Transport, TransportSetup
+from typing import Any
 
 __all__ = ["Backend", "LocalProcesses", "LocalThreads", "RayBackend", "resolve_backend", "workers_backend"]
 
 
-class Backend(ABC):
+class Backend:
     """Where a loader's workers run.  ``backend=`` takes an instance of a subclass
-    (or ``"ray"``); the engine asks it for the transport that serves one engine's
-    workers (the contract: ``mxload._runtime.transport.Transport``)."""
+    (or ``"ray"``).  A subclass of your own makes the transport that serves one
+    engine's workers in :meth:`make_transport`."""
 
-    @abstractmethod
-    def make_transport(self, setup: TransportSetup) -> Transport:
-        """The transport for one engine's workers, not started yet."""
+    def make_transport(self, setup: Any) -> Any:
+        """The transport for one engine's workers, not started yet: a
+        ``mxload._runtime.transport.Transport`` made from the
+        ``TransportSetup`` `setup` (typed loosely here: this module is
+        configuration and imports nothing of the runtime; the engine checks
+        what it gets).  The built-in backends leave it to the runtime."""
+        raise NotImplementedError(f"{type(self).__name__} makes no transport: a Backend subclass of "
+                                  f"your own defines make_transport(setup)")
 
 
 @dataclass(frozen=True)
@@ -35,18 +38,10 @@ class LocalProcesses(Backend):
     (None: the platform's default)."""
     start_method: str | None = None
 
-    def make_transport(self, setup: TransportSetup) -> Transport:
-        from ._runtime.local.transport import ProcessTransport
-        return ProcessTransport(setup, self.start_method)
-
 
 @dataclass(frozen=True)
 class LocalThreads(Backend):
     """Worker threads in the training process (``thread_pool=True``)."""
-
-    def make_transport(self, setup: TransportSetup) -> Transport:
-        from ._runtime.threads import ThreadTransport
-        return ThreadTransport(setup)
 
 
 @dataclass(frozen=True)
@@ -123,10 +118,6 @@ class RayBackend(Backend):
         if self.runtime_env:
             options["runtime_env"] = dict(self.runtime_env)
         return options
-
-    def make_transport(self, setup: TransportSetup) -> Transport:
-        from ._runtime.ray.transport import RayTransport  # imports ray: only here
-        return RayTransport(setup, self)
 
 
 def resolve_backend(backend: Any) -> Backend | None:

@@ -571,7 +571,7 @@ class _LoaderIterator:
         # began (len(loader) asked meanwhile is the next iteration's).
         self._reported = loader._IterableDataset_len_called
         # The epoch's: one batch to one caller, and the slot where a batch
-        # stays until it reached the loop (see EpochIterator._next).
+        # stays until it reached the loop (NOTE [ Signal-safe hand-over ]).
         self._next_lock = inner._next_lock
         self._ready_in = inner._ready_in
         # torch's iterator attribute: its worker processes, kept after they ended (code written for

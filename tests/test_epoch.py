@@ -7,8 +7,8 @@ import pytest
 from conftest import asleep_in, wait_until
 
 import mxload
-from mxload._checkpoint import EpochProgress
 from mxload._runtime.epoch import EpochPlan
+from mxload._runtime.progress import EpochProgress
 from mxload.sampler import EpochBatches
 
 

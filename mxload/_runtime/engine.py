@@ -38,6 +38,7 @@ from .results import CLOSED_BY_OTHER, END, EXHAUSTED, BatchFailure, Supervisor
 from .roster import Roster
 from .shutdown import CLOSED, RUNNING, SHUTTING_DOWN, shutdown_sequence
 from .transport import Transport, TransportSetup
+from .transports import make_transport
 from .worker import WorkerConfig
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ class Engine:
         self.next_batch = window.next_batch
         self._finalizer: mp_util.Finalize | None = None
         backend = workers_backend(options.backend, options.thread_pool, options.start_method)
-        self.transport: Transport = backend.make_transport(TransportSetup(
+        self.transport: Transport = make_transport(backend, TransportSetup(
             self.supervisor, self.lock, WorkerConfig.first(options, epoch), self.buffer,
             type(options.dataset).__name__, window.prefetch, options.timeout))
         window.transport = self.transport
@@ -218,7 +219,8 @@ class Engine:
     # until the caller sets it back to None: a signal handler may raise
     # whenever Python code runs (a program's SIGALRM step timeout, Ctrl-C
     # caught as "skip to validation"), and the loop that catches it and goes
-    # on must get every batch once, in order.  So the hand-over is a
+    # on must get every batch once, in order (NOTE [ Signal-safe hand-over ]).
+    # So the hand-over is a
     # sequence of slots, each moved to the next by plain stores: the
     # buffer's `handover` (filled by the wait itself), then `ready`.  What is
     # not retry-safe (a dispatch without put_task) marks the epoch `torn`
@@ -264,7 +266,8 @@ class Engine:
         bounded by shutdown.SHUTDOWN_DEADLINE_S however stuck the workers
         are.  In a forked child (a user's os.fork()) the inherited copy is
         inert: the workers belong to the process that created them.  A
-        Ctrl-C meanwhile is raised once the sequence is complete."""
+        Ctrl-C meanwhile is raised once the sequence is complete
+        (NOTE [ Numbered shutdown ])."""
         if self.state == CLOSED:
             return
         if self.window.forked:

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._checkpoint import EpochProgress
 from .._collate import plan as _plan
 from .._core import BatchSupply, defer_sigint, handing_next, sigint_safe_finalizer
 from ..errors import EpochAbortedError
@@ -22,6 +21,7 @@ from .autotune import AutoBatches, AutoTuner
 from .batch_errors import as_loop_error
 from .engine import Engine
 from .engine_errors import aborted_error, ended_error, superseded_error
+from .progress import EpochProgress
 from .results import END, BatchFailure, Marker
 from .source import SampleSource
 
@@ -295,7 +295,7 @@ class EpochIterator:
         loop that catches the exception and goes on gets every batch once,
         in order.  Where it cut short a step that cannot be retried, the
         epoch is aborted and the next call says so (EpochAbortedError),
-        never a normal-looking end."""
+        never a normal-looking end (NOTE [ Signal-safe hand-over ])."""
         try:
             if self._closed:
                 if self._superseded:

@@ -1,6 +1,12 @@
 """The numbered shutdown sequence every way an iteration ends goes through, and its
-budget: one deadline for every phase, whatever the transport (Engine.shutdown runs it once,
-Ctrl-C deferred, so nothing is left half ended)."""
+budget: one deadline for every phase, whatever the transport.
+
+NOTE [ Numbered shutdown ]
+
+Engine.shutdown runs shutdown_sequence once, Ctrl-C deferred, so nothing is left half
+ended; each numbered step is one method of the transport seam (transport.py), bounded by the
+one deadline it is given, and none of them raises.  The steps, in order, are the body of
+shutdown_sequence below; every transport's methods and every caller cite this note."""
 from __future__ import annotations
 
 import time

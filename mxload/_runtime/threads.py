@@ -72,6 +72,7 @@ class ThreadTransport(Transport):
     def pid(self, worker_id: int) -> int | None:
         return None
 
+    # The shutdown phases (NOTE [ Numbered shutdown ], shutdown.py).
     def stop_receiving(self, deadline: float) -> None:
         """Threads deliver their own results; the engine drops those that come late."""
 

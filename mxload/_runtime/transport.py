@@ -237,6 +237,7 @@ class Transport(ABC):
         return "alive"
 
     # ---------------------------------------------------------------- shutdown phases
+    # (NOTE [ Numbered shutdown ], shutdown.py: the order and the one deadline)
 
     @abstractmethod
     def stop_receiving(self, deadline: float) -> None:

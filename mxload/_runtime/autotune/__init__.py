@@ -59,7 +59,7 @@ One module per job:
     producer.py   AutoBatches: the epoch's producer, which measures and applies them
 """
 from .model import batch_nbytes, predict_ns
-from .policy import MAX_AUTO_WORKERS, AutoTuner, Choice, Climb
+from .policy import AutoTuner, Choice, Climb
 from .producer import AutoBatches
 
-__all__ = ["MAX_AUTO_WORKERS", "AutoBatches", "AutoTuner", "Choice", "Climb", "batch_nbytes", "predict_ns"]
+__all__ = ["AutoBatches", "AutoTuner", "Choice", "Climb", "batch_nbytes", "predict_ns"]

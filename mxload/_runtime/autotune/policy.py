@@ -33,7 +33,6 @@ SLOWED_PROBE = 0.25          # ... unless the probe ran this much below the last
 REPROBE_S = 0.25
 WINDOW_PER_WORKER = 2        # prefetch="auto": tasks in flight per worker taking tasks, at first
 PER_WORKER_CHOICES = (1, 2, 4, 8)
-MAX_AUTO_WORKERS = 16
 MAX_INPROCESS_EPOCHS = 8     # after workers lost to in-process, epochs before trying them again (at most)
 INPROCESS_RATES_KEPT = 5     # workers are compared with the last this many in-process rates measured
 ENGINE_RATES_KEPT = 3        # ... by the rates of the last this many epochs on workers

@@ -47,7 +47,7 @@ class AutoBatches:
 
     Every switch happens at the start of a next_batch() call, when the
     epoch's ready slot is empty: a batch an exception kept there is never
-    looked for in a producer that did not make it."""
+    looked for in a producer that did not make it (NOTE [ Signal-safe hand-over ])."""
 
     def __init__(self, tuner: AutoTuner, epoch: int, plan: EpochPlan, starts: EpochStarts,
                  profiler: Profiler | None, persistent: bool):

@@ -1,4 +1,5 @@
-"""The descriptors the main process owns, which no forked child may keep.
+"""The descriptors the main process owns, which no forked child may keep
+(NOTE [ Zygote process tree ], zygote.py: who holds which end).
 
 A child forked from the main process (the zygote, a user's own ``os.fork()``,
 a multiprocessing fork child) inherits every descriptor.  Some must not

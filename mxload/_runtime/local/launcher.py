@@ -1,5 +1,6 @@
 """Worker processes' lives: the start method, starting and restarting them, and ending them
-within the shutdown's deadline (the sequence itself: ../shutdown.py).
+within the shutdown's deadline (the sequence itself: NOTE [ Numbered shutdown ], ../shutdown.py;
+the processes: NOTE [ Zygote process tree ], zygote.py).
 
 Ctrl-C: starting runs with SIGINT deferred (zygote.sigint_deferred), so no
 worker is left half made; the engine runs the whole shutdown with SIGINT

@@ -362,6 +362,7 @@ class ProcessTransport(Transport):
         return True
 
     # ---------------------------------------------------------------- shutdown phases
+    # (NOTE [ Numbered shutdown ], shutdown.py: the order and the one deadline)
 
     def stop_receiving(self, deadline: float) -> None:
         # First, without the engine lock: a consumer holding it while its

@@ -1,5 +1,7 @@
 """Worker processes: how they start, how they end, and who may hold what.
 
+NOTE [ Zygote process tree ]
+
 Process tree with start_method="fork" (the default on Linux)::
 
     main process

@@ -459,6 +459,7 @@ class RayTransport(Transport):
         self.sink.worker_lost(actor.loss())
 
     # ---------------------------------------------------------------- shutdown phases
+    # (NOTE [ Numbered shutdown ], shutdown.py: the order and the one deadline)
 
     def stop_receiving(self, deadline: float) -> None:
         self._stopping = True

@@ -1,0 +1,148 @@
+"""Which batches of one epoch the consumer has taken (EpochProgress): what the epoch's
+iterator records as it hands batches to the loop, and what a checkpoint of that epoch
+(mxload/_checkpoint.py) and a resumed epoch's plan (epoch.py) read.
+
+The record is retry-safe: see NOTE [ Signal-safe hand-over ] in docs/design.md."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["EpochProgress"]
+
+
+class EpochProgress:
+    """Which batch indices of one epoch the consumer has taken.
+
+    Retry-safe: the iterator's thread updates it where a signal handler may
+    raise between any two bytecodes.  A batch counts from the moment it is
+    added to `extra` (one C call); moving it into `prefix` afterwards may be
+    cut short at any point and leaves `extra` holding indices below
+    `prefix`, which every reader ignores.  Taking a batch twice counts it once."""
+
+    __slots__ = ("epoch", "sampler_state", "dataset_state", "torch_rng", "prefix", "extra", "_finished",
+                 "supply", "_on_complete", "pending", "_slot")
+
+    def __init__(self, epoch: int, sampler_state: Any, dataset_state: Any,
+                 done: dict[str, Any] | None = None, torch_rng: str | None = None):
+        self.epoch = epoch
+        self.sampler_state = sampler_state
+        self.dataset_state = dataset_state
+        self.torch_rng = torch_rng   # see LoaderPosition.before_draws
+        done = done or {}
+        self.prefix = int(done.get("prefix", 0))       # batches 0..prefix-1 taken
+        self.extra = set(int(i) for i in done.get("extra", ()))   # and these (those < prefix: stale)
+        self._finished = False                          # the epoch ran to its end
+        # The epoch's batches as they are drawn (_runtime: a BatchSupply); None: a stream.
+        self.supply: Any = None
+        # Called once when every batch was taken (e.g. to pass a rollover
+        # batch sampler's leftovers on to the next epoch): popped by one C
+        # call, so two threads that see the epoch complete call it once.
+        self._on_complete: list[Callable[[], Any]] = []
+        # The batch being handed to the loop: taken once `_slot` (where the
+        # epoch keeps a batch until the loop has it) no longer holds it.  A
+        # signal handler's exception before then leaves it there for the
+        # next call, and a checkpoint taken meanwhile must not count it.
+        self.pending: int | None = None
+        self._slot: Any = None
+
+    @property
+    def total(self) -> int | None:
+        """The batches in the epoch, once known (drawn to its end, or known before)."""
+        supply = self.supply
+        return supply.total if supply is not None else None
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    @finished.setter
+    def finished(self, value: bool) -> None:
+        self._finished = value
+        if value:
+            self._completed()
+
+    @property
+    def on_complete(self) -> Callable[[], Any] | None:
+        return self._on_complete[0] if self._on_complete else None
+
+    @on_complete.setter
+    def on_complete(self, hook: Callable[[], Any] | None) -> None:
+        self._on_complete = [] if hook is None else [hook]
+
+    def _completed(self) -> None:
+        try:
+            hook = self._on_complete.pop()
+        except IndexError:
+            return   # called already
+        hook()
+
+    def done(self) -> tuple[int, list[int]]:
+        """(prefix, the other taken indices, sorted), the pending batch
+        included if the loop has it: what a checkpoint records."""
+        prefix = self.prefix
+        extra = {i for i in list(self.extra) if i >= prefix}
+        delivered = self._delivered()
+        if delivered is not None:
+            extra.add(delivered)
+        while prefix in extra:
+            extra.remove(prefix)
+            prefix += 1
+        return prefix, sorted(extra)
+
+    @property
+    def count(self) -> int:
+        """Batches taken in all (the pending one only once settled)."""
+        prefix = self.prefix
+        return prefix + sum(1 for i in list(self.extra) if i >= prefix)
+
+    @property
+    def complete(self) -> bool:
+        """Every batch was taken (even if the iterator has not said so yet)."""
+        return self.finished or (self.total is not None and
+                                 self.count + (self._delivered() is not None) >= self.total)
+
+    def handing(self, idx: int, slot: Any) -> None:
+        """Batch `idx` is on its way to the loop, kept in `slot.ready` until it got there."""
+        self.pending, self._slot = idx, slot
+
+    def _delivered(self) -> int | None:
+        """The pending batch, if the loop has it (its slot was cleared), not yet counted."""
+        idx = self.pending
+        if idx is None or idx < self.prefix or idx in self.extra:
+            return None
+        ready = self._slot.ready
+        return idx if ready is None or ready[0] != idx else None
+
+    def settle(self) -> None:
+        """Count the pending batch if the loop got it.  The iterator's own
+        thread only (under its next lock): readers from other threads use
+        _delivered(), which changes nothing."""
+        idx = self._delivered()
+        if idx is not None:
+            self.taken(idx)
+
+    def taken(self, idx: int) -> None:
+        if idx < self.prefix or idx in self.extra:
+            return
+        self.extra.add(idx)   # counted from here on
+        while self.prefix in self.extra:
+            self.prefix += 1   # (cut short here: prefix - 1 stays in extra, ignored)
+            self.extra.discard(self.prefix - 1)
+        supply = self.supply   # (its compiled field, not the property: this runs once a batch)
+        total = supply.total if supply is not None else None
+        if total is not None and self.count >= total:
+            self._completed()
+
+    def drawn_by(self, supply: Any) -> None:
+        """The epoch's batches are drawn by `supply` (it knows their count once it is known)."""
+        self.supply = supply
+        total = supply.total
+        if total is not None and self.count >= total:
+            self._completed()   # nothing left (e.g. a rollover epoch too short for one batch)
+
+    def taken_before(self) -> tuple[int, set[int]]:
+        """The batches taken before this epoch (resumed) began: every one below the first of
+        them, and those above it."""
+        prefix = self.prefix
+        return prefix, {i for i in self.extra if i >= prefix}
