@@ -15,8 +15,11 @@ layout) define a format that crosses processes.
     transport.py   the seam: Transport (how tasks reach workers, results come back,
                    shutdown phases) and ResultSink (the engine, as a transport sees it)
     shutdown.py    the numbered shutdown sequence and its one deadline
-    backends (mxload/backends.py) make the transport: a new kind of worker is one
-                   module and its backend class
+    transports.py  the one module naming the transports: the transport a backend
+                   (mxload/backends.py, configuration) asks for; a new kind of worker is
+                   one module and its backend class
+    progress.py    EpochProgress: which batches of an epoch the loop has taken (what a
+                   checkpoint records)
     local/         the process transport (local processes)
       transport.py   ProcessTransport: sockets, pooled slabs, the receive path
       launcher.py    start method, starting/restarting/ending processes
