@@ -69,9 +69,7 @@ KNOWN: frozenset[tuple[str, str]] = frozenset({
 KNOWN_IN_CIRCLES: frozenset[str] = frozenset({
     "mxload._runtime.local.zygote", "mxload._runtime.messages", "mxload._runtime.wire",
     "mxload._runtime.worker",
-    "mxload._runtime.autotune", "mxload._runtime.autotune.producer", "mxload._runtime.engine",
-    "mxload._runtime.engine_errors",
-    "mxload._runtime.epoch", "mxload._runtime.results",
+    "mxload._runtime.engine", "mxload._runtime.epoch",
     "mxload._checkpoint", "mxload._seeding", "mxload.dataloader",
 })
 

@@ -5,16 +5,31 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import EpochAbortedError, LoaderTimeoutError, WorkerError
 from . import messages as m
 from .remote_errors import unpickled_exception
-from .transport import WorkerLoss
+from .roster import Roster
+from .transport import Transport, WorkerLoss
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .._options import LoaderOptions
+
+
+class EngineParts(Protocol):
+    """What the engine's error messages read of it (engine.Engine, which imports this module:
+    so it is named by what it offers, not by its class)."""
+
+    lock: threading.RLock
+    transport: Transport
+    roster: Roster
+    options: LoaderOptions
+
+    @property
+    def epoch(self) -> int: ...
 
 
 def torch_words(loss: WorkerLoss) -> str:
@@ -98,7 +113,7 @@ def ended_error(error: BaseException) -> EpochAbortedError:
         f"(a checkpoint from state_dict() resumes where it stopped)")
 
 
-def timeout_error(engine: Engine, idx: int) -> LoaderTimeoutError:
+def timeout_error(engine: EngineParts, idx: int) -> LoaderTimeoutError:
     """No batch within the loader's `timeout`: which one was awaited (batch
     `idx`, or any with in_order=False), where its task is, and each live
     worker's (id, pid, state)."""

@@ -7,18 +7,34 @@ it from their own threads, under the engine's lock."""
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from .._core import BufferClosedError
+import numpy as np
+
+from .._core import BufferClosedError, ReorderBuffer
 from ..errors import WorkerError
 from . import messages as m
-from .engine_errors import start_failure, worker_died
+from .engine_errors import EngineParts, start_failure, worker_died
 from .remote_errors import rebuild_exception
 from .shutdown import RUNNING
 from .transport import Delivery, WorkerLoss
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from ..profiler import Profiler
+
+
+class SupervisedEngine(EngineParts, Protocol):
+    """What the Supervisor reads and calls of its engine (engine.Engine, which imports this
+    module: so it is named by what it offers)."""
+
+    profiler: Profiler | None
+    buffer: ReorderBuffer
+    restarts: dict[str, int]
+
+    @property
+    def state(self) -> str: ...
+
+    def send(self, wid: int, idx: int, indices: np.ndarray | None) -> None: ...
 
 
 class BatchFailure:
@@ -47,7 +63,7 @@ _NOT_SENT = Marker("NOT_SENT")
 class Supervisor:
     """Records results and losses for one engine, and its first fatal error."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: SupervisedEngine):
         self._engine = engine
         self.failure: BaseException | None = None
 

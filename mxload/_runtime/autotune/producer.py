@@ -14,12 +14,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..._cpus import machine_busy_s, own_cpu_s
 from ..results import CLOSED_BY_OTHER, Marker
 from .model import batch_nbytes
-from .policy import VERDICT_WINDOWS, AutoTuner, Climb
+from .policy import VERDICT_WINDOWS, Adjustable, AutoTuner, Climb
 
 if TYPE_CHECKING:
+    from ..._core import BatchSupply
     from ...profiler import Profiler
-    from ..engine import Engine
-    from ..epoch import EpochPlan, InProcessBatches
 
 PROBE_BATCHES = 4            # loaded in-process at an epoch's start (the first one is a warm-up) ...
 PROBE_MIN_S = 0.05           # ... for at least this long (/proc/stat counts in 10 ms ticks) ...
@@ -29,15 +28,45 @@ WINDOW_BATCHES = 8           # a throughput measurement spans at least this many
 WINDOW_MIN_S = 0.03          # ... and this long (an epoch of fast batches must still reach a verdict)
 
 
+# What the producer reads of the objects epoch.py gives it (the epoch imports the producer, so
+# the producer names none of its classes: docs/design.md, "Layers").
+
+class Plan(Protocol):
+    """An epoch's plan (epoch.EpochPlan): the producer reads its supply and hands the plan on."""
+
+    @property
+    def supply(self) -> BatchSupply | None: ...
+
+
+class Batches(Protocol):
+    """A producer the epoch switches between (epoch.InProcessBatches, the engine's)."""
+
+    ready: tuple[int, Any] | None
+
+    def next_batch(self) -> tuple[int, Any] | Marker: ...
+
+    def ended_by(self, error: BaseException) -> str | None: ...
+
+    def end(self, release: bool) -> None: ...
+
+
+class TunedEngine(Adjustable, Protocol):
+    """The engine as the producer measures and adjusts it (engine.Engine)."""
+
+    counts: dict[str, int]
+
+    def progress(self) -> tuple[int, int]: ...
+
+
 class EpochStarts(Protocol):
     """What an epoch's AutoBatches starts (epoch.py provides it)."""
 
-    def inprocess(self, part: EpochPlan) -> InProcessBatches:
-        """A producer of `part`'s batches in the calling thread."""
+    def inprocess(self, part: Any) -> Batches:
+        """A producer of `part`'s batches (a Plan) in the calling thread."""
 
-    def engine(self, auto: AutoBatches, rest: EpochPlan, workers: int, adopt: Callable[[Any], None]) -> bool:
-        """Start `rest` on an engine with `workers` taking tasks, handing its producer to `adopt`
-        before a Ctrl-C deferred meanwhile is raised; False if `auto` was ended meanwhile."""
+    def engine(self, auto: AutoBatches, rest: Any, workers: int, adopt: Callable[[Any], None]) -> bool:
+        """Start `rest` (a Plan) on an engine with `workers` taking tasks, handing its producer to
+        `adopt` before a Ctrl-C deferred meanwhile is raised; False if `auto` was ended meanwhile."""
 
 
 class AutoBatches:
@@ -49,7 +78,7 @@ class AutoBatches:
     epoch's ready slot is empty: a batch an exception kept there is never
     looked for in a producer that did not make it (NOTE [ Signal-safe hand-over ])."""
 
-    def __init__(self, tuner: AutoTuner, epoch: int, plan: EpochPlan, starts: EpochStarts,
+    def __init__(self, tuner: AutoTuner, epoch: int, plan: Plan, starts: EpochStarts,
                  profiler: Profiler | None, persistent: bool):
         assert plan.supply is not None
         self.profiler = profiler
@@ -62,7 +91,7 @@ class AutoBatches:
         self._ended: list[Any] = []    # producers used up before the current one
         self._current: Any = self._inprocess
         self._slot: Any = self._inprocess
-        self.engine: Engine | None = None
+        self.engine: TunedEngine | None = None
         # Set by end(), under end_lock, which EpochStarts.engine holds while it starts an engine: an
         # epoch ended from another thread (a newer iter() superseding it) starts no engine after,
         # nor adjusts one that now serves the next epoch.
