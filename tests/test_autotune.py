@@ -355,8 +355,8 @@ def two_cores(monkeypatch) -> autotune.AutoTuner:
 
 def auto_batches(tuner: autotune.AutoTuner) -> autotune.AutoBatches:
     """An epoch's AutoBatches of 400 batches, over a producer that is never called."""
+    from mxload._runtime.plan import EpochPlan
     from mxload._runtime.progress import EpochProgress
-    from mxload._runtime.epoch import EpochPlan
     from mxload.sampler import EpochBatches
     plan = EpochPlan.of(lambda start: EpochBatches(iter([np.arange(1)] * 400), 400, 400, "the sampler"),
                         EpochProgress(0, None, None), 0)

@@ -7,7 +7,7 @@ import pytest
 from conftest import asleep_in, wait_until
 
 import mxload
-from mxload._runtime.epoch import EpochPlan
+from mxload._runtime.plan import EpochPlan
 from mxload._runtime.progress import EpochProgress
 from mxload.sampler import EpochBatches
 

@@ -3,9 +3,10 @@ one module per stage.  Its only input is the loader's LoaderOptions
 (``mxload/_options.py``); only ``messages.py`` and ``wire.py`` (and ``mxload/_collate``'s
 layout) define a format that crosses processes.
 
-    epoch.py       start_epoch, EpochPlan (which batches; resumed or not: the batch
-                   sampler drawn as batches are needed, _core.BatchSupply, csrc/supply.pxi)
-                   and the one EpochIterator, for 0 workers (InProcessBatches) or N (the engine)
+    epoch.py       start_epoch and the one EpochIterator, for 0 workers (InProcessBatches)
+                   or N (the engine)
+    plan.py        EpochPlan: which batches (resumed or not: the batch sampler drawn as
+                   batches are needed, _core.BatchSupply, csrc/supply.pxi)
     engine.py      Engine: epochs, failure record, restart policy; its prefetch window,
                    dispatch (round-robin by batch index) and consumption from the
                    ReorderBuffer run per batch, compiled (csrc/window.pxi: EngineWindow)
@@ -15,6 +16,7 @@ layout) define a format that crosses processes.
     transport.py   the seam: Transport (how tasks reach workers, results come back,
                    shutdown phases) and ResultSink (the engine, as a transport sees it)
     shutdown.py    the numbered shutdown sequence and its one deadline
+    os_signals.py  signals and /proc for every kind of worker (neutral: imports no mxload)
     transports.py  the one module naming the transports: the transport a backend
                    (mxload/backends.py, configuration) asks for; a new kind of worker is
                    one module and its backend class

@@ -44,7 +44,7 @@ from .worker import WorkerConfig
 if TYPE_CHECKING:
     from .._options import LoaderOptions
     from ..profiler import Profiler
-    from .epoch import EpochPlan
+    from .plan import EpochPlan
 
 # loader.stats always has these, whatever the transport counts.
 REPORTED_COUNTERS = ("batches", "slabs_created", "slabs_reused", "slabs_retired", "worker_restarts", "epochs")

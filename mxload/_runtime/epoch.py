@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._collate import plan as _plan
-from .._core import BatchSupply, defer_sigint, handing_next, sigint_safe_finalizer
+from .._core import defer_sigint, handing_next, sigint_safe_finalizer
 from ..errors import EpochAbortedError
 from .autotune import AutoBatches, AutoTuner
 from .batch_errors import as_loop_error
 from .engine import Engine
 from .engine_errors import aborted_error, ended_error, superseded_error
+from .os_signals import raised_by_signal_handler
+from .plan import EpochPlan
 from .progress import EpochProgress
 from .results import END, BatchFailure, Marker
 from .source import SampleSource
@@ -36,36 +38,6 @@ __all__ = ["EpochIterator", "EpochPlan", "EpochRequest", "start_epoch"]
 # EpochIterator: a producer's ended_by() for the sampler's own error, which ends the epoch
 # (its workers stay, if persistent: they hold nothing of it).
 SAMPLER_FAILED = "the batch sampler"
-
-
-@dataclass(frozen=True)
-class EpochPlan:
-    """Which batches an epoch delivers.
-
-    Args:
-        supply: the batches to deliver, drawn from the batch sampler as they
-            are needed; a resumed epoch leaves out those already taken
-            (None: an IterableDataset's stream).
-        discard: stream batches to drop first (a resumed stream is replayed
-            from its start; these were taken before the checkpoint).
-    """
-    supply: BatchSupply | None
-    discard: int = 0
-
-    @classmethod
-    def of(cls, draw: Callable[[int], EpochBatches] | None, progress: EpochProgress,
-           epoch: int) -> EpochPlan:
-        """The plan of epoch `epoch`, whose batches `draw(start)` begins to draw from batch
-        `start` on (None: a stream), given what `progress` (fresh, or loaded from a
-        state_dict) says was taken."""
-        if draw is None:
-            return cls(None, progress.count)
-        start, skip = progress.taken_before()
-        drawn = draw(start)
-        supply = BatchSupply(drawn.batches, start, skip, drawn.total, drawn.expected, drawn.what, epoch,
-                             EpochAbortedError, raised_by_signal_handler)
-        progress.drawn_by(supply)
-        return cls(supply, 0)
 
 
 class _Producer(Protocol):
@@ -85,28 +57,6 @@ class _Producer(Protocol):
 class _Ready(Protocol):
     # The (idx, batch) next_batch handed out last, until the iterator returned it.
     ready: tuple[int, Any] | None
-
-
-def raised_by_signal_handler(error: BaseException) -> bool:
-    """Whether `error` was raised by (a function called from) a Python signal
-    handler installed now: one of its frames runs a handler's code.  Only a
-    handler raises in the middle of a dataset's code that is not the
-    dataset's doing (a SIGALRM step timeout, a SIGTERM checkpoint-and-exit)."""
-    codes = set()
-    for signum in signal.valid_signals():
-        try:
-            handler = signal.getsignal(signum)
-        except (ValueError, OSError):
-            continue
-        code = getattr(getattr(handler, "__func__", handler), "__code__", None)
-        if code is not None:
-            codes.add(code)
-    tb = error.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code in codes:
-            return True
-        tb = tb.tb_next
-    return False
 
 
 def raised_by_a_signal(error: BaseException, retryable: bool) -> bool:

@@ -36,7 +36,7 @@ from . import wire
 from .local.heap import freeze_inherited_objects, keep_freed_memory
 from .local.inherit import unpickle_payload
 from .local.slabs import create_shared_fd, map_slab, slab_size_for
-from .local.zygote import reset_inherited_signals
+from .os_signals import reset_inherited_signals
 from .source import SampleSource
 
 if TYPE_CHECKING:

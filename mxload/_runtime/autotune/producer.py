@@ -17,8 +17,8 @@ from .model import batch_nbytes
 from .policy import VERDICT_WINDOWS, Adjustable, AutoTuner, Climb
 
 if TYPE_CHECKING:
-    from ..._core import BatchSupply
     from ...profiler import Profiler
+    from ..plan import EpochPlan
 
 PROBE_BATCHES = 4            # loaded in-process at an epoch's start (the first one is a warm-up) ...
 PROBE_MIN_S = 0.05           # ... for at least this long (/proc/stat counts in 10 ms ticks) ...
@@ -28,15 +28,8 @@ WINDOW_BATCHES = 8           # a throughput measurement spans at least this many
 WINDOW_MIN_S = 0.03          # ... and this long (an epoch of fast batches must still reach a verdict)
 
 
-# What the producer reads of the objects epoch.py gives it (the epoch imports the producer, so
-# the producer names none of its classes: docs/design.md, "Layers").
-
-class Plan(Protocol):
-    """An epoch's plan (epoch.EpochPlan): the producer reads its supply and hands the plan on."""
-
-    @property
-    def supply(self) -> BatchSupply | None: ...
-
+# What the producer reads of the producers and the engine epoch.py gives it (the epoch imports
+# the producer, so the producer names none of its classes: docs/design.md, "Layers").
 
 class Batches(Protocol):
     """A producer the epoch switches between (epoch.InProcessBatches, the engine's)."""
@@ -61,11 +54,11 @@ class TunedEngine(Adjustable, Protocol):
 class EpochStarts(Protocol):
     """What an epoch's AutoBatches starts (epoch.py provides it)."""
 
-    def inprocess(self, part: Any) -> Batches:
-        """A producer of `part`'s batches (a Plan) in the calling thread."""
+    def inprocess(self, part: EpochPlan) -> Batches:
+        """A producer of `part`'s batches in the calling thread."""
 
-    def engine(self, auto: AutoBatches, rest: Any, workers: int, adopt: Callable[[Any], None]) -> bool:
-        """Start `rest` (a Plan) on an engine with `workers` taking tasks, handing its producer to
+    def engine(self, auto: AutoBatches, rest: EpochPlan, workers: int, adopt: Callable[[Any], None]) -> bool:
+        """Start `rest` on an engine with `workers` taking tasks, handing its producer to
         `adopt` before a Ctrl-C deferred meanwhile is raised; False if `auto` was ended meanwhile."""
 
 
@@ -78,7 +71,7 @@ class AutoBatches:
     epoch's ready slot is empty: a batch an exception kept there is never
     looked for in a producer that did not make it (NOTE [ Signal-safe hand-over ])."""
 
-    def __init__(self, tuner: AutoTuner, epoch: int, plan: Plan, starts: EpochStarts,
+    def __init__(self, tuner: AutoTuner, epoch: int, plan: EpochPlan, starts: EpochStarts,
                  profiler: Profiler | None, persistent: bool):
         assert plan.supply is not None
         self.profiler = profiler

@@ -36,8 +36,7 @@ from .inherit import ForChild, pickle_payload
 from .slabs import fd_limit_error
 from .zygote import ForkServerWorker, SpawnedWorker, Zygote, ZygoteWorker, ensure_fork_server, sigint_deferred
 
-__all__ = ["Closing", "Launcher", "ProcessHandle", "WeakRegistry", "choose_start_method", "describe_exit",
-           "process_state"]
+__all__ = ["Closing", "Launcher", "ProcessHandle", "WeakRegistry", "choose_start_method", "describe_exit"]
 
 T = TypeVar("T")
 
@@ -110,22 +109,6 @@ def describe_exit(exitcode: int | None) -> str:
 
 
 # /proc/PID/stat states worth naming when a worker does not answer.
-_PROC_STATES = {"T": "stopped (SIGSTOP or a job-control stop)", "t": "stopped by a debugger",
-                "D": "in uninterruptible I/O", "Z": "exited, not yet reaped"}
-
-
-def process_state(pid: int | None) -> str:
-    """'alive', or why a live worker process cannot be making progress."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        if os.path.isdir("/proc/self"):
-            return "gone (its process has ended)"
-        return "alive"   # no /proc (macOS): nothing more to say
-    return _PROC_STATES.get(state, "alive")
-
-
 class Closing(Exception):
     """A worker start was refused or undone: the engine is shutting down."""
 

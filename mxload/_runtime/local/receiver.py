@@ -42,12 +42,12 @@ from ..._core import (
 from ...errors import SharedMemoryError, WorkerError
 from .. import messages as m
 from .. import os_threads, wire
+from ..os_signals import block_sigint_in_this_thread
 from ..shutdown import SHUTDOWN_DEADLINE_S
 from ..transport import Delivery, ResultSink
 from . import fds as _fds
 from .launcher import ProcessHandle
 from .slabs import SlabPool, fd_limit_error
-from .zygote import block_sigint_in_this_thread
 
 __all__ = ["Fetcher", "adopt_raw", "claim_mismatch_error", "retire_everywhere", "take_result"]
 

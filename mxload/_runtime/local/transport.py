@@ -13,6 +13,7 @@ from ..._core import ClaimMismatch, RawBatch, ReorderBuffer, TaskHold, claim_bat
 from ...errors import SHARED_MEMORY_ADVICE, LoaderTimeoutError, SharedMemoryError
 from .. import messages as m
 from .. import wire
+from ..os_signals import process_state
 from ..transport import Transport, TransportSetup, WorkerLoss
 from . import launcher
 from .launcher import (
@@ -23,7 +24,6 @@ from .launcher import (
     ProcessHandle,
     describe_exit,
     outside_main_guard,
-    process_state,
 )
 from .receiver import Fetcher, adopt_raw, claim_mismatch_error, retire_everywhere
 from .slabs import COPY_KEPT_FROM, SlabPool

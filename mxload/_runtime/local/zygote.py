@@ -65,6 +65,7 @@ from ..._core import watch_main_process
 from ...errors import WorkerError
 from .. import messages as m
 from .. import os_threads, wire
+from ..os_signals import reset_inherited_signals
 from . import fds as _fds
 from .heap import freeze_inherited_objects
 
@@ -124,33 +125,6 @@ def sigint_deferred() -> Iterator[None]:
                 raised = None
 
 
-def reset_inherited_signals() -> None:
-    """In a zygote or worker: undo what the training process set up for
-    itself.  Its Python signal handlers (a SIGTERM handler that checkpoints
-    and exits, a SIGALRM step timeout) are the training loop's, not ours:
-    SIGTERM must end a worker (the shutdown sends it).  And SIGCHLD ignored
-    (SIG_IGN, an anti-zombie idiom, inherited through fork and exec) makes
-    the kernel discard our children's exit status: the zygote's waitpid
-    would fail and the zygote die, and a worker's own subprocesses could
-    not be waited for."""
-    reset = set()
-    for signum in signal.valid_signals():
-        if signum in (signal.SIGKILL, signal.SIGSTOP):
-            continue
-        try:
-            handler = signal.getsignal(signum)
-            if callable(handler) or (signum == signal.SIGCHLD and handler == signal.SIG_IGN):
-                signal.signal(signum, signal.SIG_DFL)
-                reset.add(signum)
-        except (OSError, ValueError):
-            pass
-    # Blocked by the starting thread (sigint_deferred), now at their
-    # defaults: a SIGTERM pending since then ends this process, as meant.
-    # SIGINT stays blocked until the caller ignores it.
-    reset.discard(signal.SIGINT)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, reset)
-
-
 def ensure_fork_server() -> None:
     """Start multiprocessing's fork server (and its resource tracker) if they
     are not running, with SIGINT blocked as sigint_deferred promises: the
@@ -161,11 +135,6 @@ def ensure_fork_server() -> None:
     resource_tracker.ensure_running()
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     forkserver.ensure_running()
-
-
-def block_sigint_in_this_thread() -> None:
-    """For mxload's own threads: Ctrl-C is the main thread's business."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 
 
 class SpawnedWorker:

@@ -41,7 +41,7 @@ from ..._collate.layout import views_from_layout
 from ...errors import WorkerError
 from .. import messages as m
 from .. import os_threads
-from ..local.launcher import process_state
+from ..os_signals import block_sigint_in_this_thread, process_state
 from ..transport import Transport, TransportSetup, WorkerLoss
 from .actor import LoaderActor
 from .errors import creation_error, first_line, plain
@@ -359,7 +359,6 @@ class RayTransport(Transport):
     # ---------------------------------------------------------------- results (fetcher thread)
 
     def _fetch_loop(self) -> None:
-        from ..local.zygote import block_sigint_in_this_thread
         block_sigint_in_this_thread()
         try:
             while not self._stopping and self._handle_next():
