@@ -28,6 +28,7 @@ import numpy.typing as npt
 
 from ._checks import check_int
 from ._core import CheckedBatches, DrawnBatches
+from ._keys import encode_key
 
 __all__ = [
     "Sampler",
@@ -127,11 +128,10 @@ def _slices(indices: IndexArray, size: int, start: int) -> Iterator[IndexArray]:
 def _key_batch(key: Any, position: int) -> Any:
     """batch_size=None: an integer key is the one-index batch [key]; any other (a list of
     indices, a slice...) is passed to ``dataset[...]`` as it is, as torch does, so it travels
-    encoded (``_runtime.source.encode_key``)."""
+    encoded (``_keys.encode_key``)."""
     try:
         return np.array([operator.index(key)], np.int64)
     except (TypeError, OverflowError):
-        from ._runtime.source import encode_key
         return encode_key(key)
 
 

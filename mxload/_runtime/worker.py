@@ -131,7 +131,7 @@ class WorkerConfig:
     # main process or the fork server, and a watchdog thread notices the main
     # process's end of our socket closing instead.
     zygote_child: bool
-    # batch_size=None: each task is one sampler key for dataset[key] (source.encode_key).
+    # batch_size=None: each task is one sampler key for dataset[key] (_keys.encode_key).
     keyed: bool = False
     # How this worker seeds its global RNGs (_options.SEEDINGS); "torch": from base_seed, the
     # base seed of the iteration that started this engine's workers.
