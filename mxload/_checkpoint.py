@@ -13,14 +13,35 @@ dropped.
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ._runtime.progress import EpochProgress
 from ._torch_compat import generator_state, set_generator_state, shuffle_generator
 from .sampler import load_sampler_state, sampler_state
 
-if TYPE_CHECKING:
-    from .dataloader import DataLoader
+
+class LoaderView(Protocol):
+    """What a loader's checkpoints read of it (dataloader.DataLoader, which imports this module:
+    so it is named by what it offers).  Nothing here sets anything on the loader: what a loaded
+    state changes, the loader applies itself."""
+
+    @property
+    def dataset(self) -> Any: ...
+
+    @property
+    def sampler(self) -> Any: ...
+
+    @property
+    def _index_sampler(self) -> Any: ...   # torch's name: the batch sampler, else the sampler
+
+    @property
+    def iterable(self) -> bool: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def seed(self) -> int: ...   # drawn when read, if torch's is still to come
 
 STATE_VERSION = 1
 
@@ -109,7 +130,7 @@ class LoaderPosition:
         self.resume: dict[str, Any] | None = None
         self._torch_rng: str | None = None
 
-    def before_draws(self, loader: DataLoader[Any]) -> None:
+    def before_draws(self, loader: LoaderView) -> None:
         """An iter() begins, before it draws from torch's RNGs (its base seed, then a torch
         RandomSampler's order): the state of the generator that order comes from is what fixes
         it, recorded here for the epoch's checkpoints (torch's samplers have no state of their
@@ -124,7 +145,7 @@ class LoaderPosition:
             set_generator_state(generator, resume["torch_rng"])
         self._torch_rng = generator_state(generator)
 
-    def epoch_starting(self, loader: DataLoader[Any]) -> EpochProgress:
+    def epoch_starting(self, loader: LoaderView) -> EpochProgress:
         """The progress of the epoch about to start; call before the sampler advances."""
         resume, self.resume = self.resume, None
         if self.progress is not None:
@@ -140,7 +161,7 @@ class LoaderPosition:
         self.progress = progress
         return progress
 
-    def state(self, loader: DataLoader[Any], redrawn: bool = False) -> dict[str, Any]:
+    def state(self, loader: LoaderView, redrawn: bool = False) -> dict[str, Any]:
         """The loader's position; `redrawn`: the epoch auto_reload drew ahead is stale (the
         sampler changed since) and the next iter() draws it again, under its epoch number,
         from the sampler as it is now."""
@@ -169,11 +190,13 @@ class LoaderPosition:
             state["samples"] = samples
         return state
 
-    def load(self, loader: DataLoader[Any], state: Any) -> None:
-        """Check `state` as a whole, then make the loader's next iter() resume
-        it; nothing changes if any part is wrong."""
+    def load(self, loader: LoaderView, given: Any) -> dict[str, Any]:
+        """Check `state` as a whole and load the sampler's and the dataset's parts (nothing
+        changes if any part is wrong); returns the checked state, for the loader to end what
+        belongs to the old position, take the state's seed and epoch, and hand the state to
+        resume_from() so that its next iter() resumes it."""
         # A copy: the caller may change its dict afterwards (checked now, used at the next iter()).
-        state = check_state(copy.deepcopy(state))
+        state = check_state(copy.deepcopy(given))
         load = getattr(loader.dataset, "load_state_dict", None)
         if state.get("dataset") is not None and load is None:
             raise ValueError(f"the state carries dataset state but {type(loader.dataset).__name__} "
@@ -209,9 +232,10 @@ class LoaderPosition:
                 raise
         else:
             load_dataset()
-        loader.close()  # a live epoch or persistent workers belong to the old position
-        loader.seed = state["seed"]
-        loader.epoch = state["epoch"]
+        return state
+
+    def resume_from(self, state: dict[str, Any]) -> None:
+        """The next iter() resumes `state` (checked by load())."""
         self.progress = None
         self.resume = state
 

@@ -10,7 +10,6 @@ it gets with torch's loader.  The base seed drawn is the one the workers of
 ``seeding="torch"`` start from (``base_seed + worker id``, as torch's)."""
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from ._rng import derived_seed
@@ -18,40 +17,45 @@ from ._torch_compat import seed_from_torch
 from .sampler import RandomSampler
 
 if TYPE_CHECKING:
-    from .dataloader import DataLoader
+    from ._options import LoaderOptions
 
 
 class RunSeed:
+    """When the run's seed and each iteration's base seed are drawn.  It reads what it is
+    given and returns what it drew: the loader (dataloader.py, which imports this module) sets
+    its own seed and options from that."""
+
     def __init__(self, torch_seeded: bool):
         self.pending = torch_seeded   # drawn at the first iter(), as torch's
         self._base_drawn = False
 
-    def draw(self, loader: DataLoader[Any]) -> None:
-        """Draw the run's seed from torch (the loader's generator, or torch's global RNG): also the
-        base seed of the first iteration's workers."""
-        seed = seed_from_torch(loader.generator)
+    def draw(self, generator: Any) -> int:
+        """The run's seed, drawn from torch (the loader's `generator`, or torch's global RNG):
+        also the base seed of the first iteration's workers, and the seed of the loader's own
+        RandomSampler (DataLoader._seeded sets them)."""
+        seed = seed_from_torch(generator)
         self._base_drawn = True
-        loader.seed = seed
-        loader._options = dataclasses.replace(loader._options, base_seed=seed)
-        if loader._options.own_sampler and isinstance(loader.sampler, RandomSampler):
-            loader.sampler.seed = seed
+        return seed
 
-    def iteration_starts(self, loader: DataLoader[Any]) -> None:
-        """An iter() begins: draw what torch's iter() draws from torch's RNGs, and set the base seed
-        of the workers it starts (``loader._options.base_seed``).  torch's iterator draws its base
-        seed when made, at every iter() but not again for persistent workers (it is reset, its
-        workers go on); its RandomSampler (shuffle without a generator) draws its own seed from the
-        global RNG after that, at the first batch.  With seed= (nothing drawn from torch) each
-        iteration's base seed follows from (seed, epoch)."""
-        options = loader._options
-        if not (loader.persistent_workers and loader.num_workers and self._base_drawn):
+    def iteration_starts(self, options: LoaderOptions, epoch: int, keeps_workers: bool, generator: Any,
+                         sampler: Any) -> tuple[int | None, int | None]:
+        """An iter() of epoch `epoch` begins: draw what torch's iter() draws from torch's RNGs.
+        Returns (the run's seed if it was drawn now, else None; the base seed of the workers
+        this iteration starts, None where `keeps_workers`: persistent workers go on with theirs).
+        torch's iterator draws its base seed when made, at every iter() but not again for
+        persistent workers (it is reset, its workers go on); its RandomSampler (shuffle without
+        a generator) draws its own seed from the global RNG after that, at the first batch.
+        With seed= (nothing drawn from torch) each iteration's base seed follows from (seed,
+        epoch)."""
+        drawn = base = None
+        if not (keeps_workers and self._base_drawn):
             if self.pending:
-                self.draw(loader)
+                drawn = base = self.draw(generator)
             else:
                 base = (seed_from_torch(options.generator) if options.torch_seeded
-                        else derived_seed(options.seed, loader.epoch))
+                        else derived_seed(options.seed, epoch))
                 self._base_drawn = True
-                loader._options = dataclasses.replace(loader._options, base_seed=base)
-        if (options.torch_seeded and options.own_sampler and isinstance(loader.sampler, RandomSampler)
+        if (options.torch_seeded and options.own_sampler and isinstance(sampler, RandomSampler)
                 and options.generator is None):
             seed_from_torch(None)   # what torch's RandomSampler draws (mxload's shuffles from `seed`)
+        return drawn, base

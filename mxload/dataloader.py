@@ -340,13 +340,21 @@ class DataLoader(_Settings, Generic[_T_co]):
         """The run's seed: given, or drawn from torch (at the first ``iter()``, as torch draws its
         base seed; asking for it earlier draws it now), or fresh."""
         if self._run_seed.pending:
-            self._run_seed.draw(self)
+            self._seeded(self._run_seed.draw(self.generator))
         return self._options.seed
 
     @seed.setter
     def seed(self, value: int) -> None:
         self._run_seed.pending = False
         self._options = dataclasses.replace(self._options, seed=value)
+
+    def _seeded(self, seed: int) -> None:
+        """The run's seed, drawn from torch (RunSeed.draw): also the first iteration's workers'
+        base seed, and the seed of the loader's own RandomSampler."""
+        self.seed = seed
+        self._options = dataclasses.replace(self._options, base_seed=seed)
+        if self._options.own_sampler and isinstance(self.sampler, RandomSampler):
+            self.sampler.seed = seed
 
     def _epoch_batches(self, start: int) -> EpochBatches:
         """This epoch's batches of indices from batch `start` on, drawn as they are needed
@@ -370,7 +378,13 @@ class DataLoader(_Settings, Generic[_T_co]):
 
     def _start_iter(self) -> Any:
         self._position.before_draws(self)
-        self._run_seed.iteration_starts(self)
+        drawn, base = self._run_seed.iteration_starts(self._options, self.epoch,
+                                                      self.persistent_workers and bool(self.num_workers),
+                                                      self.generator, self.sampler)
+        if drawn is not None:
+            self._seeded(drawn)
+        elif base is not None:
+            self._options = dataclasses.replace(self._options, base_seed=base)
         runs = self._iterations
         # Persistent workers already running were checked when they started; "auto" takes at most
         # the usable cores (and its epochs in-process paid 0.33 ms each for the cgroup reads).
@@ -439,7 +453,11 @@ class DataLoader(_Settings, Generic[_T_co]):
             >>> [b.tolist() for b in loader]
             [[0, 1], [2, 3]]
         """
-        self._position.load(self, state)
+        state = self._position.load(self, state)
+        self.close()  # a live epoch or persistent workers belong to the old position
+        self.seed = state["seed"]
+        self.epoch = state["epoch"]
+        self._position.resume_from(state)
 
     def _follow_dataset_length(self) -> None:
         # mxload's own samplers are sized at construction; torch's read len(dataset) themselves.

@@ -66,7 +66,6 @@ KNOWN: frozenset[tuple[str, str]] = frozenset({
 # and on one listed here that is in no circle any more.
 KNOWN_IN_CIRCLES: frozenset[str] = frozenset({
     "mxload._runtime.messages", "mxload._runtime.wire", "mxload._runtime.worker",
-    "mxload._checkpoint", "mxload._seeding", "mxload.dataloader",
 })
 
 
