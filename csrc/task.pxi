@@ -172,7 +172,7 @@ cdef class QueuePut:
 
 
 # A task frame's fixed part (header and fields before the dropped slabs and indices): the
-# Python side (wire.py) checks its own layout against it at import.
+# Python side (mxload/_runtime/local/wire.py) checks its own layout against it at import.
 TASK_FRAME_FIXED_SIZE = MXL_TASK_FIXED
 
 

@@ -15,7 +15,7 @@ from conftest import race_rounds
 
 from mxload import _core
 from mxload._runtime import messages as m
-from mxload._runtime import wire
+from mxload._runtime.local import wire
 
 HEADER = struct.Struct("<2sBBIB")   # messages.py's header
 BATCH = struct.Struct("<5q")        # a BatchRef's payload

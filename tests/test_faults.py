@@ -658,8 +658,8 @@ def test_interpreter_exit_with_live_iterator_leaves_nothing(start_method):
 def test_failed_slab_allocation_says_shared_memory_ran_out(monkeypatch):
     # Fork workers inherit the patch: every new slab asks for 4 EiB, which
     # cannot be mapped, as when /dev/shm or memory is exhausted.
-    import mxload._runtime.worker
-    monkeypatch.setattr(mxload._runtime.worker, "slab_size_for", lambda nbytes, current=0: 1 << 62)
+    from mxload._runtime.local import process_worker
+    monkeypatch.setattr(process_worker, "slab_size_for", lambda nbytes, current=0: 1 << 62)
     loader = mxload.DataLoader(TupleDataset(8), batch_size=4, num_workers=1, start_method="fork")
     with pytest.raises(mxload.SharedMemoryError,
                        match="(?s)slab failed: out of memory.*cgroup.*not by the size of /dev/shm: "

@@ -22,8 +22,8 @@ from test_core_receive import batch_frame, receiver
 import mxload
 from mxload import _core
 from mxload._collate import layout
-from mxload._runtime import wire
 from mxload._runtime.local import receiver as fetcher
+from mxload._runtime.local import wire
 from mxload._runtime.local.slabs import SlabPool, create_shared_fd
 
 pytestmark = pytest.mark.timeout(60)

@@ -68,9 +68,9 @@ def test_nothing_is_done_on_request_or_without_glibc(monkeypatch):
 def test_thread_workers_leave_the_main_process_policy_alone(monkeypatch):
     """Thread workers share the training process's heap: its policy is the
     program's, never changed by mxload."""
-    from mxload._runtime import worker
+    from mxload._runtime.local import process_worker
     calls = []
-    monkeypatch.setattr(worker, "keep_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(process_worker, "keep_freed_memory", lambda: calls.append(1) or True)
     with mxload.DataLoader(_FaultsPerSample(), batch_size=1, num_workers=2, thread_pool=True) as loader:
         assert len(list(loader)) == 8
     assert calls == []

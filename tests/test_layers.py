@@ -39,7 +39,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("contract", ("mxload._runtime", "mxload._runtime.transport", "mxload._runtime.worker",
                   "mxload._runtime.messages", "mxload._runtime.source", "mxload._runtime.shutdown",
                   "mxload._runtime.remote_errors", "mxload._runtime.batch_errors",
-                  "mxload._runtime.progress", "mxload._runtime.wire")),
+                  "mxload._runtime.progress")),
     ("options", ("mxload._options",)),
     ("data/config", ("mxload.dataset", "mxload.sampler", "mxload.batchify", "mxload._collate.**",
                      "mxload.profiler", "mxload.backends", "mxload.synthetic")),
@@ -54,19 +54,6 @@ TRANSPORTS = ("mxload._runtime.local.**", "mxload._runtime.ray.**", "mxload._run
 # The one module above the transports that may import them (it makes a backend's transport).
 NAMES_TRANSPORTS = "mxload._runtime.transports"
 
-# Imports against the rules that are still in the tree, each as (importer, imported).  The test
-# fails on any other, and on an entry here that is gone (so this list only shrinks).
-KNOWN: frozenset[tuple[str, str]] = frozenset({
-    ("mxload._runtime.wire", "mxload._runtime.local.slabs"),
-    ("mxload._runtime.worker", "mxload._runtime.local.heap"),
-    ("mxload._runtime.worker", "mxload._runtime.local.inherit"),
-    ("mxload._runtime.worker", "mxload._runtime.local.slabs"),
-})
-# The modules still in an import circle: the test fails on a circle through any other module,
-# and on one listed here that is in no circle any more.
-KNOWN_IN_CIRCLES: frozenset[str] = frozenset({
-    "mxload._runtime.messages", "mxload._runtime.wire", "mxload._runtime.worker",
-})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,21 +227,15 @@ def circles(modules: Iterable[str], edges: Iterable[Import]) -> list[list[str]]:
 def test_every_module_is_in_a_layer_and_no_import_runs_upward_or_across_transports():
     modules, edges = import_graph()
     assert "mxload._runtime.engine" in modules and len(edges) > 100, "the walk found mxload's modules"
-    found = violations(modules, edges)
-    unexpected = [v.message for v in found if (v.importer, v.imported) not in KNOWN]
-    gone = sorted(KNOWN - {(v.importer, v.imported) for v in found})
-    assert not unexpected, "imports against the layers (docs/design.md):\n" + "\n".join(unexpected)
-    assert not gone, f"no longer in the tree or no longer against the rules, remove from KNOWN: {gone}"
+    found = [v.message for v in violations(modules, edges)]
+    assert not found, "imports against the layers (docs/design.md):\n" + "\n".join(found)
 
 
 def test_no_import_circle():
     modules, edges = import_graph()
     found = circles(modules, edges)
-    unexpected = [c for c in found if not set(c) <= KNOWN_IN_CIRCLES]
-    gone = sorted(KNOWN_IN_CIRCLES - {m for c in found for m in c})
-    assert not unexpected, "import circles (TYPE_CHECKING and lazy imports included):\n" + "\n".join(
-        " <-> ".join(c) for c in unexpected)
-    assert not gone, f"in no circle any more, remove from KNOWN_IN_CIRCLES: {gone}"
+    assert not found, "import circles (TYPE_CHECKING and lazy imports included):\n" + "\n".join(
+        " <-> ".join(c) for c in found)
 
 
 # The checker itself: a planted back-import, a sideways import across transports, an unplaced

@@ -14,7 +14,7 @@ import pytest
 
 from mxload import _core
 from mxload._runtime import messages as m
-from mxload._runtime import wire
+from mxload._runtime.local import wire
 
 ERROR = m.ExceptionInfo.of(ValueError("bad sample 3"))
 TIMINGS = m.Timings(1, 2, 3, 4, [("x", "stack", 8, (2,), "<f4")], [5])

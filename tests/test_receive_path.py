@@ -16,7 +16,7 @@ import pytest
 from conftest import race_rounds
 
 import mxload
-from mxload._runtime import worker as _worker
+from mxload._runtime.local import process_worker as _worker
 
 
 class Rows(mxload.Dataset):

@@ -1,5 +1,5 @@
-"""The one task loop of process and thread workers (mxload/_runtime/worker.py),
-driven through a fake link: what a worker answers to each task."""
+"""The one task loop of process and thread workers (mxload/_runtime/worker.py; a process's
+link: local/process_worker.py), driven through a fake link: what a worker answers to each task."""
 import numpy as np
 import pytest
 

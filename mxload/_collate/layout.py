@@ -2,7 +2,7 @@
 a shared-memory slab, and how the consumer rebuilds it as numpy views over
 the same slab, without copying.
 
-Cross-process format: this module and ``mxload/_runtime/messages.py`` / ``wire.py`` are
+Cross-process format: this module and ``mxload/_runtime/messages.py`` / ``local/wire.py`` are
 the only ones that define a format crossing processes (wire.py frames
 the messages; a batch's message carries its Layout, pickled).  Change one
 of the node kinds below and a worker and its consumer disagree.

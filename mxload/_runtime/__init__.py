@@ -1,6 +1,6 @@
 """The loader's runtime: how a batch travels from the sampler to the consumer,
 one module per stage.  Its only input is the loader's LoaderOptions
-(``mxload/_options.py``); only ``messages.py`` and ``wire.py`` (and ``mxload/_collate``'s
+(``mxload/_options.py``); only ``messages.py`` and ``local/wire.py`` (and ``mxload/_collate``'s
 layout) define a format that crosses processes.
 
     epoch.py       start_epoch and the one EpochIterator, for 0 workers (InProcessBatches)
@@ -28,6 +28,10 @@ layout) define a format that crosses processes.
       receiver.py    the receive path (run by the consumer) and the watcher thread:
                      adopt slabs, views, notice deaths
       zygote.py      the zygote (fork), spawn and forkserver workers, SIGINT at starts
+      process_worker.py  a worker process's side of the task loop: its entry point, its
+                     socket, collating into slabs
+      wire.py        the messages' frames on a socket: send/recv of one frame, the packed
+                     Task and BatchRef layouts (sizes checked against the core's)
       slabs.py       memfd slabs and the main process's pool
       heap.py        a worker process keeps the memory it frees (malloc thresholds), and
                      keeps what it inherited by fork out of its garbage collector (gc.freeze)
@@ -36,15 +40,14 @@ layout) define a format that crosses processes.
     ray/           backend="ray": RayTransport (transport.py) and the LoaderActor
                    (actor.py), workers anywhere in a Ray cluster; Ray's error texts as
                    mxload quotes them (errors.py: no colour codes, an actor's creation error)
-    worker.py      the one task loop of process and thread workers; WorkerInfo, seeding
+    worker.py      the one task loop of process and thread workers and Ray actors (it
+                   imports no transport); WorkerInfo, seeding
     source.py      the samples of a batch (map-style indices or a stream)
     remote_errors.py  a worker's exception rebuilt in the training process (never raises)
     batch_errors.py   a batch's error as the loop gets it, in every mode (StopIteration,
                    SystemExit & co made errors of that batch)
     messages.py    Task, Stop, Batch, NewSlab, Loaded, Failed, Exhausted, InitFailed,
                    zygote and spawn messages (the types)
-    wire.py        their frames on a socket: send/recv of one frame, the packed Task and
-                   BatchRef layouts (sizes checked against the core's)
 
 One batch with worker processes:
 
@@ -54,7 +57,7 @@ One batch with worker processes:
          as the window has room -> the transport's put_task: TaskHold holds it for a pair,
          _core.send_tasks packs and sends (a pooled slab with each) over the worker's socket
     worker process: worker.serve -> source.SampleSource.samples -> plan + fill the slab
-      -> Batch (or NewSlab with its descriptor, Failed, Exhausted) -> wire.send
+      -> Batch (or NewSlab with its descriptor, Failed, Exhausted) -> local/wire.send
     training loop: EpochIterator.__next__ -> _core.EngineWindow.next_batch -> transport.next_result:
       the batch is in the ReorderBuffer, or the consumer receives it itself
       (receiver.Fetcher.next_result -> _core.FrameReceiver.get, GIL released: reads the workers'

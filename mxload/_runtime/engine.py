@@ -32,14 +32,13 @@ import numpy as np
 from .._core import EngineWindow, RawBatch, ReorderBuffer, defer_sigint
 from ..backends import workers_backend
 from ..errors import WorkerError
-from . import wire
 from .engine_errors import aborted_error, forked_child_error, timeout_error
+from .messages import ProtocolError, WorkerConfig
 from .results import CLOSED_BY_OTHER, END, EXHAUSTED, BatchFailure, Supervisor
 from .roster import Roster
 from .shutdown import CLOSED, RUNNING, SHUTTING_DOWN, shutdown_sequence
 from .transport import Transport, TransportSetup
 from .transports import make_transport
-from .worker import WorkerConfig
 
 if TYPE_CHECKING:
     from .._options import LoaderOptions
@@ -81,7 +80,7 @@ class Engine:
         self._plan: EpochPlan | None = None
         # The window and the consumer's hand-over (compiled: they run once per batch).
         self.window = EngineWindow(self, self.lock, self.roster, self.buffer, self.supervisor, self.counts,
-                                   (END, CLOSED_BY_OTHER, EXHAUSTED, BatchFailure, wire.ProtocolError))
+                                   (END, CLOSED_BY_OTHER, EXHAUSTED, BatchFailure, ProtocolError))
         window = self.window
         window.prefetch = max(options.prefetch, 1)
         window.in_order = options.in_order

@@ -1,5 +1,6 @@
 """The messages between the main process, the worker zygote and the workers, as types
-(how they are framed on a socket: wire.py; how a batch lies in a slab: ``mxload/_collate/layout.py``).
+(how they are framed on a local worker's socket: local/wire.py; how a batch lies in a slab:
+``mxload/_collate/layout.py``), and what a worker is started with (WorkerConfig).
 
     main -> worker      Task (carrying the task's slab descriptor the first time a
                         worker is given that slab), Stop
@@ -19,21 +20,73 @@ from __future__ import annotations
 
 import pickle
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from .._collate.layout import Layout
+from .source import SampleSource
 
 if TYPE_CHECKING:
-    from .worker import WorkerConfig
+    from .._options import LoaderOptions
 
 __all__ = [
     "ExceptionInfo", "Timings",
     "Task", "Stop", "Batch", "BatchRef", "NewSlab", "Loaded", "Failed", "Exhausted", "InitFailed",
     "StartWorker", "Started", "StartFailed", "Exited", "Handover", "RemoteBatch", "ActorReady",
-    "Message", "WorkerResult",
+    "Message", "WorkerResult", "WorkerConfig", "Payload", "ProtocolError",
 ]
+
+
+class ProtocolError(Exception):
+    """A frame that is not a message of this protocol (another program, or
+    another mxload version, writes to the channel)."""
+
+
+# (dataset, batchify_fn, worker_init_fn): the user's objects every worker gets.
+Payload = tuple[Any, Callable[..., Any], Callable[[int], None] | None]
+
+
+@dataclass
+class WorkerConfig:
+    """Everything a worker needs besides its channel (picklable for spawn)."""
+    worker_id: int
+    num_workers: int
+    seed: int
+    epoch: int
+    payload: Payload | bytes     # or its pickle (spawn, forkserver: pickled once for all workers)
+    iterable: bool
+    batch_size: int              # samples per batch of a stream
+    drop_last: bool
+    # Forked by the zygote: its only thread forked us, so the kernel's parent
+    # death signal is sound (armed there).  Otherwise (spawn, forkserver) the parent is the
+    # main process or the fork server, and a watchdog thread notices the main
+    # process's end of our socket closing instead.
+    zygote_child: bool
+    # batch_size=None: each task is one sampler key for dataset[key] (_keys.encode_key).
+    keyed: bool = False
+    # How this worker seeds its global RNGs (_options.SEEDINGS); "torch": from base_seed, the
+    # base seed of the iteration that started this engine's workers.
+    seeding: str = "per_worker"
+    base_seed: int = 0
+    # With a pickled payload, the descriptors its multiprocessing objects need (local/inherit.py):
+    # a list in the worker; in a forkserver worker's arguments, a ForChild.
+    payload_fds: Any = ()
+
+    @classmethod
+    def first(cls, options: LoaderOptions, epoch: int) -> WorkerConfig:
+        """Worker 0's, for a loader's engine starting at `epoch` (a transport makes the others')."""
+        return cls(0, options.num_workers, options.seed, epoch,
+                   (options.dataset, options.batchify_fn, options.worker_init_fn),
+                   options.iterable, options.fetch_batch_size, options.drop_last,
+                   zygote_child=False, keyed=not options.auto_batching, seeding=options.seeding,
+                   base_seed=options.base_seed)
+
+    def source(self, dataset: Any) -> SampleSource:
+        return SampleSource(dataset, self.iterable, self.batch_size, self.drop_last, self.seed, self.keyed,
+                            self.seeding)
 
 
 class ExceptionInfo(NamedTuple):

@@ -24,7 +24,7 @@ from ..errors import WorkerError
 from . import messages as m
 
 if TYPE_CHECKING:
-    from .worker import WorkerConfig
+    from .messages import WorkerConfig
 
 __all__ = ["Delivery", "ResultSink", "Transport", "TransportSetup", "WorkerLoss"]
 

@@ -1,50 +1,37 @@
-"""The worker: one task loop for worker processes and worker threads, with
-worker info, seeding, and (processes) the death signal and parent watchdog.
+"""The worker: one task loop for worker processes, worker threads and Ray actors, with
+worker info and seeding.
 
 A worker takes Tasks, loads each batch's samples (source.py), collates them
 and answers with one result per task (messages.py).  What differs between a
-process and a thread is only its link to the main process (_ProcessLink,
-_ThreadLink): where tasks come from, where the batch is collated (a
-shared-memory slab, or private memory), how results go back, and which
-exceptions are a batch's failure rather than the worker's end.
+process and a thread is only its link to the main process (a _Link: a process's
+is local/process_worker.py's, with the death signal and the parent watchdog; a
+thread's is _ThreadLink below): where tasks come from, where the batch is
+collated (a shared-memory slab, or private memory), how results go back, and
+which exceptions are a batch's failure rather than the worker's end.  This
+module is transport-neutral: it imports no transport.
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
-import os
-import pickle
 import queue
 import random
-import select
-import signal
-import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from .. import _rng
 from .._collate import plan as _plan
-from .._core import Slab, watch_main_process
 from .._torch_compat import enter_worker, torch_numpy_seed
 from . import messages as m
-from . import wire
-from .local.heap import freeze_inherited_objects, keep_freed_memory
-from .local.inherit import unpickle_payload
-from .local.slabs import create_shared_fd, map_slab, slab_size_for
-from .os_signals import reset_inherited_signals
+from .messages import Payload, WorkerConfig
 from .source import SampleSource
 
-if TYPE_CHECKING:
-    from .._options import LoaderOptions
-
-__all__ = ["WorkerInfo", "WorkerConfig", "get_worker_info", "worker_seed", "in_worker_process",
-           "worker_process_main", "thread_worker_main", "answer", "report_start_failure",
-           "enter_process", "reseed_process"]
+__all__ = ["WorkerInfo", "get_worker_info", "worker_seed", "in_worker_process", "serve",
+           "thread_worker_main", "answer", "enter_process", "reseed_process"]
 
 
 @dataclass(frozen=True)
@@ -109,50 +96,6 @@ def worker_seed(seed: int, epoch: int, worker_id: int) -> int:
 def in_worker_process() -> bool:
     """True inside a mxload worker process (which must not start workers itself)."""
     return _process_info is not None
-
-
-# (dataset, batchify_fn, worker_init_fn): the user's objects every worker gets.
-Payload = tuple[Any, Callable[..., Any], Callable[[int], None] | None]
-
-
-@dataclass
-class WorkerConfig:
-    """Everything a worker needs besides its channel (picklable for spawn)."""
-    worker_id: int
-    num_workers: int
-    seed: int
-    epoch: int
-    payload: Payload | bytes     # or its pickle (spawn, forkserver: pickled once for all workers)
-    iterable: bool
-    batch_size: int              # samples per batch of a stream
-    drop_last: bool
-    # Forked by the zygote: its only thread forked us, so the kernel's parent
-    # death signal is sound (armed there).  Otherwise (spawn, forkserver) the parent is the
-    # main process or the fork server, and a watchdog thread notices the main
-    # process's end of our socket closing instead.
-    zygote_child: bool
-    # batch_size=None: each task is one sampler key for dataset[key] (_keys.encode_key).
-    keyed: bool = False
-    # How this worker seeds its global RNGs (_options.SEEDINGS); "torch": from base_seed, the
-    # base seed of the iteration that started this engine's workers.
-    seeding: str = "per_worker"
-    base_seed: int = 0
-    # With a pickled payload, the descriptors its multiprocessing objects need (local/inherit.py):
-    # a list in the worker; in a forkserver worker's arguments, a ForChild.
-    payload_fds: Any = ()
-
-    @classmethod
-    def first(cls, options: LoaderOptions, epoch: int) -> WorkerConfig:
-        """Worker 0's, for a loader's engine starting at `epoch` (a transport makes the others')."""
-        return cls(0, options.num_workers, options.seed, epoch,
-                   (options.dataset, options.batchify_fn, options.worker_init_fn),
-                   options.iterable, options.fetch_batch_size, options.drop_last,
-                   zygote_child=False, keyed=not options.auto_batching, seeding=options.seeding,
-                   base_seed=options.base_seed)
-
-    def source(self, dataset: Any) -> SampleSource:
-        return SampleSource(dataset, self.iterable, self.batch_size, self.drop_last, self.seed, self.keyed,
-                            self.seeding)
 
 
 R = TypeVar("R")
@@ -266,178 +209,6 @@ def reseed_process(config: WorkerConfig, epoch: int) -> None:
     streams."""
     if config.seeding != "torch":
         _seed_worker(config, epoch)
-
-
-def worker_process_main(config: WorkerConfig, sock: socket.socket) -> None:
-    """Entry point of a worker process."""
-    # Ctrl-C goes to the whole process group; the main process owns it and
-    # ends us through the shutdown path, so ignore it (no worker tracebacks).
-    # It arrives blocked (the starting thread blocked it): a Ctrl-C pending
-    # since then is discarded here, never delivered.
-    reset_inherited_signals()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    freeze_inherited_objects()   # a fork's inherited heap stays out of the collector's way (local/heap.py)
-    keep_freed_memory()   # before the dataset allocates anything (local/heap.py: page faults per batch)
-    if not config.zygote_child:   # a zygote child was armed by the zygote (local/zygote.die_with_parent)
-        watch_main_process(sock.fileno())
-    payload = config.payload
-    if isinstance(payload, bytes):
-        try:
-            payload = unpickle_payload(payload, list(config.payload_fds))
-        except Exception as e:
-            report_start_failure(sock, e, "unpickling the dataset, batchify_fn and worker_init_fn")
-            return
-    assert not isinstance(payload, bytes)
-    enter_process(config, payload[0])
-    try:
-        serve(_ProcessLink(config, sock), config.worker_id, payload, config.source(payload[0]), config.epoch)
-    except (EOFError, BrokenPipeError, ConnectionResetError):
-        pass  # the main process went away: nothing left to serve
-
-
-def report_start_failure(sock: socket.socket, error: BaseException, doing: str) -> None:
-    """This worker process cannot start (`doing` raised `error`): tell the
-    main process why, so its error names the cause, not only an exit code."""
-    try:
-        wire.send(sock, m.InitFailed(m.ExceptionInfo.of(error), doing))
-    except OSError:
-        pass   # the main process is gone: nobody to tell
-
-
-# A batch encoded for its frame, with the new slab's descriptor (-1: none).
-_Encoded = tuple[bytes, int]
-
-
-# Distinct layouts a worker names by id; a batch with another layout goes in full.
-MAX_NAMED_LAYOUTS = 64
-
-
-class Layouts:
-    """The layouts this worker named by id (the main process keeps them by
-    the same id), so a batch whose layout is known travels as a fixed-size
-    BatchRef instead of a pickle."""
-
-    def __init__(self) -> None:
-        self._ids: dict[bytes, int] = {}
-
-    def lookup(self, plan: Any) -> tuple[int, bool]:
-        """(layout id, whether it is new), or (-1, False) when this plan's
-        layout cannot be named: it carries per-batch objects, or too many
-        layouts were named already."""
-        if plan.objects:
-            return -1, False
-        key = pickle.dumps(plan.layout(), protocol=pickle.HIGHEST_PROTOCOL)
-        got = self._ids.get(key)
-        if got is not None:
-            return got, False
-        if len(self._ids) >= MAX_NAMED_LAYOUTS:
-            return -1, False
-        self._ids[key] = len(self._ids)
-        return self._ids[key], True
-
-
-class _ProcessLink(_Link[_Encoded]):
-    """A worker process's socket.  Reads ahead, so a stop request queued
-    behind already-dispatched tasks is seen before the next task starts
-    (after `break`, queued work is skipped, not done); maps the slab
-    descriptors that come with their tasks; collates into shared memory."""
-    init_errors = (Exception, SystemExit)
-
-    def __init__(self, config: WorkerConfig, sock: socket.socket):
-        super().__init__()
-        self._config = config
-        self._sock = sock
-        self._poller = select.poll()
-        self._poller.register(sock.fileno(), select.POLLIN)
-        self._pending: collections.deque[m.Task] = collections.deque()
-        self._slabs: dict[int, Slab] = {}
-        self._stopped = False
-        self._layouts = Layouts()
-
-    def _read_one(self) -> None:
-        task, fds = wire.recv(self._sock)
-        if not isinstance(task, m.Task):
-            for fd in fds:
-                os.close(fd)
-            if not isinstance(task, m.Stop):
-                raise wire.ProtocolError(f"a worker received {type(task).__name__}, not a Task or Stop")
-            self._stopped = True
-            return
-        for dropped in task.drop_slabs:
-            self._slabs.pop(dropped, None)
-        if fds:
-            try:
-                assert task.slab_id is not None
-                self._slabs[task.slab_id] = map_slab(fds[0], task.slab_size, task.slab_id)
-            finally:
-                os.close(fds[0])
-        self._pending.append(task)
-
-    def next_task(self) -> m.Task | None:
-        timeout_ms = 0 if self._pending else -1
-        while not self._stopped:
-            if self._poller.poll(timeout_ms):
-                self._read_one()
-                timeout_ms = 0          # drain whatever else is already here
-                continue
-            if self._pending:
-                return self._pending.popleft()
-            timeout_ms = -1
-        return None
-
-    def reseed(self, epoch: int) -> None:
-        reseed_process(self._config, epoch)
-
-    def collate(self, task: m.Task, samples: Any, batchify_fn: Callable[..., Any],
-                t0: int, t1: int) -> _Encoded:
-        new_fd = -1
-        try:
-            plan = _plan.plan_batch(batchify_fn, samples, task.batch_index)
-            slab = self._slabs.get(task.slab_id) if task.slab_id is not None else None
-            fill_ns: list[Any] = []
-            reply: m.Batch | m.NewSlab
-            if plan.nbytes == 0:
-                reply = m.Batch(task.epoch, task.batch_index, task.slab_id, 0, plan.layout(), None)
-            elif slab is not None and slab.size >= plan.nbytes:
-                assert task.slab_id is not None
-                _, fill_ns = plan.fill(slab)
-                layout_id, new = self._layouts.lookup(plan)
-                if layout_id >= 0 and not new and not task.profiling:
-                    return wire.encode(m.BatchRef(task.epoch, task.batch_index, task.slab_id, plan.nbytes,
-                                               layout_id)), -1
-                reply = m.Batch(task.epoch, task.batch_index, task.slab_id, plan.nbytes, plan.layout(), None,
-                                layout_id)
-            else:
-                size = slab_size_for(plan.nbytes, slab.size if slab is not None else 0)
-                new_fd = create_shared_fd(size)
-                new_slab = map_slab(new_fd, size, None, populate=True)
-                _, fill_ns = plan.fill(new_slab)
-                del new_slab
-                reply = m.NewSlab(task.epoch, task.batch_index, size, plan.nbytes, plan.layout(), None)
-            if task.profiling:
-                t2 = time.monotonic_ns()
-                stats, field_ns = plan.field_stats(fill_ns)
-                reply = reply._replace(timings=m.Timings(t0, t1 - t0, t2 - t1, time.monotonic_ns(),
-                                                         stats, field_ns))
-            # Encoded here, inside the batch's try: an unpicklable object in
-            # the batch is reported as this batch's error, not as a dead worker.
-            return wire.encode(reply, 1 if new_fd >= 0 else 0), new_fd
-        except BaseException:
-            if new_fd >= 0:
-                os.close(new_fd)
-            raise
-
-    def send_batch(self, reply: _Encoded) -> None:
-        frame, new_fd = reply
-        try:
-            wire.send_encoded(self._sock, frame, [new_fd] if new_fd >= 0 else [])
-        finally:
-            if new_fd >= 0:
-                os.close(new_fd)
-
-    def send(self, message: m.Failed | m.Exhausted | m.InitFailed) -> None:
-        wire.send(self._sock, message)
 
 
 # ---------------------------------------------------------------- worker threads

@@ -28,11 +28,13 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from ..._core import WorkerChannel
 from ...errors import UnpicklablePayloadError, WorkerError
-from .. import wire
+from ..messages import Payload, WorkerConfig
 from ..shutdown import SHUTDOWN_DEADLINE_S, SHUTDOWN_GRACE_S, SHUTDOWN_TERMINATE_S
-from ..worker import Payload, WorkerConfig, in_worker_process, worker_process_main
+from ..worker import in_worker_process
 from . import fds as _fds
+from . import wire
 from .inherit import ForChild, pickle_payload
+from .process_worker import worker_process_main
 from .slabs import fd_limit_error
 from .zygote import ForkServerWorker, SpawnedWorker, Zygote, ZygoteWorker, ensure_fork_server, sigint_deferred
 

@@ -41,11 +41,12 @@ from ..._core import (
 )
 from ...errors import SharedMemoryError, WorkerError
 from .. import messages as m
-from .. import os_threads, wire
+from .. import os_threads
 from ..os_signals import block_sigint_in_this_thread
 from ..shutdown import SHUTDOWN_DEADLINE_S
 from ..transport import Delivery, ResultSink
 from . import fds as _fds
+from . import wire
 from .launcher import ProcessHandle
 from .slabs import SlabPool, fd_limit_error
 

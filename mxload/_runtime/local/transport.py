@@ -1,5 +1,5 @@
 """The process transport: worker processes on this machine, one socket per worker for tasks
-and results (../wire.py), batches in pooled shared-memory slabs (slabs.py), the receive
+and results (wire.py), batches in pooled shared-memory slabs (slabs.py), the receive
 path and the watcher thread (receiver.py), lives managed by the launcher (launcher.py)."""
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ import numpy as np
 from ..._core import ClaimMismatch, RawBatch, ReorderBuffer, TaskHold, claim_batch, defer_sigint, send_tasks
 from ...errors import SHARED_MEMORY_ADVICE, LoaderTimeoutError, SharedMemoryError
 from .. import messages as m
-from .. import wire
 from ..os_signals import process_state
 from ..transport import Transport, TransportSetup, WorkerLoss
-from . import launcher
+from . import launcher, wire
 from .launcher import (
     UNGUARDED_MAIN_HINT,
     Closing,

@@ -41,7 +41,7 @@ forkserver: workers are multiprocessing processes, replacements too, whose
 parent is multiprocessing's fork server: it reaps them and reports their ends
 through a status pipe each (ForkServerWorker).
 spawn and forkserver workers watch their own socket, whose other end only
-the main process holds, and SIGKILL themselves when it hangs up (worker.py).
+the main process holds, and SIGKILL themselves when it hangs up (process_worker.py).
 """
 from __future__ import annotations
 
@@ -64,13 +64,14 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from ..._core import watch_main_process
 from ...errors import WorkerError
 from .. import messages as m
-from .. import os_threads, wire
+from .. import os_threads
 from ..os_signals import reset_inherited_signals
 from . import fds as _fds
+from . import wire
 from .heap import freeze_inherited_objects
 
 if TYPE_CHECKING:
-    from ..worker import WorkerConfig
+    from ..messages import WorkerConfig
 
 # How long the zygote may take to fork a worker and answer.
 ZYGOTE_REPLY_S = 10.0
@@ -233,7 +234,7 @@ def spawned_worker_main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from multiprocessing import process, spawn
 
-    from ..worker import report_start_failure, worker_process_main
+    from .process_worker import report_start_failure, worker_process_main
     sock = socket.socket(fileno=int(sys.argv[1]))
     # Before the main module is imported (spawn.prepare), which can take
     # seconds (torch, models): a main process killed meanwhile takes us along.

@@ -21,7 +21,8 @@ from typing import Any, cast
 
 from ..._collate import plan as _plan
 from .. import messages as m
-from ..worker import WorkerConfig, _Link, answer, enter_process, reseed_process
+from ..messages import WorkerConfig
+from ..worker import _Link, answer, enter_process, reseed_process
 from .errors import plain
 
 __all__ = ["LoaderActor"]

@@ -1,4 +1,4 @@
-"""How a message crosses a socket (the types: messages.py).
+"""How a message crosses a local worker's socket (the types: ../messages.py).
 
 A frame is a header, the message's fields pickled as a plain tuple (for a BatchRef: five
 little-endian int64, see BATCH_REF; for a Task sent by ``send_task``: fixed fields, then the
@@ -29,10 +29,9 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from .. import _core
-from ..errors import SharedMemoryError, WorkerError
-from .local.slabs import fd_limit_error
-from .messages import (
+from ... import _core
+from ...errors import SharedMemoryError, WorkerError
+from ..messages import (
     Batch,
     BatchRef,
     Exhausted,
@@ -42,12 +41,14 @@ from .messages import (
     InitFailed,
     Message,
     NewSlab,
+    ProtocolError,
     Started,
     StartFailed,
     StartWorker,
     Stop,
     Task,
 )
+from .slabs import fd_limit_error
 
 __all__ = [
     "MAGIC", "VERSION", "ProtocolError", "BATCH_REF", "BATCH_REF_TAG", "HEADER_SIZE", "TASK_PREFIX",
@@ -61,11 +62,6 @@ _HEADER = struct.Struct("<2sBBIB")
 _MAX_FDS = 1       # a frame's descriptors, unless the receiver expects more (recv's max_fds)
 # The most descriptors one message can pass (Linux's SCM_MAX_FD; the header's count is a byte).
 MAX_FDS_PER_MESSAGE = 253
-
-
-class ProtocolError(Exception):
-    """A frame that is not a message of this protocol (another program, or
-    another mxload version, writes to the channel)."""
 
 
 class PackedTask(NamedTuple):
@@ -100,7 +96,7 @@ _BATCH_REF_PAYLOAD = struct.Struct("<5q")
 if (_HEADER.size, _BATCH_REF_PAYLOAD.size, _HEADER.size + _PACKED_TASK.size) != (
         _core.FRAME_HEADER_SIZE, _core.BATCH_FRAME_SIZE, _core.TASK_FRAME_FIXED_SIZE):
     raise ImportError(
-        f"mxload's compiled core frames messages with other layouts than mxload/_runtime/wire.py "
+        f"mxload's compiled core frames messages with other layouts than mxload/_runtime/local/wire.py "
         f"(header {_core.FRAME_HEADER_SIZE}, BatchRef {_core.BATCH_FRAME_SIZE}, task "
         f"{_core.TASK_FRAME_FIXED_SIZE} bytes): it was built from other sources; reinstall mxload")
 
