@@ -4,14 +4,31 @@
 behind."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
+
+import pytest
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 # The resource only the second node of the simulated cluster offers.
 REMOTE_RESOURCE = "mxload_test_remote"
 
 _current: dict = {"kind": None, "cluster": None}
+
+
+def _ray_installed() -> bool:
+    """Whether Ray can be imported, found without importing it: the test modules do not import
+    Ray at collection, so the pytest process does not carry it (its ~30 MB of private memory
+    make every fork of that process, every zygote and worker, slower) while the tests that do
+    not need it run.  A folder named ray on sys.path (Ray's /tmp/ray session folder) is a
+    namespace package, not Ray."""
+    spec = importlib.util.find_spec("ray")
+    return spec is not None and spec.origin is not None
+
+
+# The ray test modules' mark: skipped, with a reason, where Ray is not installed.
+needs_ray = pytest.mark.skipif(not _ray_installed(), reason="ray is not installed")
 
 
 def _worker_environment() -> None:

@@ -12,17 +12,9 @@ import time
 
 import numpy as np
 import pytest
+import ray_harness
 from conftest import exception_text
-
-import mxload
-from mxload.errors import LoaderTimeoutError, WorkerError
-
-ray = pytest.importorskip("ray")
-if not hasattr(ray, "init"):   # a folder named ray on sys.path (Ray's /tmp/ray session folder), not Ray
-    pytest.skip("ray is not installed", allow_module_level=True)
-
-import ray_harness  # noqa: E402
-from datasets_for_tests import (  # noqa: E402
+from datasets_for_tests import (
     AugmentedDataset,
     CorruptSample,
     DyingDataset,
@@ -35,7 +27,10 @@ from datasets_for_tests import (  # noqa: E402
     failing_init,
 )
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(120)]
+import mxload
+from mxload.errors import LoaderTimeoutError, WorkerError
+
+pytestmark = [pytest.mark.ray, ray_harness.needs_ray, pytest.mark.timeout(120)]
 
 # Ray actors reserve no whole CPU here: the suite runs 4 workers on a 2-CPU instance.
 SMALL = mxload.RayBackend(num_cpus_per_worker=0.25)
@@ -284,6 +279,7 @@ def _actors_of_job(job: str) -> list:
 
 @pytest.mark.parametrize("how", ["exit", "ctrl-c"])
 def test_interpreter_exit_and_ctrl_c_kill_the_actors(how):
+    import ray
     address = ray.get_runtime_context().gcs_address
     script = _CHILD.format(tests=ray_harness.TESTS_DIR, address=address, how=how)
     child = subprocess.Popen([sys.executable, "-c", script],
@@ -337,6 +333,8 @@ def test_the_fetcher_keeps_no_object_reference_once_it_stopped():
     from concurrent.futures import Future
     from types import SimpleNamespace
 
+    import ray
+
     from mxload._runtime import messages as m
     from mxload._runtime.ray import transport as ray_transport
     from mxload._runtime.transport import TransportSetup
@@ -389,6 +387,7 @@ def test_an_actor_that_cannot_be_created_says_why_without_colour_codes(tmp_path)
     only in Ray's worker log.  The loader's error must carry the cause, say
     what to do, and hold no escape code.  (A child process whose working
     directory holds such an mxload/, on this module's Ray instance.)"""
+    import ray
     shadow = tmp_path / "mxload"
     shadow.mkdir()
     (shadow / "__init__.py").write_text('raise ImportError("simulated: no compiled core in this mxload/")\n')

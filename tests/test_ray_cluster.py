@@ -7,18 +7,13 @@ import time
 
 import numpy as np
 import pytest
+import ray_harness
+from datasets_for_tests import AugmentedDataset, SlowDataset
 
 import mxload
 from mxload.errors import WorkerError
 
-ray = pytest.importorskip("ray")
-if not hasattr(ray, "init"):   # a folder named ray on sys.path (Ray's /tmp/ray session folder), not Ray
-    pytest.skip("ray is not installed", allow_module_level=True)
-
-import ray_harness  # noqa: E402
-from datasets_for_tests import AugmentedDataset, SlowDataset  # noqa: E402
-
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.ray, ray_harness.needs_ray, pytest.mark.timeout(180)]
 
 REMOTE = mxload.RayBackend(num_cpus_per_worker=0.5, resources={ray_harness.REMOTE_RESOURCE: 1})
 
