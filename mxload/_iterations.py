@@ -24,8 +24,8 @@ class Iterations:
         # max_worker_restarts is a budget per loader: every epoch's engine spends from this one.
         self.restarts = {"worker_restarts": 0}
         # num_workers="auto": picks the workers and window of every epoch (its counters join stats).
-        self.tuner = AutoTuner(options.num_workers, usable_cores(), options.auto_window,
-                               options.prefetch) if options.autotune else None
+        self.tuner = AutoTuner(options.workers.num_workers, usable_cores(), options.workers.auto_window,
+                               options.workers.prefetch) if options.workers.autotune else None
         # The latest engine's (Engine.counters), and the tuner's.
         self.counters: list[dict[str, int]] = [self.tuner.counts] if self.tuner is not None else []
 

@@ -52,63 +52,122 @@ _POSITIONAL_ORDER = ("dataset, batch_size, shuffle, sampler, last_batch, batch_s
 
 
 @dataclasses.dataclass(frozen=True)
-class LoaderOptions:
-    """A DataLoader's settings after every check: what the runtime runs on.
+class BatchingOptions:
+    """Which samples make each batch, and what collates them: the batching arguments, resolved."""
 
-    The fields are the DataLoader's arguments (torch's aliases resolved, so
-    ``collate_fn`` is in `batchify_fn`, ``drop_last`` in `last_batch`,
-    ``multiprocessing_context`` in `start_method`, ``prefetch_factor`` in
-    `prefetch`), plus what follows from them (`iterable`, `auto_batching`,
-    `fetch_batch_size`, the drawn `seed`).  Build it with
-    :meth:`from_arguments`; ``dataclasses.replace`` makes a changed copy
-    without checking (what a DataLoader attribute set after construction
-    does, as torch allows for all but its frozen ones).
-    """
-
-    dataset: Any                                  # the user's dataset: any object
-    iterable: bool                                # iterable-style (the dataset decides the order)
     batch_size: int | None                        # as given; None: a batch_sampler, or no batching
-    auto_batching: bool                           # False: batch_size=None, each sample is one "batch"
-    fetch_batch_size: int                         # samples a stream groups into a batch (0: none)
     shuffle: bool
     sampler: Any                                  # the user's sampler, or None
     batch_sampler: Any                            # the user's batch sampler, or None
     last_batch: str                               # "keep" | "discard" | "rollover"
     batchify_fn: Callable[..., Any]               # what collates (wrapped when auto_batching is False)
-    collate_fn: Callable[..., Any]                # torch's read-only view: the function, unwrapped
-    num_workers: int
+    distributed: bool
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether an incomplete last batch is dropped (torch's name)."""
+        return self.last_batch == "discard"
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerOptions:
+    """Who loads the batches, and how: the worker arguments, resolved."""
+
+    num_workers: int                              # with autotune: the most it may use
     prefetch: int                                 # batches in flight across all workers
-    prefetch_factor: int | None                   # torch's read-only view (per worker; None without workers)
     thread_pool: bool
     timeout: float | None                         # seconds; None waits forever
     worker_init_fn: Callable[[int], None] | None
-    seed: int                                     # the run's seed (given, drawn from torch, or fresh)
-    # Not given: drawn from torch (`generator`, or torch's global RNG) when
-    # torch's DataLoader draws its base seed, at iter() (then `seed` is 0 until drawn).
-    torch_seeded: bool
-    # How workers' global RNGs are seeded (SEEDINGS); "torch": from `base_seed`, the base seed
-    # of the iteration whose workers start next (drawn at each iter(), once for persistent workers).
-    seeding: str
-    base_seed: int
-    distributed: bool
-    distributed_seed: int                         # the shuffle seed every rank shares: never a fresh one
-    generator: Any                                # torch.Generator or None, kept for torch's view
-    multiprocessing_context: str | mp_context.BaseContext | None   # as given, kept for torch's view
     start_method: str | None                      # None: the platform's default
     persistent_workers: bool
     in_order: bool
     max_worker_restarts: int
+    backend: Backend | None                       # None: local processes (or threads)
+    autotune: bool = False                        # num_workers="auto" (_runtime/autotune/)
+    auto_window: bool = False                     # prefetch="auto" (or not given with "auto" workers)
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedOptions:
+    """The run's seeds: how its samplers and the workers' global RNGs are seeded."""
+
+    seed: int                                     # the run's seed (given, drawn from torch, or fresh)
+    # How workers' global RNGs are seeded (SEEDINGS); "torch": from `base_seed`, the base seed
+    # of the iteration whose workers start next (drawn at each iter(), once for persistent workers).
+    seeding: str
+    base_seed: int
+    distributed_seed: int                         # the shuffle seed every rank shares: never a fresh one
+    generator: Any                                # torch.Generator or None
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchViews:
+    """torch's read-only views: its attributes' values as torch's DataLoader holds them.  The
+    runtime reads the resolved values instead (batching.batchify_fn, workers.prefetch,
+    workers.start_method)."""
+
+    collate_fn: Callable[..., Any]                # the function, unwrapped
+    prefetch_factor: int | None                   # per worker; None without workers
+    multiprocessing_context: str | mp_context.BaseContext | None   # as given
+
+
+@dataclasses.dataclass(frozen=True)
+class Derived:
+    """What follows from the arguments, given by no one."""
+
+    iterable: bool                                # iterable-style (the dataset decides the order)
+    auto_batching: bool                           # False: batch_size=None, each sample is one "batch"
+    fetch_batch_size: int                         # samples a stream groups into a batch (0: none)
+    # Not given: drawn from torch (`generator`, or torch's global RNG) when torch's DataLoader
+    # draws its base seed, at iter() (then the seed is 0 until drawn).
+    torch_seeded: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class LoaderOptions:
+    """A DataLoader's settings after every check: what the runtime runs on.
+
+    The DataLoader's arguments, grouped (torch's aliases resolved, so ``collate_fn`` is in
+    `batching.batchify_fn`, ``drop_last`` in `batching.last_batch`, ``multiprocessing_context``
+    in `workers.start_method`, ``prefetch_factor`` in `workers.prefetch`), torch's views of them
+    as torch holds them (`torch`), and what follows from them (`derived`).  Build it with
+    :meth:`from_arguments`; :meth:`changed` makes a changed copy without checking (what a
+    DataLoader attribute set after construction does, as torch allows for all but its frozen
+    ones); :meth:`value` reads a DataLoader attribute's value by its name.
+    """
+
+    dataset: Any                                  # the user's dataset: any object
+    batching: BatchingOptions
+    workers: WorkerOptions
+    seeds: SeedOptions
+    torch: TorchViews
+    derived: Derived
     profile: bool
     pin_memory: bool
     pin_device_id: int
     pin_memory_device: str
     auto_reload: bool
     try_nopython: bool | None
-    backend: Backend | None                       # None: local processes (or threads)
-    # num_workers="auto" (_runtime/autotune/): num_workers is then the most it may use.
-    autotune: bool = False
-    auto_window: bool = False                     # prefetch="auto" (or not given with "auto" workers)
     torch_face: bool = False                      # mxload.torch's: arguments taken as torch takes them
+
+    def value(self, name: str) -> Any:
+        """The value of the field `name`, in whichever group it is."""
+        group = _GROUP_OF.get(name)
+        return getattr(self if group is None else getattr(self, group), name)
+
+    def replaced(self, **changes: Any) -> LoaderOptions:
+        """dataclasses.replace by field names, in whichever group each is (not checked)."""
+        top: dict[str, Any] = {}
+        grouped: dict[str, dict[str, Any]] = {}
+        for name, value in changes.items():
+            group = _GROUP_OF.get(name)
+            if group is None:
+                top[name] = value
+            else:
+                grouped.setdefault(group, {})[name] = value
+        for group, values in grouped.items():
+            top[group] = dataclasses.replace(getattr(self, group), **values)
+        return dataclasses.replace(self, **top)
 
     def changed(self, field: str, value: Any) -> LoaderOptions:
         """A copy with `field` set as a DataLoader attribute after construction (torch allows it for
@@ -119,25 +178,21 @@ class LoaderOptions:
         changes: dict[str, Any] = {field: value}
         if field in ("collate_fn", "batchify_fn"):
             fn = _native_collate(value, self.torch_face)
-            changes = {"collate_fn": fn, "batchify_fn": fn if self.auto_batching else _Unbatched(fn)}
+            changes = {"collate_fn": fn, "batchify_fn": fn if self.derived.auto_batching else _Unbatched(fn)}
         elif field == "timeout" and value == 0:
             changes[field] = None
         elif field == "multiprocessing_context":
             changes["start_method"] = None if value is None else _start_method_of(value)
-        return dataclasses.replace(self, **changes)
-
-    @property
-    def drop_last(self) -> bool:
-        """Whether an incomplete last batch is dropped (torch's name)."""
-        return self.last_batch == "discard"
+        return self.replaced(**changes)
 
     @property
     def own_sampler(self) -> bool:
         """The loader makes the sampler, over range(len(dataset)): it follows len(dataset) (as
         torch's default samplers read it at every len() and iter()), so a dataset may grow
         between epochs."""
-        return (self.sampler is None and self.batch_sampler is None and not self.iterable
-                and not self.distributed)
+        batching = self.batching
+        return (batching.sampler is None and batching.batch_sampler is None and not self.derived.iterable
+                and not batching.distributed)
 
     @classmethod
     def from_arguments(
@@ -174,70 +229,103 @@ class LoaderOptions:
                 dataset, shuffle = apply_datapipe_shuffle(dataset, shuffle), None
             _check_stream_order(shuffle, sampler, batch_sampler)
         _check_kinds(last_batch, batch_sampler, batchify_fn, collate_fn)
-        batchify_fn = collate_fn if collate_fn is not None else batchify_fn
-        if batchify_fn is not None:
-            batchify_fn = _native_collate(batchify_fn, torch_switches)
-        if drop_last is not None:
-            if last_batch is not None and drop_last and last_batch != "discard":
-                raise ValueError(f"drop_last=True conflicts with last_batch={last_batch!r}")
-            if drop_last:
-                last_batch = "discard"
+        batchify_fn, last_batch = _resolve_collate(batchify_fn, collate_fn, drop_last, last_batch,
+                                                   torch_switches)
         num_workers, prefetch, autotune, auto_window = _resolve_auto(num_workers, prefetch, prefetch_factor,
                                                                      iterable, thread_pool, backend)
-        if isinstance(num_workers, int) and num_workers < 0:
-            # torch's words (programs match them), in the one style otherwise.
-            raise ValueError(f"num_workers option should be non-negative (use num_workers=0 to load in the "
-                             f"main process), got {num_workers}")
-        num_workers = check_int("num_workers", num_workers, 0,
-                                hint=" (use num_workers=0 to load in the main process)")
         shuffle = bool(shuffle)
-        if distributed:
-            _check_distributed(iterable, sampler, batch_sampler)
-        given_seed = None if seed is None else check_int("seed", seed, 0, or_none=True)
-        from_torch = _seeded_by_torch(given_seed, generator)
-        auto_batching = _check_batching(iterable, batch_size, shuffle, sampler, batch_sampler, last_batch)
-        if torch_switches and batch_size is not None and batch_sampler is None \
-                and drop_last is not None and not isinstance(drop_last, bool):
-            # Where torch checks it: making its BatchSampler, after the conflicts between arguments.
-            raise ValueError(f"drop_last should be a boolean value, but got drop_last={drop_last}")
-        if batch_sampler is not None:
-            batch_size = None
-        prefetch = _check_prefetch(prefetch, prefetch_factor, num_workers)
-        timeout = _check_timeout(timeout)
-        start_method = _check_start_method(start_method, multiprocessing_context)
-        max_worker_restarts = check_int("max_worker_restarts", max_worker_restarts, 0)
-        if worker_init_fn is not None and not callable(worker_init_fn):
-            raise TypeError(f"worker_init_fn must be callable, got {type(worker_init_fn).__name__}")
-        pin_device_id = check_int("pin_device_id", pin_device_id, 0)
-        if not isinstance(pin_memory_device, str):
-            raise TypeError(f"pin_memory_device must be a string, got {type(pin_memory_device).__name__}")
+        _check_distributed(distributed, iterable, sampler, batch_sampler)
+        given_seed, from_torch = _check_seed(seed, generator)
+        auto_batching = _check_batching(iterable, batch_size, shuffle, sampler, batch_sampler, last_batch,
+                                        drop_last if torch_switches else None)
+        batch_size = None if batch_sampler is not None else batch_size
+        prefetch, timeout, start_method, max_worker_restarts = _check_worker_arguments(
+            prefetch, prefetch_factor, num_workers, timeout, start_method, multiprocessing_context,
+            max_worker_restarts, worker_init_fn)
+        pin_device_id = _check_pinning(pin_device_id, pin_memory_device)
         ray_backend = _check_backend(backend, thread_pool, multiprocessing_context, start_method)
         seeding = _check_seeding(default_seeding if seeding is None else seeding, thread_pool, iterable)
         if num_workers == 0:
             _check_no_worker_options(persistent_workers, thread_pool, max_worker_restarts,
                                      multiprocessing_context, start_method, ray_backend is not None)
-
         collate = batchify_fn if batchify_fn is not None else (
             default_batchify if auto_batching else default_convert)
-        resolved_prefetch = prefetch if prefetch is not None else 2 * max(num_workers, 1)
         return cls(
-            dataset=dataset, iterable=iterable, batch_size=batch_size, auto_batching=auto_batching,
-            # What a stream (and the engine) groups samples by: 0 lets the batch sampler decide.
-            fetch_batch_size=int(batch_size) if batch_size is not None else (0 if auto_batching else 1),
-            shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler, last_batch=last_batch or "keep",
-            batchify_fn=collate if auto_batching else _Unbatched(collate), collate_fn=collate,
-            num_workers=num_workers, prefetch=resolved_prefetch,
-            prefetch_factor=prefetch_factor_of(resolved_prefetch, num_workers),
-            thread_pool=bool(thread_pool), timeout=timeout, worker_init_fn=worker_init_fn,
-            seed=given_seed if given_seed is not None else (0 if from_torch else _fresh_seed()),
-            torch_seeded=from_torch, seeding=seeding, base_seed=0,
-            distributed=bool(distributed), distributed_seed=given_seed if given_seed is not None else 0,
-            generator=generator, multiprocessing_context=multiprocessing_context, start_method=start_method,
-            persistent_workers=bool(persistent_workers), in_order=bool(in_order),
-            max_worker_restarts=max_worker_restarts, profile=bool(profile), pin_memory=bool(pin_memory),
-            pin_device_id=pin_device_id, pin_memory_device=pin_memory_device, auto_reload=bool(auto_reload),
-            try_nopython=None if try_nopython is None else bool(try_nopython),
-            backend=ray_backend, autotune=autotune, auto_window=auto_window, torch_face=torch_switches)
+            dataset=dataset,
+            batching=BatchingOptions(
+                batch_size=batch_size, shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler,
+                last_batch=last_batch or "keep", distributed=bool(distributed),
+                batchify_fn=collate if auto_batching else _Unbatched(collate)),
+            workers=WorkerOptions(
+                num_workers=num_workers, prefetch=prefetch, thread_pool=bool(thread_pool),
+                timeout=timeout, worker_init_fn=worker_init_fn, start_method=start_method,
+                persistent_workers=bool(persistent_workers), in_order=bool(in_order),
+                max_worker_restarts=max_worker_restarts, backend=ray_backend, autotune=autotune,
+                auto_window=auto_window),
+            seeds=SeedOptions(
+                seed=given_seed if given_seed is not None else (0 if from_torch else _fresh_seed()),
+                seeding=seeding, base_seed=0, distributed_seed=given_seed if given_seed is not None else 0,
+                generator=generator),
+            torch=TorchViews(collate_fn=collate, prefetch_factor=prefetch_factor_of(prefetch, num_workers),
+                             multiprocessing_context=multiprocessing_context),
+            derived=Derived(
+                iterable=iterable, auto_batching=auto_batching, torch_seeded=from_torch,
+                # What a stream (and the engine) groups samples by: 0 lets the batch sampler decide.
+                fetch_batch_size=int(batch_size) if batch_size is not None else (0 if auto_batching else 1)),
+            profile=bool(profile), pin_memory=bool(pin_memory), pin_device_id=pin_device_id,
+            pin_memory_device=pin_memory_device, auto_reload=bool(auto_reload),
+            try_nopython=None if try_nopython is None else bool(try_nopython), torch_face=torch_switches)
+
+
+def _resolve_collate(batchify_fn: Any, collate_fn: Any, drop_last: object, last_batch: str | None,
+                     torch_switches: bool) -> tuple[Any, str | None]:
+    """(batchify_fn, last_batch) from them and their torch aliases, collate_fn and drop_last."""
+    batchify_fn = collate_fn if collate_fn is not None else batchify_fn
+    if batchify_fn is not None:
+        batchify_fn = _native_collate(batchify_fn, torch_switches)
+    if drop_last is not None:
+        if last_batch is not None and drop_last and last_batch != "discard":
+            raise ValueError(f"drop_last=True conflicts with last_batch={last_batch!r}")
+        if drop_last:
+            last_batch = "discard"
+    return batchify_fn, last_batch
+
+
+def _check_worker_arguments(prefetch: object, prefetch_factor: object, num_workers: int, timeout: object,
+                            start_method: object, multiprocessing_context: object,
+                            max_worker_restarts: object, worker_init_fn: object
+                            ) -> tuple[int, float | None, str | None, int]:
+    """(prefetch, timeout, start_method, max_worker_restarts) checked and resolved, in this order
+    (prefetch: batches in flight in all, two per worker where not given)."""
+    given_prefetch = _check_prefetch(prefetch, prefetch_factor, num_workers)
+    timeout = _check_timeout(timeout)
+    start_method = _check_start_method(start_method, multiprocessing_context)
+    max_worker_restarts = check_int("max_worker_restarts", max_worker_restarts, 0)
+    if worker_init_fn is not None and not callable(worker_init_fn):
+        raise TypeError(f"worker_init_fn must be callable, got {type(worker_init_fn).__name__}")
+    resolved = given_prefetch if given_prefetch is not None else 2 * max(num_workers, 1)
+    return resolved, timeout, start_method, max_worker_restarts
+
+
+def _check_pinning(pin_device_id: object, pin_memory_device: object) -> int:
+    pin_device_id = check_int("pin_device_id", pin_device_id, 0)
+    if not isinstance(pin_memory_device, str):
+        raise TypeError(f"pin_memory_device must be a string, got {type(pin_memory_device).__name__}")
+    return pin_device_id
+
+
+def _check_num_workers(num_workers: object) -> int:
+    if isinstance(num_workers, int) and num_workers < 0:
+        # torch's words (programs match them), in the one style otherwise.
+        raise ValueError(f"num_workers option should be non-negative (use num_workers=0 to load in the "
+                         f"main process), got {num_workers}")
+    return check_int("num_workers", num_workers, 0, hint=" (use num_workers=0 to load in the main process)")
+
+
+# Each grouped field's group: LoaderOptions.value and replaced find a field by its name alone.
+_GROUPS: dict[str, Any] = {"batching": BatchingOptions, "workers": WorkerOptions, "seeds": SeedOptions,
+                           "torch": TorchViews, "derived": Derived}
+_GROUP_OF = {f.name: group for group, kind in _GROUPS.items() for f in dataclasses.fields(kind)}
 
 
 def _native_collate(fn: Any, torch_face: bool) -> Any:
@@ -254,8 +342,9 @@ def _native_collate(fn: Any, torch_face: bool) -> Any:
 
 
 def _resolve_auto(num_workers: object, prefetch: object, prefetch_factor: object, iterable: bool,
-                  thread_pool: object, backend: object) -> tuple[Any, Any, bool, bool]:
-    """(num_workers, prefetch, autotune, auto_window) with "auto" resolved: num_workers="auto" is
+                  thread_pool: object, backend: object) -> tuple[int, Any, bool, bool]:
+    """(num_workers, prefetch, autotune, auto_window) with "auto" resolved and num_workers checked
+    (an int from 0; torch's words for a negative one): num_workers="auto" is
     the most workers the tuner may use (this process's usable cores, capped), for map-style
     datasets and local worker processes; prefetch="auto" (the default with it) lets it move the
     window."""
@@ -263,7 +352,7 @@ def _resolve_auto(num_workers: object, prefetch: object, prefetch_factor: object
     if auto_window:
         prefetch = None
     if not (isinstance(num_workers, str) and num_workers == "auto"):
-        return num_workers, prefetch, False, auto_window
+        return _check_num_workers(num_workers), prefetch, False, auto_window
     from ._cpus import usable_cores
     if iterable:
         raise ValueError("num_workers='auto' needs a map-style dataset: an IterableDataset's stream is split "
@@ -331,7 +420,15 @@ def _check_kinds(last_batch: object, batch_sampler: object, batchify_fn: object,
         raise TypeError(f"batchify_fn must be callable, got {type(fn).__name__}")
 
 
-def _check_distributed(iterable: bool, sampler: object, batch_sampler: object) -> None:
+def _check_seed(seed: object, generator: object) -> tuple[int | None, bool]:
+    """(the seed given, whether the run's seed comes from torch: see _seeded_by_torch)."""
+    given_seed = None if seed is None else check_int("seed", seed, 0, or_none=True)
+    return given_seed, _seeded_by_torch(given_seed, generator)
+
+
+def _check_distributed(distributed: object, iterable: bool, sampler: object, batch_sampler: object) -> None:
+    if not distributed:
+        return
     clash = [name for name, bad in (("sampler", sampler is not None),
                                     ("batch_sampler", batch_sampler is not None)) if bad]
     if clash:
@@ -379,9 +476,10 @@ def _fresh_seed() -> int:
 
 
 def _check_batching(iterable: bool, batch_size: object, shuffle: bool, sampler: object, batch_sampler: object,
-                    last_batch: str | None) -> bool:
+                    last_batch: str | None, torch_drop_last: object = None) -> bool:
     """The batching arguments together; returns whether batches are made
-    automatically (False: batch_size=None, each sample is its own batch)."""
+    automatically (False: batch_size=None, each sample is its own batch).  `torch_drop_last`:
+    drop_last as mxload.torch takes it (torch checks it is a bool, making its BatchSampler)."""
     if not iterable and sampler is not None and shuffle:
         raise ValueError("sampler option is mutually exclusive with shuffle: shuffle=True with a sampler "
                          "(shuffle with a RandomSampler instead)")
@@ -406,6 +504,9 @@ def _check_batching(iterable: bool, batch_size: object, shuffle: bool, sampler: 
     if iterable and last_batch not in (None, "keep", "discard"):
         raise ValueError(f"last_batch={last_batch!r} is not supported for an IterableDataset; use 'keep' "
                          f"or 'discard'")
+    if torch_drop_last is not None and batch_size is not None and not isinstance(torch_drop_last, bool):
+        # Where torch checks it: making its BatchSampler, after the conflicts between arguments.
+        raise ValueError(f"drop_last should be a boolean value, but got drop_last={torch_drop_last}")
     return auto_batching
 
 

@@ -52,10 +52,10 @@ class RunSeed:
             if self.pending:
                 drawn = base = self.draw(generator)
             else:
-                base = (seed_from_torch(options.generator) if options.torch_seeded
-                        else derived_seed(options.seed, epoch))
+                base = (seed_from_torch(options.seeds.generator) if options.derived.torch_seeded
+                        else derived_seed(options.seeds.seed, epoch))
                 self._base_drawn = True
-        if (options.torch_seeded and options.own_sampler and isinstance(sampler, RandomSampler)
-                and options.generator is None):
+        if (options.derived.torch_seeded and options.own_sampler and isinstance(sampler, RandomSampler)
+                and options.seeds.generator is None):
             seed_from_torch(None)   # what torch's RandomSampler draws (mxload's shuffles from `seed`)
         return drawn, base

@@ -3,7 +3,6 @@ every check lives), builds the batch sampler, and starts each epoch on the
 runtime (``_runtime/epoch.py``: in-process, or on the multi-worker engine)."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 import warnings
 from collections.abc import Callable
@@ -73,7 +72,7 @@ class _Option(Generic[_T]):
             return self
         if self._torch and loader._torch_view:
             return cast(_T, loader.__dict__[self._name])
-        return cast(_T, getattr(loader._options, self._field))
+        return cast(_T, loader._options.value(self._field))
 
     def __set__(self, loader: _Settings, value: _T) -> None:
         loader._options = loader._options.changed(self._field, value)
@@ -85,17 +84,18 @@ def _make_samplers(options: LoaderOptions) -> tuple[Any, Any]:
     """(sampler, batch_sampler) of mxload's own making: the user's, or a batch
     sampler over the user's sampler, or over a sequential/random/distributed
     one; (None, None) for a stream (it batches itself)."""
-    if options.batch_sampler is not None or options.iterable:
-        return getattr(options.batch_sampler, "sampler", None), options.batch_sampler
-    sampler = options.sampler
+    batching = options.batching
+    if batching.batch_sampler is not None or options.derived.iterable:
+        return getattr(batching.batch_sampler, "sampler", None), batching.batch_sampler
+    sampler = batching.sampler
     n = len(options.dataset) if sampler is None else 0
-    if sampler is None and options.distributed:
+    if sampler is None and batching.distributed:
         # Every rank must draw the same order, so never a fresh seed here.
-        sampler = DistributedSampler(n, shuffle=options.shuffle, seed=options.distributed_seed,
-                                     drop_last=options.drop_last)
+        sampler = DistributedSampler(n, shuffle=batching.shuffle, seed=options.seeds.distributed_seed,
+                                     drop_last=batching.drop_last)
     elif sampler is None:
-        sampler = RandomSampler(n, seed=options.seed) if options.shuffle else SequentialSampler(n)
-    return sampler, BatchSampler(sampler, options.batch_size or 1, options.last_batch)
+        sampler = RandomSampler(n, seed=options.seeds.seed) if batching.shuffle else SequentialSampler(n)
+    return sampler, BatchSampler(sampler, batching.batch_size or 1, batching.last_batch)
 
 
 class _Settings:
@@ -146,12 +146,12 @@ class _Settings:
     @property
     def drop_last(self) -> bool:
         """torch's name: whether an incomplete last batch is dropped."""
-        return self._options.drop_last
+        return self._options.batching.drop_last
 
     def _check_worker_count(self, stacklevel: int) -> None:
         """torch's check: more worker processes than usable cores warns (at
         construction and when an iteration starts workers, as torch's)."""
-        if self.num_workers and not self.thread_pool and self._options.backend is None:
+        if self.num_workers and not self.thread_pool and self._options.workers.backend is None:
             warn_if_oversubscribed(self.num_workers, stacklevel)
 
     @property
@@ -310,7 +310,7 @@ class DataLoader(_Settings, Generic[_T_co]):
         self.sampler, self.batch_sampler = self._make_samplers(self._options)
         self.__dict__.update(self._attribute_views(given))
         self.epoch = 0
-        self._run_seed = RunSeed(self._options.torch_seeded)
+        self._run_seed = RunSeed(self._options.derived.torch_seeded)
         self._iterations = Iterations(self._options)
         self._position = LoaderPosition()
         self._pin_checked = False
@@ -341,18 +341,18 @@ class DataLoader(_Settings, Generic[_T_co]):
         base seed; asking for it earlier draws it now), or fresh."""
         if self._run_seed.pending:
             self._seeded(self._run_seed.draw(self.generator))
-        return self._options.seed
+        return self._options.seeds.seed
 
     @seed.setter
     def seed(self, value: int) -> None:
         self._run_seed.pending = False
-        self._options = dataclasses.replace(self._options, seed=value)
+        self._options = self._options.replaced(seed=value)
 
     def _seeded(self, seed: int) -> None:
         """The run's seed, drawn from torch (RunSeed.draw): also the first iteration's workers'
         base seed, and the seed of the loader's own RandomSampler."""
         self.seed = seed
-        self._options = dataclasses.replace(self._options, base_seed=seed)
+        self._options = self._options.replaced(base_seed=seed)
         if self._options.own_sampler and isinstance(self.sampler, RandomSampler):
             self.sampler.seed = seed
 
@@ -360,7 +360,7 @@ class DataLoader(_Settings, Generic[_T_co]):
         """This epoch's batches of indices from batch `start` on, drawn as they are needed
         (advances the sampler's epoch: it is iterated now)."""
         self._follow_dataset_length()
-        if not self._options.auto_batching and self._options.batch_sampler is None:
+        if not self._options.derived.auto_batching and self._options.batching.batch_sampler is None:
             return epoch_keys(self.sampler, start)   # batch_size=None: one sampler key per batch
         return epoch_batches(self.batch_sampler, start)
 
@@ -384,11 +384,11 @@ class DataLoader(_Settings, Generic[_T_co]):
         if drawn is not None:
             self._seeded(drawn)
         elif base is not None:
-            self._options = dataclasses.replace(self._options, base_seed=base)
+            self._options = self._options.replaced(base_seed=base)
         runs = self._iterations
         # Persistent workers already running were checked when they started; "auto" takes at most
         # the usable cores (and its epochs in-process paid 0.33 ms each for the cgroup reads).
-        if runs.engine is None and not self._options.autotune:
+        if runs.engine is None and not self._options.workers.autotune:
             self._check_worker_count(stacklevel=5)   # the caller of iter()
         previous = runs.newest()
         if previous is not None and self.persistent_workers:

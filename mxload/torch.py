@@ -53,24 +53,25 @@ def _torch_samplers(options: LoaderOptions) -> tuple[Any, Any]:
     mxload's own (worker-count-independent, checkpointed by seed) where mxload's options ask for
     them: seed= (mxload's determinism, opted into), distributed=True, or last_batch="rollover"
     (torch's BatchSampler cannot carry a batch into the next epoch)."""
-    if options.iterable or options.batch_sampler is not None:
+    batching = options.batching
+    if options.derived.iterable or batching.batch_sampler is not None:
         pass
-    elif options.last_batch == "rollover" or (options.sampler is None and (
-            not options.torch_seeded or options.distributed)):
-        if options.shuffle and options.sampler is None:
+    elif batching.last_batch == "rollover" or (batching.sampler is None and (
+            not options.derived.torch_seeded or batching.distributed)):
+        if batching.shuffle and batching.sampler is None:
             _data.RandomSampler(options.dataset)   # torch's check: it refuses an empty dataset
         return _make_samplers(options)
-    sampler = options.sampler
+    sampler = batching.sampler
     if sampler is None:
-        if options.iterable:
+        if options.derived.iterable:
             sampler = _torch_loader._InfiniteConstantSampler()
-        elif options.shuffle:
-            sampler = _data.RandomSampler(options.dataset, generator=options.generator)
+        elif batching.shuffle:
+            sampler = _data.RandomSampler(options.dataset, generator=options.seeds.generator)
         else:
             sampler = _data.SequentialSampler(options.dataset)
-    batch_sampler = options.batch_sampler
-    if options.batch_size is not None and batch_sampler is None:
-        batch_sampler = _data.BatchSampler(sampler, options.batch_size, options.drop_last)
+    batch_sampler = batching.batch_sampler
+    if batching.batch_size is not None and batch_sampler is None:
+        batch_sampler = _data.BatchSampler(sampler, batching.batch_size, batching.drop_last)
     return sampler, batch_sampler
 
 
@@ -115,14 +116,15 @@ class DataLoader(_NumpyDataLoader[_T_co], _data.DataLoader[_T_co]):  # type: ign
         if isinstance(context, str):
             context = torch.multiprocessing.get_context(context)
         kind = _torch_loader._DatasetKind
-        collate = options.collate_fn
+        collate = options.torch.collate_fn
         if given["collate_fn"] is None and given["batchify_fn"] is None:   # torch's, collated natively
             collate = _data.default_collate if self.batch_sampler is not None else _data.default_convert
         view = {name: given[name] for name in _TORCH_AS_GIVEN + _MXLOAD_ONLY}
         view.update(
-            dataset=options.dataset, num_workers=options.num_workers, prefetch_factor=options.prefetch_factor,
-            multiprocessing_context=context, batch_size=options.batch_size, drop_last=options.drop_last,
-            collate_fn=collate, _dataset_kind=kind.Iterable if options.iterable else kind.Map, _iterator=None)
+            dataset=options.dataset, num_workers=options.workers.num_workers,
+            prefetch_factor=options.torch.prefetch_factor, multiprocessing_context=context,
+            batch_size=options.batching.batch_size, drop_last=options.batching.drop_last, collate_fn=collate,
+            _dataset_kind=kind.Iterable if options.derived.iterable else kind.Map, _iterator=None)
         return view
 
     def _start_iter(self) -> Any:

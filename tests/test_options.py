@@ -87,11 +87,15 @@ def test_sampler_integers_use_the_same_check():
 
 def test_defaults_are_resolved():
     o = LoaderOptions.from_arguments(DATA)
-    assert (o.batch_size, o.fetch_batch_size, o.last_batch, o.drop_last) == (1, 1, "keep", False)
-    assert o.batchify_fn is batchify.default_batchify and o.collate_fn is batchify.default_batchify
-    assert (o.num_workers, o.prefetch, o.prefetch_factor, o.timeout) == (0, 2, None, 120)
-    assert o.auto_batching and not o.iterable and not o.shuffle
-    assert isinstance(o.seed, int) and 0 <= o.seed < 2 ** 63 and o.distributed_seed == 0
+    batching, workers = o.batching, o.workers
+    assert (batching.batch_size, o.derived.fetch_batch_size, batching.last_batch, batching.drop_last) == \
+        (1, 1, "keep", False)
+    assert batching.batchify_fn is batchify.default_batchify
+    assert o.torch.collate_fn is batchify.default_batchify
+    assert (workers.num_workers, workers.prefetch, o.torch.prefetch_factor, workers.timeout) == \
+        (0, 2, None, 120)
+    assert o.derived.auto_batching and not o.derived.iterable and not batching.shuffle
+    assert isinstance(o.seeds.seed, int) and 0 <= o.seeds.seed < 2 ** 63 and o.seeds.distributed_seed == 0
 
 
 def test_torch_aliases_are_resolved():
@@ -99,27 +103,29 @@ def test_torch_aliases_are_resolved():
     spawn = multiprocessing.get_context("spawn")
     o = LoaderOptions.from_arguments(DATA, batch_size=3, collate_fn=fn, drop_last=True, num_workers=2,
                                      prefetch_factor=3, multiprocessing_context=spawn, timeout=0)
-    assert o.batchify_fn is fn and o.collate_fn is fn
-    assert o.last_batch == "discard" and o.drop_last
-    assert (o.prefetch, o.prefetch_factor) == (6, 3)
-    assert o.start_method == "spawn" and o.timeout is None   # 0 is torch's "no timeout"
+    assert o.batching.batchify_fn is fn and o.torch.collate_fn is fn
+    assert o.batching.last_batch == "discard" and o.batching.drop_last
+    assert (o.workers.prefetch, o.torch.prefetch_factor) == (6, 3)
+    assert o.workers.start_method == "spawn" and o.workers.timeout is None   # 0 is torch's "no timeout"
+    assert o.torch.multiprocessing_context is spawn   # torch's view: as given
 
 
 def test_batching_modes():
     unbatched = LoaderOptions.from_arguments(DATA, batch_size=None)
-    assert not unbatched.auto_batching and unbatched.fetch_batch_size == 1
-    assert unbatched.collate_fn is batchify.default_convert
-    assert unbatched.batchify_fn is not batchify.default_convert   # wrapped: one sample, not a list
+    assert not unbatched.derived.auto_batching and unbatched.derived.fetch_batch_size == 1
+    assert unbatched.torch.collate_fn is batchify.default_convert
+    assert unbatched.batching.batchify_fn is not batchify.default_convert   # wrapped: one sample, not a list
     sampled = LoaderOptions.from_arguments(DATA, batch_sampler=[[0, 1], [2]])
-    assert sampled.batch_size is None and sampled.fetch_batch_size == 0 and sampled.auto_batching
+    assert sampled.batching.batch_size is None and sampled.derived.fetch_batch_size == 0
+    assert sampled.derived.auto_batching
     stream = LoaderOptions.from_arguments(Stream(), batch_size=2)
-    assert stream.iterable and stream.fetch_batch_size == 2
+    assert stream.derived.iterable and stream.derived.fetch_batch_size == 2
 
 
 def test_seeds():
-    assert LoaderOptions.from_arguments(DATA, seed=np.int64(7)).seed == 7
+    assert LoaderOptions.from_arguments(DATA, seed=np.int64(7)).seeds.seed == 7
     o = LoaderOptions.from_arguments(DATA, seed=7, distributed=True)
-    assert (o.seed, o.distributed_seed) == (7, 7)
+    assert (o.seeds.seed, o.seeds.distributed_seed) == (7, 7)
     with pytest.raises(ValueError, match="pass seed or generator, not both"):
         LoaderOptions.from_arguments(DATA, seed=1, generator=object())
 
@@ -127,7 +133,9 @@ def test_seeds():
 def test_options_are_frozen():
     o = LoaderOptions.from_arguments(DATA, num_workers=1)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        o.num_workers = 2   # type: ignore[misc]
+        o.workers.num_workers = 2   # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        o.dataset = DATA   # type: ignore[misc]
 
 
 def test_loader_attributes_read_and_replace_the_options():
@@ -135,11 +143,35 @@ def test_loader_attributes_read_and_replace_the_options():
     before = loader._options
     assert loader.num_workers == 1 and loader.timeout == 30 and loader.prefetch == 2
     loader.num_workers = 0     # torch allows it: the next epoch runs in-process
-    assert loader._options is not before and loader._options.num_workers == 0 and before.num_workers == 1
+    assert loader._options is not before and loader._options.workers.num_workers == 0
+    assert before.workers.num_workers == 1
     assert [b.tolist() for b in loader] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
     with pytest.raises(ValueError, match="batch_size attribute should not be set"):
         loader.batch_size = 3
-    assert loader._options.batch_size == 5
+    assert loader._options.batching.batch_size == 5
+
+
+def test_a_field_is_found_by_its_name_alone_in_its_group():
+    """LoaderOptions.value and replaced (what the DataLoader's attributes read and set) find a
+    field in whichever group holds it; no name is in two groups, and every option attribute of
+    the DataLoader names a field."""
+    from mxload._options import _GROUP_OF, _GROUPS
+    from mxload.dataloader import _Option, _Settings
+    assert len(_GROUP_OF) == sum(len(dataclasses.fields(kind)) for kind in _GROUPS.values())
+    assert not set(_GROUP_OF) & {f.name for f in dataclasses.fields(LoaderOptions)}
+    o = LoaderOptions.from_arguments(DATA, num_workers=2, seed=3)
+    options = [option._field for option in vars(_Settings).values() if isinstance(option, _Option)]
+    assert len(options) > 20
+    for field in options:
+        o.value(field)   # (AttributeError for a name in no group)
+    with pytest.raises(AttributeError):
+        o.value("no_such_field")
+    changed = o.replaced(seed=5, num_workers=0, profile=True)
+    assert (changed.seeds.seed, changed.workers.num_workers, changed.profile) == (5, 0, True)
+    assert (o.seeds.seed, o.workers.num_workers, o.profile) == (3, 2, False)
+    assert changed.batching is o.batching   # the groups not changed are shared
+    with pytest.raises(TypeError):
+        o.replaced(no_such_field=1)
 
 
 def test_checks_run_in_a_fixed_order():
@@ -170,7 +202,7 @@ def test_a_switch_that_is_no_bool_is_a_type_error_naming_it(name, value):
 def test_a_switch_takes_numpy_bools(name):
     kwargs = {name: np.bool_(False)}
     loader = mxload.DataLoader(DATA, batch_size=2, **kwargs)
-    assert getattr(loader._options, name) is False or name == "drop_last"
+    assert name == "drop_last" or loader._options.value(name) is False
     assert len(list(loader)) == 5
 
 

@@ -75,23 +75,24 @@ class Engine:
         self._shutdown_lock = threading.Lock()
         self.buffer = ReorderBuffer()
         self.buffer.keep_handover = True   # see EngineWindow.next_batch
-        self.roster = Roster(options.num_workers)
+        self.roster = Roster(options.workers.num_workers)
         self.supervisor = Supervisor(self)
         self._plan: EpochPlan | None = None
         # The window and the consumer's hand-over (compiled: they run once per batch).
         self.window = EngineWindow(self, self.lock, self.roster, self.buffer, self.supervisor, self.counts,
                                    (END, CLOSED_BY_OTHER, EXHAUSTED, BatchFailure, ProtocolError))
         window = self.window
-        window.prefetch = max(options.prefetch, 1)
-        window.in_order = options.in_order
-        window.timeout = options.timeout
+        workers = options.workers
+        window.prefetch = max(workers.prefetch, 1)
+        window.in_order = workers.in_order
+        window.timeout = workers.timeout
         window.epoch = epoch
         self.next_batch = window.next_batch
         self._finalizer: mp_util.Finalize | None = None
-        backend = workers_backend(options.backend, options.thread_pool, options.start_method)
+        backend = workers_backend(workers.backend, workers.thread_pool, workers.start_method)
         self.transport: Transport = make_transport(backend, TransportSetup(
             self.supervisor, self.lock, WorkerConfig.first(options, epoch), self.buffer,
-            type(options.dataset).__name__, window.prefetch, options.timeout))
+            type(options.dataset).__name__, window.prefetch, workers.timeout))
         window.transport = self.transport
         try:
             self.transport.start()

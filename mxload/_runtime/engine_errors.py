@@ -120,7 +120,7 @@ def timeout_error(engine: EngineParts, idx: int) -> LoaderTimeoutError:
     transport, options = engine.transport, engine.options
     states = [(wid, transport.pid(wid), transport.describe(wid)) for wid in engine.roster.alive_ids()]
     waited, where = "any batch", ""
-    if options.in_order:
+    if options.workers.in_order:
         waited = f"batch {idx}"
         with engine.lock:
             holders = engine.roster.holders(engine.epoch, idx)
@@ -133,8 +133,8 @@ def timeout_error(engine: EngineParts, idx: int) -> LoaderTimeoutError:
     stopped = any(s.startswith("stopped") for _, _, s in states)
     return LoaderTimeoutError(
         # torch's words first ("DataLoader timed out after N seconds"): programs match them.
-        f"DataLoader timed out after {options.timeout} seconds: "
-        f"no {waited} within timeout={options.timeout} s{where}; "
+        f"DataLoader timed out after {options.workers.timeout} seconds: "
+        f"no {waited} within timeout={options.workers.timeout} s{where}; "
         f"workers (id, pid, state): {states}. "
         + ("A stopped worker runs again after SIGCONT (kill -CONT PID). " if stopped else "")
         + "A worker may be stuck in __getitem__; raise `timeout` if batches are "

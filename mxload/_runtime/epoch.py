@@ -81,14 +81,16 @@ class InProcessBatches:
     def __init__(self, options: LoaderOptions, epoch: int, plan: EpochPlan, profiler: Profiler | None):
         self.profiler = profiler
         self.ready: tuple[int, Any] | None = None
-        self._batchify = options.batchify_fn
+        self._batchify = options.batching.batchify_fn
         self._epoch = epoch
         self._plan = plan
         self._position = 0                   # batches handed out
         self._discard = plan.discard
-        self._source = SampleSource(options.dataset, options.iterable, options.fetch_batch_size,
-                                    options.drop_last, options.seed, keyed=not options.auto_batching,
-                                    seeding=options.seeding, restore=True)
+        derived = options.derived
+        self._source = SampleSource(options.dataset, derived.iterable, derived.fetch_batch_size,
+                                    options.batching.drop_last, options.seeds.seed,
+                                    keyed=not derived.auto_batching, seeding=options.seeds.seeding,
+                                    restore=True)
 
     def next_batch(self) -> tuple[int, Any] | Marker:
         """As torch: an error raised for one batch (dataset or collation)
@@ -416,7 +418,7 @@ def start_epoch(request: EpochRequest) -> EpochIterator:
         if profiler is not None:
             profiler.epoch_started(time.monotonic_ns() - t0, 0)
         return EpochIterator(auto, request.progress, request.length)
-    if request.options.num_workers == 0 or tuner is not None:
+    if request.options.workers.num_workers == 0 or tuner is not None:
         it = EpochIterator(InProcessBatches(request.options, request.epoch, plan, profiler), request.progress,
                            request.length)
         if profiler is not None:

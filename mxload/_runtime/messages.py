@@ -78,11 +78,11 @@ class WorkerConfig:
     @classmethod
     def first(cls, options: LoaderOptions, epoch: int) -> WorkerConfig:
         """Worker 0's, for a loader's engine starting at `epoch` (a transport makes the others')."""
-        return cls(0, options.num_workers, options.seed, epoch,
-                   (options.dataset, options.batchify_fn, options.worker_init_fn),
-                   options.iterable, options.fetch_batch_size, options.drop_last,
-                   zygote_child=False, keyed=not options.auto_batching, seeding=options.seeding,
-                   base_seed=options.base_seed)
+        return cls(0, options.workers.num_workers, options.seeds.seed, epoch,
+                   (options.dataset, options.batching.batchify_fn, options.workers.worker_init_fn),
+                   options.derived.iterable, options.derived.fetch_batch_size, options.batching.drop_last,
+                   zygote_child=False, keyed=not options.derived.auto_batching, seeding=options.seeds.seeding,
+                   base_seed=options.seeds.base_seed)
 
     def source(self, dataset: Any) -> SampleSource:
         return SampleSource(dataset, self.iterable, self.batch_size, self.drop_last, self.seed, self.keyed,

@@ -124,9 +124,9 @@ class Supervisor:
                 self.fail(loss.error_type(loss.final(held), wid, loss.pid, loss.exitcode, first))
                 return
             options = engine.options
-            limit = options.max_worker_restarts
+            limit = options.workers.max_worker_restarts
             spent = engine.restarts["worker_restarts"]   # the loader's, over all its epochs
-            if spent < limit and not options.iterable and engine.transport.restartable:
+            if spent < limit and not options.derived.iterable and engine.transport.restartable:
                 # A stream's position died with its worker: those are never restarted.
                 engine.restarts["worker_restarts"] = spent = spent + 1
                 if engine.profiler is not None:
@@ -137,7 +137,7 @@ class Supervisor:
                 return
             if not limit:
                 why = ""
-            elif options.iterable:
+            elif options.derived.iterable:
                 why = (f"; not restarted (max_worker_restarts={limit}): an IterableDataset's worker "
                        f"held its place in the stream, which died with it")
             elif not engine.transport.restartable:
