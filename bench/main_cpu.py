@@ -164,12 +164,13 @@ def task_messages(loader: Any) -> int | None:
 def one_task_per_message() -> Iterator[None]:
     """Engines made meanwhile send every task on its own, as mxload did
     before a worker's task waited for its next (the same run's baseline)."""
+    from mxload._runtime.local import pairing
     from mxload._runtime.local import transport as processes
     init = processes.ProcessTransport.__init__
 
     def single(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
-        self._pairing, self.put_task.per_message = processes.PAIR_NEVER, 1   # policy overridden
+        self.pairing.mode, self.put_task.per_message = pairing.PAIR_NEVER, 1   # policy overridden
     processes.ProcessTransport.__init__ = single  # type: ignore[method-assign]
     try:
         yield

@@ -359,8 +359,9 @@ def test_tasks_per_message_are_the_worker_s_share_ahead_and_one_fewer_after_the_
     (window // workers, at most MAX_TASKS_PER_MESSAGE) to a message while
     the loop finds its batches ready; one fewer after it would have waited
     (k - 1 still leaves a sent task queued behind the one the worker makes),
-    until the backoff's tasks are sent; never paired under 2 per worker."""
-    from mxload._runtime.local import transport as T
+    until the backoff's tasks are sent; never paired under 2 per worker.  (The backoff's rule
+    alone: tests/test_pairing.py.)"""
+    from mxload._runtime.local import pairing as T
 
     ds = mxload.ArrayDataset(np.arange(8, dtype=np.int64))
     with mxload.DataLoader(ds, batch_size=1, num_workers=workers, persistent_workers=True) as loader:
@@ -370,16 +371,16 @@ def test_tasks_per_message_are_the_worker_s_share_ahead_and_one_fewer_after_the_
         tr = engine.transport
         with engine.lock:
             saved = dict(tr.counts)
-            tr.counts["tasks_sent"], tr._pair_from = 10_000, 0   # paired long since the last stop
+            tr.counts["tasks_sent"], tr.pairing.resume_at = 10_000, 0   # paired long since the last stop
             tr.set_window(window, workers)
             assert tr.put_task.per_message == ahead
             tr._flush_before_wait(False)
             assert tr.put_task.per_message == behind
-            assert tr._pair_from == (10_000 + T.PAIR_BACKOFF_MIN_TASKS if ahead > 1 else 0)
+            assert tr.pairing.resume_at == (10_000 + T.PAIR_BACKOFF_MIN_TASKS if ahead > 1 else 0)
             tr._flush_before_wait(True)   # the epoch's first window: no stop
             assert tr.put_task.per_message == behind
             tr.counts.update(saved)   # (what the test set is not stats)
-            tr._pair_from = 0
+            tr.pairing.resume_at = 0
             tr.set_window(2 * workers, workers)
 
 
@@ -430,7 +431,7 @@ def test_at_the_default_window_a_waiting_loop_stops_the_pairing():
     its next task held; each stop that follows its resumption at once
     doubles the next one's length, so such a loop pairs only a few tasks in
     all; every batch arrives, in order."""
-    from mxload._runtime.local.transport import PAIR_BACKOFF_MIN_TASKS
+    from mxload._runtime.local.pairing import PAIR_BACKOFF_MIN_TASKS
 
     class Slow(mxload.Dataset):
         def __len__(self):
@@ -449,37 +450,6 @@ def test_at_the_default_window_a_waiting_loop_stops_the_pairing():
     # Stops after 16, 32, 64 tasks sent one to a message (then 128 more): at most 4 in 200 tasks.
     assert 1 <= stats["pairing_stops"] <= 200 // PAIR_BACKOFF_MIN_TASKS // 3, stats
     assert stats["task_messages"] >= 180, stats   # paired only for a few tasks after each stop
-
-
-def test_pairing_backs_off_briefly_after_a_long_paired_run_and_longer_when_stops_recur():
-    """The backoff's rule itself, on the transport: a stop after a long
-    paired run is the shortest; one soon after pairing resumed doubles the
-    last; never beyond PAIR_BACKOFF_MAX_TASKS."""
-    from mxload._runtime.local import transport as T
-
-    ds = mxload.ArrayDataset(np.arange(8, dtype=np.int64))
-    with mxload.DataLoader(ds, batch_size=1, num_workers=2, persistent_workers=True) as loader:
-        assert len(list(loader)) == 8
-        engine = loader._iterations.engine
-        assert engine is not None
-        tr = engine.transport
-        lengths = []
-
-        def stop_at(sent):
-            with engine.lock:
-                tr.counts["tasks_sent"] = sent
-                tr.put_task.per_message = 2
-                tr._flush_before_wait(False)
-                lengths.append(tr._pair_from - sent)
-                assert tr.put_task.per_message == 1
-
-        stop_at(5000)                        # long after the last resumption: the shortest
-        for _ in range(8):                   # each at once after pairing resumed: doubled, capped
-            stop_at(tr._pair_from + 1)
-        stop_at(tr._pair_from + 5000)        # a long paired run again: back to the shortest
-        tr.counts["tasks_sent"] = tr.counts["task_messages"] = 0   # (what the test set is not stats)
-    assert lengths == [T.PAIR_BACKOFF_MIN_TASKS, 32, 64, 128, 256, 512, 1024, 1024, 1024,
-                       T.PAIR_BACKOFF_MIN_TASKS], lengths
 
 
 def test_a_window_change_sends_what_is_held():

@@ -24,6 +24,7 @@ layout) define a format that crosses processes.
                    checkpoint records)
     local/         the process transport (local processes)
       transport.py   ProcessTransport: sockets, pooled slabs, the receive path
+      pairing.py     how many of a worker's tasks go in one message (the policy)
       launcher.py    start method, starting/restarting/ending processes
       receiver.py    the receive path (run by the consumer) and the watcher thread:
                      adopt slabs, views, notice deaths
@@ -54,8 +55,8 @@ One batch with worker processes:
     DataLoader.__iter__ -> epoch.start_epoch: the batch sampler's iterator -> EpochPlan
       -> Engine.begin_epoch -> _core.EngineWindow.dispatch_more (compiled, as all of the
          consumer's per-batch path): the next batch's indices drawn from the BatchSupply
-         as the window has room -> the transport's put_task: TaskHold holds it for a pair,
-         _core.send_tasks packs and sends (a pooled slab with each) over the worker's socket
+         as the window has room -> the transport's put_task: TaskHold holds it for a pair
+         (local/pairing.py), _core.send_tasks packs and sends (a pooled slab with each) over the worker's socket
     worker process: worker.serve -> source.SampleSource.samples -> plan + fill the slab
       -> Batch (or NewSlab with its descriptor, Failed, Exhausted) -> local/wire.send
     training loop: EpochIterator.__next__ -> _core.EngineWindow.next_batch -> transport.next_result:

@@ -24,21 +24,9 @@ from .launcher import (
     describe_exit,
     outside_main_guard,
 )
+from .pairing import Pairing
 from .receiver import Fetcher, adopt_raw, claim_mismatch_error, retire_everywhere
 from .slabs import COPY_KEPT_FROM, SlabPool
-
-# How a worker's tasks share messages, by the window per worker taking tasks (k).
-PAIR_NEVER = 0        # k < 2: a held task would leave its worker idle
-PAIR_WHILE_AHEAD = 1  # k >= 2: all k to a message while the loop finds its batches ready, k - 1 after
-                      # it would have waited (k - 1 keeps a task queued on the worker; 1 where k = 2)
-# The most tasks one message carries (the core's frames per message).
-MAX_TASKS_PER_MESSAGE = 8
-# Adaptive pairing, after the loop would have waited for a batch with a task held: the tasks sent
-# one to a message before pairing is tried again.  The first stop after a long paired run (a
-# passing stall on a busy machine) backs off the least; each stop that follows its resumption
-# sooner than its own backoff (the workers are not ahead: the loop keeps waiting) doubles it.
-PAIR_BACKOFF_MIN_TASKS = 16
-PAIR_BACKOFF_MAX_TASKS = 1024
 
 # Slab descriptors the main process keeps for recycling (beyond this, kept
 # batches cost a mapping each, never a descriptor; see SlabPool).
@@ -49,8 +37,7 @@ MAX_POOLED_SLABS = 64
 # began (FreeSlabs.trim), in this process and in the workers.
 SPARE_SLABS = 4
 
-__all__ = ["MAX_POOLED_SLABS", "PAIR_BACKOFF_MAX_TASKS", "PAIR_BACKOFF_MIN_TASKS", "ProcessTransport",
-           "SPARE_SLABS"]
+__all__ = ["MAX_POOLED_SLABS", "ProcessTransport", "SPARE_SLABS"]
 
 
 class ProcessTransport(Transport):
@@ -58,23 +45,16 @@ class ProcessTransport(Transport):
     def __init__(self, setup: TransportSetup, start_method: str | None):
         super().__init__(setup)
         self._buffer = setup.buffer
-        # Tasks that go to one worker in one message: a task waits (held on
-        # its handle) for the next ones of its worker while the consumer is
-        # served from the buffer, and goes at once when it would wait
-        # (next_result), when the epoch has no more tasks, or after a restart.
-        # One message wakes a sleeping worker once for all: on this kind of
-        # machine that wake-up is most of what a batch costs the main process
-        # (a send that wakes a sleeping process: 6-12 us of CPU, against
-        # 20-27 us per batch in all).  See set_window for when.
+        # Tasks that go to one worker in one message (pairing.py): a task waits (held on its
+        # handle) for the next ones of its worker while the consumer is served from the buffer,
+        # and goes at once when it would wait (next_result), when the epoch has no more tasks,
+        # or after a restart.
         self.counts = {"tasks_sent": 0, "task_messages": 0, "pairing_stops": 0}
         self._handles: list[ProcessHandle] = []    # by worker id (restarts replace one in place)
         self._holding: set[int] = set()            # ids of the workers with tasks held
         # put_task, compiled; its per_message is how many tasks go in one message now.
         self.put_task: TaskHold = TaskHold(self._handles, self._holding)
-        self._pairing = PAIR_NEVER
-        self._pair_ahead = self._pair_behind = 1    # per_message while the loop is ahead, after a stop
-        self._pair_from = 0                         # adaptive: tasks_sent at which pairing resumes
-        self._backoff = PAIR_BACKOFF_MIN_TASKS      # adaptive: the last stop's length, in tasks
+        self.pairing = Pairing()
         self._timeout = setup.timeout               # the loader's: also bounds a task's send
         self._stopping = False                      # the shutdown began: a send waiting on a worker gives up
         self._config = setup.config
@@ -98,34 +78,12 @@ class ProcessTransport(Transport):
         return self.launcher.zygote_pid
 
     def set_window(self, window: int, workers: int) -> None:
-        """`window` tasks in flight over `workers` workers taking tasks: how tasks pair from now on.
-
-        With k = window // workers tasks in flight per worker: while the
-        training loop finds its batches ready, a worker's task waits for all
-        k of its share, and one message wakes the worker once for them.
-        Where the workers were barely ahead of the loop, holding cost ~10%
-        batches/s at k = 2 (the loop slept 2.5-4x as often), while a loop
-        that never waits pays 21 us per batch paired against 28 us one to a
-        message.  So a loop about to wait with a task held
-        (_flush_before_wait), past its epoch's first window (the workers are
-        just starting), holds one task fewer for the next tasks: k - 1,
-        which always leaves a sent task queued behind the one the worker is
-        making (so never idles it), one to a message at k = 2.  For
-        PAIR_BACKOFF_MIN_TASKS after a long paired run (a stall of a busy
-        machine), twice the last stop's where pairing lasted less than that,
-        up to PAIR_BACKOFF_MAX_TASKS; a loader-bound loop so pays one late
-        task in that many."""
+        """`window` tasks in flight over `workers` workers taking tasks: how tasks pair from now
+        on (pairing.py)."""
         # Batches in the reorder buffer are lent too: the loop keeps batches beyond the window's.
         self.pool.lender.copy_from_lent = COPY_KEPT_FROM + window
         self._window = window
-        hold = self.put_task
-        per_worker = min(window // workers, MAX_TASKS_PER_MESSAGE) if workers > 0 else 1
-        if per_worker < 2:
-            self._pairing, self._pair_ahead, self._pair_behind = PAIR_NEVER, 1, 1
-        else:
-            self._pairing, self._pair_ahead, self._pair_behind = PAIR_WHILE_AHEAD, per_worker, per_worker - 1
-        hold.per_message = (self._pair_ahead if self.counts["tasks_sent"] >= self._pair_from
-                            else self._pair_behind)
+        self.put_task.per_message = self.pairing.set_window(window, workers, self.counts["tasks_sent"])
         if self._holding:
             # (num_workers="auto") a retired worker gets no next task, nor one
             # that no longer pairs: what is held goes now.
@@ -168,15 +126,9 @@ class ProcessTransport(Transport):
         Adaptive pairing stops a while: the held task may be what it waits
         for (unless `filling`: the epoch's first window, the workers starting)."""
         with self.lock:
-            if self._pairing == PAIR_WHILE_AHEAD and self.put_task.per_message > self._pair_behind \
-                    and not filling:
-                self.put_task.per_message = self._pair_behind
-                sent = self.counts["tasks_sent"]
-                if sent - self._pair_from < self._backoff:   # paired for less than the last stop lasted
-                    self._backoff = min(2 * self._backoff, PAIR_BACKOFF_MAX_TASKS)
-                else:
-                    self._backoff = PAIR_BACKOFF_MIN_TASKS
-                self._pair_from = sent + self._backoff
+            per_message = self.pairing.stop(self.put_task.per_message, self.counts["tasks_sent"], filling)
+            if per_message is not None:
+                self.put_task.per_message = per_message
                 self.counts["pairing_stops"] += 1
             self.flush()
 
@@ -262,9 +214,8 @@ class ProcessTransport(Transport):
                 break  # the worker is dead; the fetcher reports it
             self.counts["tasks_sent"] += done
             self.counts["task_messages"] += messages
-            if self._pairing == PAIR_WHILE_AHEAD and self.put_task.per_message < self._pair_ahead \
-                    and self.counts["tasks_sent"] >= self._pair_from:
-                self.put_task.per_message = self._pair_ahead
+            self.put_task.per_message = self.pairing.after_send(self.put_task.per_message,
+                                                                 self.counts["tasks_sent"])
             if unsent is not None:
                 started = done - (left - len(tasks))   # the message's tasks, still first in `tasks`
                 self._finish_message(handle, tasks, started, unsent)
