@@ -56,7 +56,8 @@ One batch with worker processes:
       -> Engine.begin_epoch -> _core.EngineWindow.dispatch_more (compiled, as all of the
          consumer's per-batch path): the next batch's indices drawn from the BatchSupply
          as the window has room -> the transport's put_task: TaskHold holds it for a pair
-         (local/pairing.py), _core.send_tasks packs and sends (a pooled slab with each) over the worker's socket
+         (local/pairing.py), _core.send_tasks packs and sends (a pooled slab with each) over
+         the worker's socket
     worker process: worker.serve -> source.SampleSource.samples -> plan + fill the slab
       -> Batch (or NewSlab with its descriptor, Failed, Exhausted) -> local/wire.send
     training loop: EpochIterator.__next__ -> _core.EngineWindow.next_batch -> transport.next_result:

@@ -271,30 +271,7 @@ class ProcessTransport(Transport):
             handle.alive = False
             if exitcode is not None:
                 self.launcher.forget(proc)
-            zygote_death = self.launcher.zygote_death()
-            if zygote_death is not None:
-                zygote = self.launcher.zygote_pid
-
-                def final(held: list[int]) -> str:
-                    # Nothing can fork a replacement, nor any other worker: say why.
-                    return (f"mxload worker {handle.worker_id} (pid {handle.pid}) died ({how}) while holding "
-                            f"batches {held}: the worker zygote (pid {zygote}), which forks this loader's "
-                            f"workers, died ({zygote_death}), and its workers die with it. No worker can be "
-                            f"restarted; iterate the loader again to start new workers")
-                loss = WorkerLoss(handle.worker_id, handle.pid, exitcode, how, final=final)
-            elif (exitcode == 1 and self.start_method == "forkserver" and self.launcher.main_site is not None
-                  and outside_main_guard(self.launcher.main_site)):
-                # The worker's bootstrap (multiprocessing's, before any of mxload's code) failed.
-                def unguarded(held: list[int]) -> str:
-                    return (f"DataLoader worker (pid(s) {handle.pid}) exited unexpectedly: mxload worker "
-                            f"{handle.worker_id} (pid {handle.pid}) died ({how}) as it started, holding "
-                            f"batches {held}. {UNGUARDED_MAIN_HINT}")
-                loss = WorkerLoss(handle.worker_id, handle.pid, exitcode, how, final=unguarded)
-            elif exitcode == -signal.SIGBUS:
-                hint = f" (SIGBUS: shared memory ran out; {SHARED_MEMORY_ADVICE})"
-                loss = WorkerLoss(handle.worker_id, handle.pid, exitcode, how, hint, SharedMemoryError)
-            else:
-                loss = WorkerLoss(handle.worker_id, handle.pid, exitcode, how)
+            loss = _worker_loss(handle, exitcode, how, self.launcher, self.start_method)
             self.sink.worker_lost(loss)
 
     def restart(self, worker_id: int, epoch: int) -> bool:
@@ -346,3 +323,34 @@ class ProcessTransport(Transport):
             h.alive = False
         self.pool.close()
 
+
+def _worker_loss(handle: ProcessHandle, exitcode: int | None, how: str, launcher: Launcher,
+                 start_method: str) -> WorkerLoss:
+    """How worker `handle`'s death (`how`) is reported: as any worker's, or, where nothing can
+    replace it (its zygote died) or it died unstarted (an unguarded main module), with the
+    words that say why; SIGBUS as shared memory that ran out."""
+    zygote_death = launcher.zygote_death()
+    if zygote_death is not None:
+        zygote = launcher.zygote_pid
+
+        def final(held: list[int]) -> str:
+            # Nothing can fork a replacement, nor any other worker: say why.
+            return (f"mxload worker {handle.worker_id} (pid {handle.pid}) died ({how}) while holding "
+                    f"batches {held}: the worker zygote (pid {zygote}), which forks this loader's "
+                    f"workers, died ({zygote_death}), and its workers die with it. No worker can be "
+                    f"restarted; iterate the loader again to start new workers")
+        loss = WorkerLoss(handle.worker_id, handle.pid, exitcode, how, final=final)
+    elif (exitcode == 1 and start_method == "forkserver" and launcher.main_site is not None
+          and outside_main_guard(launcher.main_site)):
+        # The worker's bootstrap (multiprocessing's, before any of mxload's code) failed.
+        def unguarded(held: list[int]) -> str:
+            return (f"DataLoader worker (pid(s) {handle.pid}) exited unexpectedly: mxload worker "
+                    f"{handle.worker_id} (pid {handle.pid}) died ({how}) as it started, holding "
+                    f"batches {held}. {UNGUARDED_MAIN_HINT}")
+        loss = WorkerLoss(handle.worker_id, handle.pid, exitcode, how, final=unguarded)
+    elif exitcode == -signal.SIGBUS:
+        hint = f" (SIGBUS: shared memory ran out; {SHARED_MEMORY_ADVICE})"
+        loss = WorkerLoss(handle.worker_id, handle.pid, exitcode, how, hint, SharedMemoryError)
+    else:
+        loss = WorkerLoss(handle.worker_id, handle.pid, exitcode, how)
+    return loss
