@@ -42,7 +42,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                   "mxload._runtime.progress")),
     ("options", ("mxload._options",)),
     ("data/config", ("mxload.dataset", "mxload.sampler", "mxload.batchify", "mxload._collate.**",
-                     "mxload.profiler", "mxload.backends", "mxload.synthetic")),
+                     "mxload.profiler", "mxload._profile_report", "mxload.backends", "mxload.synthetic")),
     ("leaves", ("mxload.errors", "mxload._rng", "mxload._cpus", "mxload._trace", "mxload._checks",
                 "mxload._core", "mxload._version", "mxload._words", "mxload._missing_core",
                 "mxload._torch_compat", "mxload._keys", "mxload._runtime.os_threads",
