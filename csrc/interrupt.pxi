@@ -1,6 +1,8 @@
 # Signals around critical sections (the shutdown sequence, the engine's
 # start-up, a frame handled in Python) and inside finalizers.
 #
+# NOTE [ Deferred signals ]
+#
 # Python runs a signal's handler between any two bytecodes of the main
 # thread, and a handler may raise: Ctrl-C's KeyboardInterrupt, a program's
 # SIGTERM handler (checkpoint and exit) or SIGALRM handler (a step timeout).

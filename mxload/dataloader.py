@@ -494,7 +494,7 @@ class DataLoader(_Settings, Generic[_T_co]):
         counters = self._iterations.counters
         return merge_counters(counters) if counters else {}
 
-    @defer_sigint
+    @defer_sigint   # (and __del__: NOTE [ Deferred signals ])
     def close(self) -> None:
         """End every live iteration and any persistent workers; idempotent.
         ``with DataLoader(...) as loader:`` calls it on exit.

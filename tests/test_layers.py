@@ -338,3 +338,13 @@ def test_every_note_is_written_once_and_cited():
                    and c.rpartition(":")[0] != places[0].rpartition(":")[0]]
         assert in_code, f"NOTE [ {name} ] ({places[0]}) is cited from no other file of the code"
         assert f"| NOTE [ {name} ] |" in design, f"NOTE [ {name} ] is not in docs/design.md's table of notes"
+
+
+def test_the_runtime_map_names_every_runtime_module():
+    """mxload/_runtime/__init__.py maps the runtime module by module (docs/design.md points
+    there): a module added or moved is named in it."""
+    modules, _ = import_graph()
+    text = (ROOT / "mxload" / "_runtime" / "__init__.py").read_text()
+    missing = [name for name, path in sorted(modules.items()) if name.startswith("mxload._runtime.")
+               and (name.rpartition(".")[2] + ("/" if path.name == "__init__.py" else ".py")) not in text]
+    assert not missing, f"not in mxload/_runtime/__init__.py's map: {missing}"

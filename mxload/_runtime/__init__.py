@@ -10,6 +10,10 @@ layout) define a format that crosses processes.
     engine.py      Engine: epochs, failure record, restart policy; its prefetch window,
                    dispatch (round-robin by batch index) and consumption from the
                    ReorderBuffer run per batch, compiled (csrc/window.pxi: EngineWindow)
+    results.py     Supervisor: the engine's ResultSink (each task's result into the
+                   ReorderBuffer, a lost worker restarted or the epoch failed)
+    roster.py      the engine's record of its workers: alive, exhausted, tasks held
+    engine_errors.py  what ended an epoch, in words naming worker, pid and batch
     autotune/      num_workers="auto": model.py (the time per batch with k workers),
                    policy.py (AutoTuner: the choice at an epoch's start; Climb: the verdicts
                    on the engine's windows), producer.py (AutoBatches: measures, applies)
@@ -17,6 +21,7 @@ layout) define a format that crosses processes.
                    shutdown phases) and ResultSink (the engine, as a transport sees it)
     shutdown.py    the numbered shutdown sequence and its one deadline
     os_signals.py  signals and /proc for every kind of worker (neutral: imports no mxload)
+    os_threads.py  mxload's threads as the kernel sees them (a fork after them warns not)
     transports.py  the one module naming the transports: the transport a backend
                    (mxload/backends.py, configuration) asks for; a new kind of worker is
                    one module and its backend class
@@ -37,6 +42,7 @@ layout) define a format that crosses processes.
       heap.py        a worker process keeps the memory it frees (malloc thresholds), and
                      keeps what it inherited by fork out of its garbage collector (gc.freeze)
       fds.py         descriptors no forked child may keep
+      inherit.py     a spawn or forkserver worker's payload, pickled once for all workers
     threads.py     ThreadTransport: a task queue per worker thread
     ray/           backend="ray": RayTransport (transport.py) and the LoaderActor
                    (actor.py), workers anywhere in a Ray cluster; Ray's error texts as
@@ -48,7 +54,8 @@ layout) define a format that crosses processes.
     batch_errors.py   a batch's error as the loop gets it, in every mode (StopIteration,
                    SystemExit & co made errors of that batch)
     messages.py    Task, Stop, Batch, NewSlab, Loaded, Failed, Exhausted, InitFailed,
-                   zygote and spawn messages (the types)
+                   zygote and spawn messages (the types); WorkerConfig, what a worker
+                   starts with
 
 One batch with worker processes:
 

@@ -13,7 +13,7 @@ place that ends workers (shutdown.shutdown_sequence); every way an
 iteration can end goes through it.
 
 Ctrl-C: the start-up and the shutdown run with SIGINT deferred
-(``_core.defer_sigint``): a Ctrl-C that lands inside them lets them finish,
+(``_core.defer_sigint``, NOTE [ Deferred signals ]): a Ctrl-C that lands inside them lets them finish,
 so no worker, thread or descriptor is left half made or half ended, and is
 then raised once; one that lands in a finalizer (``__del__`` after
 ``break``) is made pending again for the code the finalizer interrupted

@@ -313,7 +313,7 @@ class EpochIterator:
 
     __next__ = handing_next(_next)
 
-    @defer_sigint
+    @defer_sigint   # (and __del__ below: NOTE [ Deferred signals ])
     def _end(self, force: bool = False) -> None:
         if self._closed:
             return

@@ -4,7 +4,7 @@ the processes: NOTE [ Zygote process tree ], zygote.py).
 
 Ctrl-C: starting runs with SIGINT deferred (zygote.sigint_deferred), so no
 worker is left half made; the engine runs the whole shutdown with SIGINT
-deferred (_core.defer_sigint), so none is left half ended.
+deferred (_core.defer_sigint), so none is left half ended (NOTE [ Deferred signals ]).
 """
 from __future__ import annotations
 

@@ -237,7 +237,7 @@ class Fetcher:
 
     # ------------------------------------------------------------------ the consumer's events
 
-    @defer_sigint
+    @defer_sigint   # NOTE [ Deferred signals ]
     def handle_for_consumer(self, event: int, slot: int, tag: int) -> None:
         """_handle, in the consumer.  Whole, signals deferred: a signal
         handler's exception (a program's SIGALRM, Ctrl-C) is raised once the

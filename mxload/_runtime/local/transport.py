@@ -118,7 +118,7 @@ class ProcessTransport(Transport):
             return super().next_result(buffer, idx, any_index, timeout, filling, epochs)
         return self.receive(idx, any_index, timeout, filling, epochs=epochs)
 
-    @defer_sigint
+    @defer_sigint   # NOTE [ Deferred signals ]
     def _flush_before_wait(self, filling: bool = False) -> None:
         """The consumer is about to sleep: what it waits for may be held.
         Whole, signals deferred: a send cut short by a signal handler's

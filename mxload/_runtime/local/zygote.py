@@ -81,7 +81,8 @@ ZYGOTE_REPLY_S = 10.0
 def sigint_deferred() -> Iterator[None]:
     """Start children inside this: a signal with a Python handler (Ctrl-C,
     a program's SIGTERM or SIGALRM handler) neither lands between a fork and
-    its bookkeeping nor reaches a child before it resets its handlers.
+    its bookkeeping nor reaches a child before it resets its handlers
+    (NOTE [ Deferred signals ]: the same promise, for a section that forks).
 
     Those signals are blocked in this thread, so forked children inherit
     them blocked (and unblock them once reset: reset_inherited_signals).  In
