@@ -10,6 +10,7 @@ and its backend class (tests/test_backends.py plugs in one of its own)."""
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,35 +18,42 @@ from typing import Any
 __all__ = ["Backend", "LocalProcesses", "LocalThreads", "RayBackend", "resolve_backend", "workers_backend"]
 
 
-class Backend:
+class Backend(ABC):
     """Where a loader's workers run.  ``backend=`` takes an instance of a subclass
-    (or ``"ray"``).  A subclass of your own makes the transport that serves one
-    engine's workers in :meth:`make_transport`."""
+    (or ``"ray"``); the engine asks it for the transport that serves one engine's
+    workers (the contract: ``mxload._runtime.transport.Transport``)."""
 
+    @abstractmethod
     def make_transport(self, setup: Any) -> Any:
         """The transport for one engine's workers, not started yet: a
         ``mxload._runtime.transport.Transport`` made from the
         ``TransportSetup`` `setup` (typed loosely here: this module is
         configuration and imports nothing of the runtime; the engine checks
-        what it gets).  The built-in backends leave it to the runtime."""
-        raise NotImplementedError(f"{type(self).__name__} makes no transport: a Backend subclass of "
-                                  f"your own defines make_transport(setup)")
+        what it gets)."""
+
+
+class BuiltInBackend(Backend):
+    """mxload's own backends: the runtime makes their transports (_runtime/transports.py)."""
+
+    def make_transport(self, setup: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__}'s transport is made by mxload's runtime "
+                                  f"(mxload._runtime.transports.make_transport)")
 
 
 @dataclass(frozen=True)
-class LocalProcesses(Backend):
+class LocalProcesses(BuiltInBackend):
     """Worker processes on this machine (the default), started with `start_method`
     (None: the platform's default)."""
     start_method: str | None = None
 
 
 @dataclass(frozen=True)
-class LocalThreads(Backend):
+class LocalThreads(BuiltInBackend):
     """Worker threads in the training process (``thread_pool=True``)."""
 
 
 @dataclass(frozen=True)
-class RayBackend(Backend):
+class RayBackend(BuiltInBackend):
     """Run a loader's workers as Ray actors (``DataLoader(..., backend=RayBackend(...))``;
     ``backend="ray"`` is ``RayBackend()``).
 

@@ -69,6 +69,23 @@ def test_a_transport_of_our_own_plugs_in_through_its_backend_alone():
         break
 
 
+def test_a_builtin_backend_subclass_that_makes_its_own_transport_is_asked_for_it():
+    """A subclass of one of mxload's backends that overrides make_transport gets its transport
+    from there, as any backend of one's own; Backend itself stays abstract."""
+    from transport_for_tests import CountingTransport
+
+    class CountingThreads(mxload.backends.LocalThreads):
+        def make_transport(self, setup):
+            return CountingTransport(setup)
+
+    loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(12)), batch_size=3, num_workers=2,
+                               backend=CountingThreads())
+    assert [b.tolist() for b in loader] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
+    assert loader.stats["counted_tasks"] == 4
+    with pytest.raises(TypeError, match="abstract"):
+        mxload.backends.Backend()
+
+
 def test_a_backend_that_is_not_one_is_refused():
     with pytest.raises(ValueError, match="backend must be"):
         mxload.DataLoader(mxload.ArrayDataset(np.arange(4)), batch_size=2, num_workers=2, backend=object())
