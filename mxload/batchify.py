@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike, NDArray
 
+from . import _core
 from ._collate import layout
 from ._collate.gathered import GatheredSamples
 from ._collate.layout import Node
@@ -31,12 +32,14 @@ from ._collate.plan import (
     Batchify,
     BatchPlan,
     Planner,
+    TensorField,
     TreeCache,
     collate,
     pad_column,
     plan_batch,
     stack_column,
 )
+from ._collate.rows import RowsOfColumns
 from ._torch_compat import collatable_tensor, is_tensor, tensor_to_numpy
 
 __all__ = [
@@ -329,7 +332,25 @@ class _DefaultBatchify(Batchify):
             node = samples.plan_columns(path, planner)
             if node is not None:
                 return node
+        elif isinstance(samples, RowsOfColumns) and len(samples):
+            return self._plan_columns(samples, path, planner)
         return self._plan_checked(samples, path, planner)
+
+    def _plan_columns(self, samples: RowsOfColumns, path: str, planner: Planner) -> Node:
+        """Rows of one dict as the rows themselves would plan: a tensor column copied once (its
+        rows' stack, bit for bit), any other column planned from its rows."""
+        keys = tuple(samples.batch)
+        children = []
+        for key in keys:
+            column, field_path = samples.batch[key], f"{path}[{key!r}]"
+            if (collatable_tensor(column) and 1 <= column.ndim <= _core.MAX_DIMS
+                    and column.shape[0] == samples.n and not column.requires_grad):
+                field = TensorField(field_path, [column], False, planner.batch_index)
+                children.append(planner.add_tensor(field_path, field))
+            else:
+                rows = [column[i] for i in range(samples.n)]
+                children.append(self._plan_checked(rows, field_path, planner))
+        return layout.dict_node(keys, children)
 
     def _plan_checked(self, samples: Sequence[Any], path: str, planner: Planner) -> Node:
         """Plan field by field, checking every sample (with the errors that

@@ -31,6 +31,7 @@ from .. import _torch_compat as _torch
 from .._torch_compat import is_tensor, tensor_to_numpy
 from . import layout
 from .layout import Layout, Node
+from .rows import RowsOfColumns
 
 __all__ = [
     "Field", "StackField", "PadField", "PadEveryAxisField", "CopyField", "TakeField", "TreeStackField",
@@ -270,7 +271,7 @@ class Planner:
         :meth:`add_value`."""
         if isinstance(fn, Batchify):
             return fn.plan(samples, path, self)
-        return self.add_value(path, fn(samples))
+        return self.add_value(path, fn(as_given(samples)))
 
     def add_array(self, path: str, array: NDArray[Any]) -> Node:
         """Copy `array` (numbers, bools or fixed-size strings) into the batch buffer as it is."""
@@ -699,6 +700,12 @@ class _FieldAt:
 # Plan and collate a batch
 
 
+def as_given(samples: Sequence[Any]) -> Sequence[Any]:
+    """The samples as the dataset returned them, for a function that is not a planned
+    batchify function (a user's collate_fn): the list of rows a RowsOfColumns stands for."""
+    return samples.rows() if isinstance(samples, RowsOfColumns) else samples
+
+
 def plan_batch(batchify_fn: Callable[..., Any], samples: Sequence[Any],
                batch_index: int | None = None) -> BatchPlan:
     """Plan one batch: planned batchify functions are walked; any other
@@ -728,7 +735,7 @@ def plan_batch(batchify_fn: Callable[..., Any], samples: Sequence[Any],
     if isinstance(batchify_fn, Batchify):
         root = batchify_fn.plan(samples, "sample", planner)
     else:
-        root = planner.add_value("batch", batchify_fn(samples))
+        root = planner.add_value("batch", batchify_fn(as_given(samples)))
     placed = planner._placed
     return BatchPlan(root, planner._fields, planner._objects, planner._tables,
                      placed[1] if placed is not None and placed[0] == len(planner._fields) else None,
@@ -758,7 +765,7 @@ def collate(batchify_fn: Callable[..., Any], samples: Sequence[Any], batch_index
         [[1.0, 1.0], [0.0, 0.0]]
     """
     if not isinstance(batchify_fn, Batchify):
-        return batchify_fn(samples)
+        return batchify_fn(as_given(samples))
     plan = plan_batch(batchify_fn, samples, batch_index)
     views, _ = plan.fill(allocate(plan.nbytes))
     return layout.assemble(plan.root, plan.in_process(views) if plan.tensors else views)
@@ -770,7 +777,7 @@ def collate_profiled(batchify_fn: Callable[..., Any], samples: Sequence[Any],
     A plain-callable batchify_fn is one opaque field (its own path)."""
     if not isinstance(batchify_fn, Batchify):
         t0 = time.perf_counter_ns()
-        batch = batchify_fn(samples)
+        batch = batchify_fn(as_given(samples))
         name = getattr(batchify_fn, "__name__", type(batchify_fn).__name__)
         return batch, [(f"{name}(samples)", "custom", 0, (), type(batch).__name__)], \
             [time.perf_counter_ns() - t0]

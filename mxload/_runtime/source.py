@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from .. import _rng
+from .._collate.rows import RowsOfColumns, fetches_columns
 from .._keys import decode_key
 from ..dataset import takes_index_arrays
 
@@ -47,7 +48,11 @@ def fetch_samples(dataset: Any, indices: np.ndarray, seed: int = 0, epoch: int =
             _rng.set_sample(seed, epoch, None)
             if seed_globals:
                 _rng.seed_globals(seed, epoch, *indices.tolist())
-            return getitems(indices if takes_index_arrays(dataset) else indices.tolist())
+            if takes_index_arrays(dataset):
+                return getitems(indices)
+            if fetches_columns(dataset):   # Hugging Face's: its batch of columns, unsplit
+                return RowsOfColumns.fetch(dataset, indices.tolist())
+            return getitems(indices.tolist())
         # dataset[i] exactly (the type's __getitem__), called from C
         return _rng.fetch_each(functools.partial(operator.getitem, dataset), indices.tolist(), seed, epoch,
                                seed_globals)

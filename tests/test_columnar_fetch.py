@@ -1,0 +1,138 @@
+"""A Hugging Face ``datasets.Dataset`` fetches a batch as a dict of columns and splits it into rows
+(its ``__getitems__``); mxload fetches it the same way and keeps it unsplit
+(mxload._collate.rows.RowsOfColumns), so default collation copies each tensor column once.
+What the user sees does not change: torch's batches bit for bit, a custom ``collate_fn`` gets the
+very list of row dicts, a subclass's own ``__getitems__`` is called, errors name the field."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="tensor columns need the torch extra")
+from test_torch_tensors import MODES, _same  # noqa: E402
+from torch.utils.data import DataLoader as TorchLoader  # noqa: E402
+
+import mxload.torch  # noqa: E402
+from mxload._collate.rows import RowsOfColumns, fetches_columns  # noqa: E402
+from mxload._runtime.source import fetch_samples  # noqa: E402
+from mxload.batchify import default_batchify  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+N = 37
+
+
+def _columns(n=N):
+    g = torch.Generator().manual_seed(7)
+    return {"x": torch.randn(n, 6, generator=g), "image": torch.randint(0, 255, (n, 3, 4, 4), generator=g),
+            "label": torch.arange(n), "half": torch.randn(n, 2, generator=g).to(torch.bfloat16)}
+
+
+# ------------------------------------------------------------------ collation of kept columns
+
+
+def _rows_both_ways(batch):
+    n = len(next(iter(batch.values())))
+    kept = RowsOfColumns(batch, n)
+    return kept, [{k: v[i] for k, v in batch.items()} for i in range(n)]
+
+
+def test_kept_columns_collate_to_the_rows_default_collate():
+    """Every kind of column: tensors of any rank and dtype (copied once), and strings, numbers,
+    a tensor with autograd history and a list of tensors (planned from their rows)."""
+    batch = _columns(5)
+    batch.update(text=[f"t{i}" for i in range(5)], score=[0.5 * i for i in range(5)],
+                 grad=torch.ones(5, 2, requires_grad=True) * 3,
+                 pieces=[torch.full((3,), i) for i in range(5)])
+    kept, rows = _rows_both_ways(batch)
+    assert len(kept) == 5 and list(kept[2]) == list(rows[2]) and kept[2]["text"] == "t2"
+    got, want = default_batchify(kept), default_batchify(rows)
+    assert list(got) == list(want)
+    for key in want:
+        g, w = got[key], want[key]
+        assert type(g) is type(w), key
+        if isinstance(w, np.ndarray):
+            assert (g.dtype, g.shape, g.tobytes()) == (w.dtype, w.shape, w.tobytes()), key
+        elif isinstance(w, torch.Tensor):
+            _same(g, w, key)
+        else:
+            assert g == w, key
+    assert got["half"].dtype == torch.bfloat16 and got["x"].dtype == np.float32
+    assert got["grad"].requires_grad, "a column with autograd history goes the rows' way"
+
+
+def test_a_user_collate_fn_gets_the_datasets_own_list_of_rows():
+    kept, rows = _rows_both_ways(_columns(4))
+    seen = []
+    mxload.batchify.collate(lambda samples: seen.append(samples) or 0, kept)
+    assert type(seen[0]) is list and len(seen[0]) == 4
+    for got, want in zip(seen[0], rows):
+        _same(got, want)
+
+
+def test_a_column_whose_rows_differ_is_the_rows_error_naming_the_field():
+    batch = {"x": torch.zeros(3, 2), "ragged": [torch.zeros(2), torch.zeros(2), torch.zeros(5)]}
+    kept, rows = _rows_both_ways(batch)
+    with pytest.raises(ValueError) as by_columns:
+        default_batchify(kept)
+    with pytest.raises(ValueError) as by_rows:
+        default_batchify(rows)
+    assert str(by_columns.value) == str(by_rows.value)
+    assert "['ragged']" in str(by_columns.value)
+
+
+# ------------------------------------------------------------------ with Hugging Face datasets
+
+
+@pytest.fixture(scope="module")
+def hf_dataset():
+    datasets = pytest.importorskip("datasets", reason="needs Hugging Face datasets")
+    cols = {k: v.float().numpy() if v.dtype == torch.bfloat16 else v.numpy() for k, v in _columns().items()}
+    cols["text"] = [f"row {i}" for i in range(N)]
+    dataset = datasets.Dataset.from_dict(cols).with_format("torch")
+    dataset[[0]]   # its first fetch starts tqdm's monitor thread: before the test's leak check looks
+    return dataset
+
+
+def test_only_hugging_faces_own_getitems_is_fetched_as_columns(hf_dataset):
+    import datasets
+
+    class Mine(datasets.Dataset):
+        def __getitems__(self, keys):
+            return [{"mine": k} for k in keys]
+
+    assert fetches_columns(hf_dataset)
+    mine = Mine(hf_dataset.data)
+    assert not fetches_columns(mine) and not fetches_columns(mxload.ArrayDataset(np.zeros(3)))
+    got = fetch_samples(hf_dataset, np.array([3, 1, 4]))
+    assert isinstance(got, RowsOfColumns)
+    want = hf_dataset.__getitems__([3, 1, 4])
+    assert len(got.rows()) == 3
+    for g, w in zip(got.rows(), want):
+        _same(g, w)
+    assert fetch_samples(mine, np.array([2, 0])) == [{"mine": 2}, {"mine": 0}]
+
+
+@pytest.mark.parametrize("kw", MODES)
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_hugging_face_dataset_gives_torchs_batches(hf_dataset, kw, shuffle):
+    def run(loader_class, extra):
+        loader = loader_class(hf_dataset, batch_size=8, shuffle=shuffle,
+                              generator=torch.Generator().manual_seed(3), **extra)
+        return list(loader)
+
+    want = run(TorchLoader, {})
+    got = run(mxload.torch.DataLoader, kw)
+    assert len(got) == len(want) == 5
+    for b, (g, w) in enumerate(zip(got, want)):
+        _same(g, w, f"batch {b}")
+
+
+@pytest.mark.parametrize("kw", MODES)
+def test_a_custom_collate_fn_of_a_hugging_face_dataset_gets_its_rows(hf_dataset, kw):
+    def names(rows):
+        assert type(rows) is list and all(type(r) is dict for r in rows)
+        return [r["text"] for r in rows]
+
+    loader = mxload.torch.DataLoader(hf_dataset, batch_size=10, collate_fn=names, **kw)
+    assert [t for batch in loader for t in batch] == [f"row {i}" for i in range(N)]
