@@ -8,8 +8,12 @@ from __future__ import annotations
 import os
 import signal
 
-__all__ = ["reset_inherited_signals", "block_sigint_in_this_thread", "process_state",
+__all__ = ["CATCHABLE_SIGNALS", "reset_inherited_signals", "block_sigint_in_this_thread", "process_state",
            "raised_by_signal_handler"]
+
+# The signals a handler can be set for, as plain ints (valid_signals() makes an enum of each
+# of its ~64 numbers at every call: 0.1-0.3 ms, taken at every worker start).
+CATCHABLE_SIGNALS = tuple(int(s) for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP))
 
 
 def reset_inherited_signals() -> None:
@@ -22,9 +26,7 @@ def reset_inherited_signals() -> None:
     would fail and the zygote die, and a worker's own subprocesses could
     not be waited for."""
     reset = set()
-    for signum in signal.valid_signals():
-        if signum in (signal.SIGKILL, signal.SIGSTOP):
-            continue
+    for signum in CATCHABLE_SIGNALS:
         try:
             handler = signal.getsignal(signum)
             if callable(handler) or (signum == signal.SIGCHLD and handler == signal.SIG_IGN):
@@ -66,7 +68,7 @@ def raised_by_signal_handler(error: BaseException) -> bool:
     handler raises in the middle of a dataset's code that is not the
     dataset's doing (a SIGALRM step timeout, a SIGTERM checkpoint-and-exit)."""
     codes = set()
-    for signum in signal.valid_signals():
+    for signum in CATCHABLE_SIGNALS:
         try:
             handler = signal.getsignal(signum)
         except (ValueError, OSError):

@@ -65,7 +65,7 @@ from ..._core import watch_main_process
 from ...errors import WorkerError
 from .. import messages as m
 from .. import os_threads
-from ..os_signals import reset_inherited_signals
+from ..os_signals import CATCHABLE_SIGNALS, reset_inherited_signals
 from . import fds as _fds
 from . import wire
 from .heap import freeze_inherited_objects
@@ -93,8 +93,8 @@ def sigint_deferred() -> Iterator[None]:
     kernel may hand a signal to any thread that does not block it, numpy's
     BLAS threads included, and an ignored one is dropped.)"""
     handled: set[int] = {signal.SIGINT}
-    for valid in signal.valid_signals():
-        if valid not in (signal.SIGKILL, signal.SIGSTOP) and callable(signal.getsignal(valid)):
+    for valid in CATCHABLE_SIGNALS:
+        if callable(signal.getsignal(valid)):
             handled.add(valid)
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, handled)
     deferred: list[int] = []
@@ -327,7 +327,7 @@ class Zygote:
         worker it forks.  Call with SIGINT deferred (sigint_deferred)."""
         main_end, zygote_end = socket.socketpair()
         _fds.own(main_end)
-        os_threads.wait_for_ended_threads()
+        os_threads.before_fork()
         with warnings.catch_warnings(record=True) as caught:
             # Python 3.12+ warns when forking with threads alive (a user's
             # thread: an honest warning).  Record it and re-issue it once the
