@@ -1,7 +1,7 @@
 """torch's DataLoader against mxload.torch.DataLoader on pipelines written the way torch users
 write them: every sample a tensor (or a dict of tensors), collated by the loaders' defaults.
 
-    python bench/torch_pipelines.py [--repeats N] [--epochs N] [--workloads imagefolder timm hf tensor]
+    python bench/torch_pipelines.py [--repeats N] [--epochs N] [--workloads imagefolder timm hf hf-shuffled tensor]
                                     [--configs 0 2 2p] [--quick]
 
 Workloads (the data is generated locally, never downloaded):
@@ -14,7 +14,9 @@ Workloads (the data is generated locally, never downloaded):
 * timm: timm's eval transform on the same images: Resize(146, bicubic) of the shorter side,
   CenterCrop(128), ToTensor, Normalize, batch 32;
 * hf: a Hugging Face ``datasets.Dataset`` of 20000 rows (64 float32 features, an int label)
-  ``with_format("torch")``, batch 256 (skipped, with a message, without ``datasets``);
+  ``with_format("torch")``, batch 256 (skipped, with a message, without ``datasets``); unshuffled,
+  as an evaluation loader: mxload fetches each batch's contiguous rows as one slice;
+* hf-shuffled: the same, shuffle=True, as a training loader (each batch a gather of its rows);
 * tensor: ``TensorDataset`` of 20000 x 64 float32 and int64 labels, batch 256.
 
 Configurations: 0 workers, 2 workers, 2 persistent workers.  Each measurement is a fresh
@@ -43,12 +45,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import header, median, table  # noqa: E402
 
-WORKLOADS = ("imagefolder", "timm", "hf", "tensor")
+WORKLOADS = ("imagefolder", "timm", "hf", "hf-shuffled", "tensor")
+HF = ("hf", "hf-shuffled")
+SHUFFLED = ("imagefolder", "hf-shuffled", "tensor")
 CONFIGS = {"0": (0, False), "2": (2, False), "2p": (2, True)}
 CONFIG_NAMES = {"0": "0 workers", "2": "2 workers", "2p": "2 persistent"}
 SAMPLES = {"imagefolder": "tensors (3,128,128) float32 + int", "timm": "tensors (3,128,128) float32 + int",
-           "hf": "dict of tensors (64,) float32 + ()", "tensor": "tensors (64,) float32 + () int64"}
-BATCH = {"imagefolder": 32, "timm": 32, "hf": 256, "tensor": 256}
+           "hf": "dict of tensors (64,) float32 + ()", "hf-shuffled": "dict of tensors (64,) float32 + ()",
+           "tensor": "tensors (64,) float32 + () int64"}
+BATCH = {"imagefolder": 32, "timm": 32, "hf": 256, "hf-shuffled": 256, "tensor": 256}
 IMAGES, IMAGE_SIZE, CLASSES = 512, (256, 192), 4
 ROWS, FEATURES = 20000, 64
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -200,7 +205,7 @@ def measure(workload: str, impl: str, config: str, epochs: int, images: str) -> 
     torch.set_num_threads(1)
     workers, persistent = CONFIGS[config]
     ds = build_dataset(workload, images)
-    kwargs: dict[str, Any] = {"batch_size": BATCH[workload], "shuffle": workload in ("imagefolder", "tensor")}
+    kwargs: dict[str, Any] = {"batch_size": BATCH[workload], "shuffle": workload in SHUFFLED}
     if workers:
         kwargs.update(num_workers=workers, persistent_workers=persistent)
     loader = DataLoader(ds, **kwargs)
@@ -265,17 +270,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"torch is not installed ({e}); this benchmark compares against it")
         return 0
     workloads = list(args.workloads)
-    if "hf" in workloads:
+    if set(HF) & set(workloads):
         try:
             import datasets
         except ImportError:
             print("skipping hf: the Hugging Face `datasets` package is not installed (pip install datasets)")
-            workloads.remove("hf")
+            workloads = [w for w in workloads if w not in HF]
         else:
             hf_version = datasets.__version__
     print(header("torch DataLoader vs mxload.torch.DataLoader, torch-style pipelines"))
     versions = f"# torch {torch.__version__}"
-    if "hf" in workloads:
+    if set(HF) & set(workloads):
         versions += f", datasets {hf_version}"
     print(versions + f"; {args.repeats} fresh processes per cell, {args.epochs} epochs each")
     print(f"# before: {uptime()}", flush=True)
