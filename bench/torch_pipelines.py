@@ -1,8 +1,8 @@
 """torch's DataLoader against mxload.torch.DataLoader on pipelines written the way torch users
 write them: every sample a tensor (or a dict of tensors), collated by the loaders' defaults.
 
-    python bench/torch_pipelines.py [--repeats N] [--epochs N] [--workloads imagefolder timm hf hf-shuffled tensor]
-                                    [--configs 0 2 2p] [--quick]
+    python bench/torch_pipelines.py [--repeats N] [--epochs N] [--configs 0 2 2p] [--quick]
+                                    [--workloads imagefolder timm hf hf-shuffled tensor]
 
 Workloads (the data is generated locally, never downloaded):
 
