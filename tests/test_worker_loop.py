@@ -5,10 +5,10 @@ import pytest
 
 from mxload._runtime import messages as m
 from mxload._runtime.source import SampleSource
-from mxload._runtime.worker import _Link, serve
+from mxload._runtime.worker import WorkerLink, serve
 
 
-class FakeLink(_Link):
+class FakeLink(WorkerLink):
     def __init__(self, tasks, broken_send=False):
         super().__init__()
         self.tasks = list(tasks)

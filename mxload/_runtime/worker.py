@@ -3,7 +3,7 @@ worker info and seeding.
 
 A worker takes Tasks, loads each batch's samples (source.py), collates them
 and answers with one result per task (messages.py).  What differs between a
-process and a thread is only its link to the main process (a _Link: a process's
+process and a thread is only its link to the main process (a WorkerLink: a process's
 is local/process_worker.py's, with the death signal and the parent watchdog; a
 thread's is _ThreadLink below): where tasks come from, where the batch is
 collated (a shared-memory slab, or private memory), how results go back, and
@@ -101,7 +101,7 @@ def in_worker_process() -> bool:
 R = TypeVar("R")
 
 
-class _Link(Generic[R]):
+class WorkerLink(Generic[R]):
     """A worker's side of its transport; `R` is a collated batch ready to send."""
     # Exceptions out of worker_init_fn reported as its failure.
     init_errors: tuple[type[BaseException], ...] = (Exception,)
@@ -128,7 +128,7 @@ class _Link(Generic[R]):
         raise NotImplementedError
 
 
-def serve(link: _Link[R], worker_id: int, payload: Payload, source: SampleSource, epoch: int) -> None:
+def serve(link: WorkerLink[R], worker_id: int, payload: Payload, source: SampleSource, epoch: int) -> None:
     """The task loop of every worker: run worker_init_fn, then answer each
     task until asked to stop."""
     dataset, batchify_fn, worker_init_fn = payload
@@ -150,7 +150,7 @@ def serve(link: _Link[R], worker_id: int, payload: Payload, source: SampleSource
         answer(link, task, source, batchify_fn)
 
 
-def answer(link: _Link[R], task: m.Task, source: SampleSource, batchify_fn: Callable[..., Any]) -> None:
+def answer(link: WorkerLink[R], task: m.Task, source: SampleSource, batchify_fn: Callable[..., Any]) -> None:
     """Load, collate and answer one task: exactly one message through `link`
     (the task loop above, and a Ray actor's call).  Whatever the dataset or
     batchify_fn raises is this batch's failure, SystemExit & co included:
@@ -219,7 +219,7 @@ Deliver = Callable[[int, m.WorkerResult], None]
 Ended = Callable[[int, BaseException, str], None]
 
 
-class _ThreadLink(_Link[m.Loaded]):
+class _ThreadLink(WorkerLink[m.Loaded]):
     """A worker thread's queue of tasks; batches are collated into private
     memory and handed to the engine from this thread."""
 

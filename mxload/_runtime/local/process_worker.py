@@ -19,7 +19,7 @@ from ..._core import Slab, watch_main_process
 from .. import messages as m
 from ..messages import WorkerConfig
 from ..os_signals import reset_inherited_signals
-from ..worker import _Link, enter_process, reseed_process, serve
+from ..worker import WorkerLink, enter_process, reseed_process, serve
 from . import wire
 from .heap import freeze_inherited_objects, keep_freed_memory
 from .inherit import unpickle_payload
@@ -97,7 +97,7 @@ class Layouts:
         return self._ids[key], True
 
 
-class ProcessLink(_Link[_Encoded]):
+class ProcessLink(WorkerLink[_Encoded]):
     """A worker process's socket.  Reads ahead, so a stop request queued
     behind already-dispatched tasks is seen before the next task starts
     (after `break`, queued work is skipped, not done); maps the slab

@@ -22,7 +22,7 @@ from typing import Any, cast
 from ..._collate import plan as _plan
 from .. import messages as m
 from ..messages import WorkerConfig
-from ..worker import _Link, answer, enter_process, reseed_process
+from ..worker import WorkerLink, answer, enter_process, reseed_process
 from .errors import plain
 
 __all__ = ["LoaderActor"]
@@ -30,7 +30,7 @@ __all__ = ["LoaderActor"]
 RESULT_TYPES = (m.RemoteBatch, m.Failed, m.Exhausted)
 
 
-class _ActorLink(_Link[m.RemoteBatch]):
+class _ActorLink(WorkerLink[m.RemoteBatch]):
     """One task's answer, kept for the actor call to return."""
 
     def __init__(self) -> None:
