@@ -20,15 +20,21 @@ import os
 import random
 import signal
 import socket
+import sys
 import threading
 import time
 
 import pytest
+from extras import TORCH_INSTALLED
 
 LEAK_WAIT_S = 3.0
 
 # Markers whose tests stay out of a bare `pytest` run (pyproject.toml registers them).
 OPT_IN_TIERS = ("faults", "chaos", "e2e", "ray", "races", "slow", "upstream")
+
+
+# Whether torch was imported once every test module was (NOTE [ torch last ]).
+TORCH_AT_COLLECTION = pytest.StashKey[bool]()
 
 
 def _chose_tests(config) -> bool:
@@ -47,10 +53,23 @@ def pytest_collection_modifyitems(config, items):
         tiered = any(item.get_closest_marker(tier) for tier in OPT_IN_TIERS)
         if not tiered:
             item.add_marker(pytest.mark.fast)
+        if item.get_closest_marker("torch") and not TORCH_INSTALLED:
+            item.add_marker(pytest.mark.skip(reason="needs the torch extra"))
         (opt_in if tiered else keep).append(item)
     if opt_in and not _chose_tests(config):
         config.hook.pytest_deselected(items=opt_in)
         items[:] = keep
+    # NOTE [ torch last ]: a fork's cost grows with the forking process's private memory (on
+    # these VMs, fork + exit of the test process: ~1 ms bare, ~28 ms once torch is imported,
+    # its ~130 MB), and every engine forks the test process (the zygote) and the zygote its
+    # workers.  So no test module imports torch at collection (tests/extras.py defers it) and
+    # the tests marked `torch` run after all the others; no_leaks fails an unmarked test that
+    # imports it, and test_leak_checks one that does at collection.
+    items.sort(key=lambda item: item.get_closest_marker("torch") is not None)
+
+
+def pytest_collection_finish(session):
+    session.config.stash[TORCH_AT_COLLECTION] = "torch" in sys.modules
 
 
 def start_methods(*methods: str) -> list:
@@ -420,12 +439,17 @@ def assert_no_leftovers(before: dict, wait_s: float = LEAK_WAIT_S,
 
 @pytest.fixture(autouse=True)
 def no_leaks(request):
-    """Autouse: fail any test that leaves a process, thread, fd or shm entry.
+    """Autouse: fail any test that leaves a process, thread, fd or shm entry, or imports torch
+    unmarked (NOTE [ torch last ]).
     Tests marked `ray` may leave what Ray itself adds (RayAllowance), and are
     also checked in Ray's own records (ray_harness.assert_nothing_of_ours)."""
     ray_test = request.node.get_closest_marker("ray") is not None
+    torch_before = "torch" in sys.modules
     before = _snapshot()
     yield before
+    if not torch_before and "torch" in sys.modules and not request.node.get_closest_marker("torch"):
+        pytest.fail("this test imported torch without the `torch` mark: mark it, so that it runs after "
+                    "the tests that do not need torch (NOTE [ torch last ] in conftest.py)")
     if ray_test:
         from ray_harness import assert_nothing_of_ours
         assert_nothing_of_ours()

@@ -14,6 +14,7 @@ import sys
 import textwrap
 
 import pytest
+from extras import TORCH_INSTALLED
 
 import mxload
 
@@ -119,11 +120,7 @@ def test_bench_redirected_has_no_progress_fits_100_columns_and_shows_baselines()
     rows = [line.split() for line in lines if re.match(r"(tabular|dict16)\s+\d", line)]
     assert [(r[0], r[1]) for r in rows] == [("tabular", "0"), ("tabular", "2"), ("dict16", "0"),
                                             ("dict16", "2")]
-    try:
-        import torch  # noqa: F401
-        torch_there = True
-    except ImportError:
-        torch_there = False
+    torch_there = TORCH_INSTALLED   # (not imported here: NOTE [ torch last ] in conftest.py)
     for row in rows:
         # mxload b/s ±spread, MB/s, first ms, in-process b/s ±spread: medians of the rounds
         float(row[2]), float(row[6])

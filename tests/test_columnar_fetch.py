@@ -7,17 +7,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from extras import deferred
+from test_torch_tensors import MODES, _same
 
-torch = pytest.importorskip("torch", reason="tensor columns need the torch extra")
-from test_torch_tensors import MODES, _same  # noqa: E402
-from torch.utils.data import DataLoader as TorchLoader  # noqa: E402
+import mxload
+from mxload._collate.rows import RowsOfColumns, fetches_columns
+from mxload._runtime.source import fetch_samples
+from mxload.batchify import default_batchify
 
-import mxload.torch  # noqa: E402
-from mxload._collate.rows import RowsOfColumns, fetches_columns  # noqa: E402
-from mxload._runtime.source import fetch_samples  # noqa: E402
-from mxload.batchify import default_batchify  # noqa: E402
+torch = deferred("torch")
+tud = deferred("torch.utils.data")
+mxtorch = deferred("mxload.torch")
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(60)]
 
 N = 37
 
@@ -124,8 +126,8 @@ def test_a_hugging_face_dataset_gives_torchs_batches(hf_dataset, kw, shuffle):
                               generator=torch.Generator().manual_seed(3), **extra)
         return list(loader)
 
-    want = run(TorchLoader, {})
-    got = run(mxload.torch.DataLoader, kw)
+    want = run(tud.DataLoader, {})
+    got = run(mxtorch.DataLoader, kw)
     assert len(got) == len(want) == 5
     for b, (g, w) in enumerate(zip(got, want)):
         _same(g, w, f"batch {b}")
@@ -137,7 +139,7 @@ def test_a_custom_collate_fn_of_a_hugging_face_dataset_gets_its_rows(hf_dataset,
         assert type(rows) is list and all(type(r) is dict for r in rows)
         return [r["text"] for r in rows]
 
-    loader = mxload.torch.DataLoader(hf_dataset, batch_size=10, collate_fn=names, **kw)
+    loader = mxtorch.DataLoader(hf_dataset, batch_size=10, collate_fn=names, **kw)
     assert [t for batch in loader for t in batch] == [f"row {i}" for i in range(N)]
 
 
@@ -153,13 +155,13 @@ def test_a_contiguous_run_of_rows_is_fetched_as_a_slice_and_gives_the_same_batch
                         lambda self, key, **kw: keys.append(key) or real(self, key, **kw))
     for shuffle in (False, True):
         keys.clear()
-        loader = mxload.torch.DataLoader(hf_dataset, batch_size=8, shuffle=shuffle)
+        loader = mxtorch.DataLoader(hf_dataset, batch_size=8, shuffle=shuffle)
         got = list(loader)
         kinds = {type(k) for k in keys}
         assert kinds == ({list} if shuffle else {slice}), kinds
         assert len(got) == 5
     remapped = hf_dataset.select(list(range(N - 1, -1, -1)))
-    for g, w in zip(mxload.torch.DataLoader(remapped, batch_size=8), TorchLoader(remapped, batch_size=8)):
+    for g, w in zip(mxtorch.DataLoader(remapped, batch_size=8), tud.DataLoader(remapped, batch_size=8)):
         _same(g, w)
 
     class Mine(datasets.Dataset):
@@ -168,4 +170,4 @@ def test_a_contiguous_run_of_rows_is_fetched_as_a_slice_and_gives_the_same_batch
             return super().__getitem__(key)
 
     mine = Mine(hf_dataset.data).with_format("torch")
-    assert len(list(mxload.torch.DataLoader(mine, batch_size=8))) == 5
+    assert len(list(mxtorch.DataLoader(mine, batch_size=8))) == 5

@@ -413,6 +413,7 @@ class _HandlerRaised(Exception):
     """What a signal handler raises (a SIGTERM handler that checkpoints and exits, say)."""
 
 
+@pytest.mark.torch
 def test_a_checkpoint_taken_while_a_batch_never_reached_the_loop_does_not_count_it(monkeypatch):
     """A signal handler's exception between the epoch giving out a batch and the loop receiving
     it keeps the batch for the next call; a state_dict() taken meanwhile (in the except block)

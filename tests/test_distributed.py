@@ -90,6 +90,7 @@ def _flat(batches):
 
 
 @pytest.mark.e2e
+@pytest.mark.torch
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_torchrun_equal_batch_counts(torchrun_result, drop_last):
     key = f"drop_last={drop_last}"
@@ -105,6 +106,7 @@ def test_torchrun_equal_batch_counts(torchrun_result, drop_last):
 
 
 @pytest.mark.e2e
+@pytest.mark.torch
 def test_torchrun_padding_covers_dataset(torchrun_result):
     per_rank_len = -(-N // WORLD)                     # 52
     total = per_rank_len * WORLD                      # 104: one index repeated
@@ -125,6 +127,7 @@ def test_torchrun_padding_covers_dataset(torchrun_result):
 
 
 @pytest.mark.e2e
+@pytest.mark.torch
 def test_torchrun_drop_last_disjoint(torchrun_result):
     per_rank_len = N // WORLD                         # 51 from the sampler ...
     delivered = per_rank_len // BATCH * BATCH         # ... 48 in full batches
@@ -140,6 +143,7 @@ def test_torchrun_drop_last_disjoint(torchrun_result):
 
 
 @pytest.mark.e2e
+@pytest.mark.torch
 def test_torchrun_set_epoch_reshuffles_identically_on_every_rank(torchrun_result):
     total = -(-N // WORLD) * WORLD
     orders = []
@@ -161,6 +165,7 @@ def test_torchrun_set_epoch_reshuffles_identically_on_every_rank(torchrun_result
 
 # --- rank / world size: torch.distributed, then env, then 1/0 ---------------------
 
+@pytest.mark.torch
 def test_sampler_uses_initialised_process_group(tmp_path, monkeypatch):
     dist = _require_torch_distributed()
     monkeypatch.setenv("WORLD_SIZE", "4")

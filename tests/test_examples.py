@@ -54,8 +54,8 @@ def test_profile_my_dataset_never_writes_a_fixed_temporary_name():
             shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.mark.torch
 def test_image_folder_trains_on_a_generated_folder():
     pytest.importorskip("PIL")
-    pytest.importorskip("torch")
     text = run("image_folder.py", "--make-data", "--epochs", "1", "--workers", "2")
     assert "epoch 0: loss" in text and "images/s" in text

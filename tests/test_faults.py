@@ -117,7 +117,8 @@ def _loader_class(tensors: bool):
     return mxload.DataLoader
 
 
-@pytest.mark.parametrize("tensors", [False, True], ids=["numpy", "torch"])
+@pytest.mark.parametrize("tensors", [False, pytest.param(True, marks=pytest.mark.torch)],
+                         ids=["numpy", "torch"])
 @pytest.mark.parametrize("persistent", [False, True])
 def test_the_last_reference_to_a_partly_used_iterator_ends_its_workers_without_gc(tensors, persistent):
     """torch's test_partial_workers: `it = iter(DataLoader(ds, num_workers=4))`, 10 batches, `del it`:
@@ -134,7 +135,8 @@ def test_the_last_reference_to_a_partly_used_iterator_ends_its_workers_without_g
         assert_gone(pids, within=3.0)
 
 
-@pytest.mark.parametrize("tensors", [False, True], ids=["numpy", "torch"])
+@pytest.mark.parametrize("tensors", [False, pytest.param(True, marks=pytest.mark.torch)],
+                         ids=["numpy", "torch"])
 def test_persistent_workers_outlive_the_iterator_and_end_with_the_loader_without_gc(tensors):
     """torch's semantics: with persistent workers the loader holds them, so `del it` keeps them
     (the next epoch runs on them); `del loader` then ends them, without a garbage collection."""
@@ -388,6 +390,7 @@ class DyingSeedProbe(DyingDataset):
         return np.array([torch.initial_seed(), torch.utils.data.get_worker_info().id])
 
 
+@pytest.mark.torch
 def test_a_restarted_worker_seeded_as_torch_starts_again_from_base_seed_plus_id(tmp_path):
     """seeding="torch" (documented in migration.md): the replacement of worker k starts its
     streams again from the iteration's base_seed + k, as the worker it replaces did."""

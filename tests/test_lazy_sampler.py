@@ -189,6 +189,7 @@ def test_num_workers_auto_with_an_infinite_sampler():
         it.close()
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("workers", [0, 2])
 def test_torch_dropin_takes_an_infinite_sampler_as_torch_does(workers):
     """mxload.torch.DataLoader with an infinite sampler (as iteration-based training passes one)

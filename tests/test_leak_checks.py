@@ -7,7 +7,7 @@ import sys
 import time
 
 import pytest
-from conftest import _snapshot, is_slab_mapping, leftovers
+from conftest import TORCH_AT_COLLECTION, _snapshot, is_slab_mapping, leftovers
 
 from mxload._runtime.local.slabs import create_shared_fd, map_slab
 
@@ -128,3 +128,11 @@ def test_tiers_split_the_suite_into_the_default_tier_and_the_opt_in_ones():
     assert f"tests/test_leak_checks.py::{this_test}" in opt_in
     bare = _collected()   # nothing named, no -m: the default tier of the whole suite
     assert {t for t in bare if t.startswith(files)} == fast
+
+
+def test_no_test_module_imports_torch_at_collection(pytestconfig):
+    """NOTE [ torch last ] (conftest.py): torch is imported by the first test that uses it (the
+    tests marked `torch`, run last), never while pytest collects the modules, so the tests before
+    them fork a test process without torch's memory.  A module that imports torch at its top
+    fails here: defer it (tests/extras.py)."""
+    assert pytestconfig.stash[TORCH_AT_COLLECTION] is False, "a test module imported torch at collection"

@@ -637,6 +637,7 @@ def test_persistent_workers_survive_epochs_and_close_ends_them():
     assert loader._iterations.engine is None
 
 
+@pytest.mark.torch
 def test_torch_from_numpy_keeps_the_slab_alive():
     torch = pytest.importorskip("torch")
     loader = mxload.DataLoader(TupleDataset(10), batch_size=5, num_workers=1)

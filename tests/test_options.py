@@ -210,6 +210,7 @@ def test_a_switch_takes_numpy_bools(name):
                                     dict(pin_memory="no"), dict(drop_last="no"),
                                     dict(drop_last=np.bool_(True)), dict(drop_last=1),
                                     dict(persistent_workers="yes", num_workers=1)])
+@pytest.mark.torch
 @pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true")
 def test_the_torch_face_takes_switches_as_torch_does(kwargs):
     """torch takes any truthy value, but for drop_last (its BatchSampler's ValueError)."""
@@ -234,7 +235,7 @@ def test_the_torch_face_takes_switches_as_torch_does(kwargs):
 @pytest.mark.parametrize("typo, meant", [("num_worker", "num_workers"), ("batchsize", "batch_size"),
                                          ("shuffel", "shuffle"), ("colate_fn", "collate_fn"),
                                          ("prefetch_factors", "prefetch_factor"), ("inorder", "in_order")])
-@pytest.mark.parametrize("face", ["mxload", "mxload.torch"])
+@pytest.mark.parametrize("face", ["mxload", pytest.param("mxload.torch", marks=pytest.mark.torch)])
 def test_a_misspelled_keyword_names_the_nearest(face, typo, meant):
     if face == "mxload.torch":
         pytest.importorskip("torch")

@@ -9,15 +9,18 @@ import collections
 
 import numpy as np
 import pytest
+from extras import deferred
 
 import mxload
 
-torch = pytest.importorskip("torch")
-pytestmark = [
-    pytest.mark.timeout(180),
-    pytest.mark.skipif(not torch.cuda.is_available(),
-                       reason="needs CUDA (pinned memory needs an accelerator)"),
-]
+torch = deferred("torch")
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(180)]
+
+
+@pytest.fixture(autouse=True)
+def _needs_an_accelerator():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA (pinned memory needs an accelerator)")
 
 Pair = collections.namedtuple("Pair", "image label")
 

@@ -190,6 +190,7 @@ def test_persistent_actors_reseed_per_epoch_as_local_workers_do():
         assert_same_batches(a, b)
 
 
+@pytest.mark.torch
 def test_persistent_actors_seeded_as_torch_go_on_as_local_workers_do():
     """seeding="torch" (mxload.torch's): actors seed random, numpy and torch from base_seed + id,
     as local workers do, and persistent ones keep their streams across epochs (no reseed)."""

@@ -13,130 +13,16 @@ import warnings
 import numpy as np
 import pytest
 from conftest import start_methods
+from extras import deferred
 
 import mxload
 from mxload._torch_compat import tensor_to_numpy
 
-torch = pytest.importorskip("torch")
-from torch.utils.data import (  # noqa: E402
-    BatchSampler,
-    ChainDataset,
-    ConcatDataset,
-    Dataset,
-    IterableDataset,
-    RandomSampler,
-    SequentialSampler,
-    StackDataset,
-    Subset,
-    SubsetRandomSampler,
-    TensorDataset,
-    WeightedRandomSampler,
-)
+torch = deferred("torch")
+tud = deferred("torch.utils.data")
+cases = deferred("torch_dropin_cases")
 
-pytestmark = pytest.mark.timeout(120)
-
-N = 20
-
-
-# ------------------------------------------------------------ datasets (module level: spawn pickles them)
-
-
-class CountingDataset(Dataset):
-    """torch.utils.data.Dataset subclass: sample i is i."""
-
-    def __init__(self, n=N):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        return i
-
-
-class TensorPairs(Dataset):
-    def __init__(self, n=N):
-        self.x = torch.arange(n * 3, dtype=torch.float32).reshape(n, 3)
-        self.y = torch.arange(n)
-
-    def __len__(self):
-        return len(self.y)
-
-    def __getitem__(self, i):
-        return self.x[i], self.y[i]
-
-
-class ShardedTorchStream(IterableDataset):
-    """torch.utils.data.IterableDataset sharded with *torch's* get_worker_info()."""
-
-    def __init__(self, n=40):
-        self.n = n
-
-    def __iter__(self):
-        info = torch.utils.data.get_worker_info()
-        start, step = (0, 1) if info is None else (info.id, info.num_workers)
-        return iter(range(start, self.n, step))
-
-
-class SizedStream(IterableDataset):
-    """Reports a length but, unsharded, every worker yields all of it."""
-
-    def __init__(self, n):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __iter__(self):
-        return iter(range(self.n))
-
-
-class FailingDataset(Dataset):
-    """Raises in the samples of some batches (batch_size 2): 3, 7 and 13."""
-    bad = (3, 7, 13)
-
-    def __len__(self):
-        return N
-
-    def __getitem__(self, i):
-        if i in self.bad:
-            raise KeyError(f"bad sample {i}")
-        return i
-
-
-class WorkerInfoProbe(Dataset):
-    def __len__(self):
-        return 8
-
-    def __getitem__(self, i):
-        info = torch.utils.data.get_worker_info()
-        mine = mxload.get_worker_info()
-        return np.array([info.id, info.num_workers, info.seed == mine.seed, mine.id,
-                         torch.initial_seed() == mine.seed])
-
-
-class Seeds(Dataset):
-    """Draws from the RNGs a torch user seeds: torch's, numpy's, random's."""
-
-    def __len__(self):
-        return 8
-
-    def __getitem__(self, i):
-        import random
-        return np.array([torch.randint(0, 2 ** 30, ()).item(), np.random.randint(2 ** 30),
-                         random.randrange(2 ** 30)])
-
-
-Point = collections.namedtuple("Point", "x y")
-
-
-class TypedSamples(Dataset):
-    def __len__(self):
-        return 4
-
-    def __getitem__(self, i):
-        return {"point": Point(i, float(i)), "ordered": collections.OrderedDict(a=i, b=[i, i]),
-                "name": f"s{i}", "span": range(i, i + 3), "t": torch.full((2,), i)}
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
 
 
 def run(loader):
@@ -146,59 +32,65 @@ def run(loader):
 # ------------------------------------------------------ construction (test_invalid_ctor_args_combinations)
 
 
-@pytest.mark.parametrize("kwargs,error,match", [
-    (dict(num_workers=-1), ValueError, "num_workers"),
-    (dict(timeout=-1), ValueError, "timeout"),
-    (dict(num_workers=0, prefetch_factor=2), ValueError, "prefetch_factor.*num_workers > 0"),
-    (dict(num_workers=2, prefetch_factor=-1), ValueError, "prefetch_factor"),
+def _in_order():
+    return tud.SequentialSampler(range(cases.N))
+
+
+def _pairs():
+    return tud.BatchSampler(_in_order(), 2, False)
+
+
+# (The arguments are made in the test: torch's samplers need torch, imported at a test's first use.)
+@pytest.mark.parametrize("make_kwargs,error,match", [
+    (lambda: dict(num_workers=-1), ValueError, "num_workers"),
+    (lambda: dict(timeout=-1), ValueError, "timeout"),
+    (lambda: dict(num_workers=0, prefetch_factor=2), ValueError, "prefetch_factor.*num_workers > 0"),
+    (lambda: dict(num_workers=2, prefetch_factor=-1), ValueError, "prefetch_factor"),
     # (prefetch with the prefetch_factor the loader reads back for it is one setting, as a rebuild
     # from a loader's attributes passes them: tests/test_torch_identity.py)
-    (dict(num_workers=2, prefetch_factor=2, prefetch=3), ValueError, "prefetch.*not both"),
-    (dict(persistent_workers=True), ValueError, "persistent_workers.*num_workers > 0"),
-    (dict(multiprocessing_context="fork"), ValueError, "multiprocessing_context.*num_workers > 0"),
-    (dict(start_method="spawn"), ValueError, "start_method.*num_workers > 0"),
-    (dict(num_workers=1, multiprocessing_context="bogus"), ValueError, "multiprocessing_context"),
-    (dict(num_workers=1, multiprocessing_context=3), TypeError, "multiprocessing_context"),
-    (dict(batch_size=None, drop_last=True), ValueError, "batch_size=None.*drop_last"),
-    (dict(batch_sampler=BatchSampler(SequentialSampler(range(N)), 2, False), batch_size=3), ValueError,
-     "batch_sampler.*batch_size"),
-    (dict(batch_sampler=BatchSampler(SequentialSampler(range(N)), 2, False), shuffle=True), ValueError,
-     "batch_sampler.*shuffle"),
-    (dict(batch_sampler=BatchSampler(SequentialSampler(range(N)), 2, False),
-          sampler=SequentialSampler(range(N))), ValueError, "batch_sampler.*sampler"),
-    (dict(batch_sampler=BatchSampler(SequentialSampler(range(N)), 2, False), drop_last=True), ValueError,
-     "batch_sampler.*drop_last"),
-    (dict(sampler=SequentialSampler(range(N)), shuffle=True), ValueError, "shuffle.*sampler"),
-    (dict(seed=1, generator=torch.Generator()), ValueError, "seed or generator"),
-    (dict(generator=7), TypeError, "torch.Generator"),
+    (lambda: dict(num_workers=2, prefetch_factor=2, prefetch=3), ValueError, "prefetch.*not both"),
+    (lambda: dict(persistent_workers=True), ValueError, "persistent_workers.*num_workers > 0"),
+    (lambda: dict(multiprocessing_context="fork"), ValueError, "multiprocessing_context.*num_workers > 0"),
+    (lambda: dict(start_method="spawn"), ValueError, "start_method.*num_workers > 0"),
+    (lambda: dict(num_workers=1, multiprocessing_context="bogus"), ValueError, "multiprocessing_context"),
+    (lambda: dict(num_workers=1, multiprocessing_context=3), TypeError, "multiprocessing_context"),
+    (lambda: dict(batch_size=None, drop_last=True), ValueError, "batch_size=None.*drop_last"),
+    (lambda: dict(batch_sampler=_pairs(), batch_size=3), ValueError, "batch_sampler.*batch_size"),
+    (lambda: dict(batch_sampler=_pairs(), shuffle=True), ValueError, "batch_sampler.*shuffle"),
+    (lambda: dict(batch_sampler=_pairs(), sampler=_in_order()), ValueError, "batch_sampler.*sampler"),
+    (lambda: dict(batch_sampler=_pairs(), drop_last=True), ValueError, "batch_sampler.*drop_last"),
+    (lambda: dict(sampler=_in_order(), shuffle=True), ValueError, "shuffle.*sampler"),
+    (lambda: dict(seed=1, generator=torch.Generator()), ValueError, "seed or generator"),
+    (lambda: dict(generator=7), TypeError, "torch.Generator"),
 ])
-def test_invalid_ctor_args_combinations(kwargs, error, match):
+def test_invalid_ctor_args_combinations(make_kwargs, error, match):
+    kwargs = make_kwargs()
     with pytest.raises(error, match=match):
-        mxload.DataLoader(CountingDataset(), **kwargs)
+        mxload.DataLoader(cases.CountingDataset(), **kwargs)
 
 
 def test_invalid_ctor_args_iterable_dataset():
     with pytest.raises(ValueError, match="IterableDataset"):
-        mxload.DataLoader(ShardedTorchStream(), shuffle=True)
+        mxload.DataLoader(cases.ShardedTorchStream(), shuffle=True)
     with pytest.raises(ValueError, match="IterableDataset"):
-        mxload.DataLoader(ShardedTorchStream(), sampler=SequentialSampler(range(3)))
+        mxload.DataLoader(cases.ShardedTorchStream(), sampler=tud.SequentialSampler(range(3)))
     with pytest.raises(ValueError, match="IterableDataset"):
-        mxload.DataLoader(ShardedTorchStream(), batch_sampler=[[0, 1]])
+        mxload.DataLoader(cases.ShardedTorchStream(), batch_sampler=[[0, 1]])
 
 
 def test_fifth_positional_batch_sampler_is_a_clear_error():
     # torch's 5th positional is batch_sampler; Gluon's (and mxload's) is last_batch.
-    bs = BatchSampler(SequentialSampler(range(N)), 4, False)
+    bs = tud.BatchSampler(tud.SequentialSampler(range(cases.N)), 4, False)
     with pytest.raises(TypeError, match="fifth positional argument is last_batch.*batch_sampler="):
-        mxload.DataLoader(CountingDataset(), 1, False, None, bs)
+        mxload.DataLoader(cases.CountingDataset(), 1, False, None, bs)
     # torch's 6th positional (num_workers) lands on batch_sampler: named, not misbound.
     with pytest.raises(TypeError, match="batch_sampler must be an iterable.*by keyword"):
-        mxload.DataLoader(CountingDataset(), 1, False, None, None, 2)
+        mxload.DataLoader(cases.CountingDataset(), 1, False, None, None, 2)
 
 
 def test_every_torch_keyword_is_accepted():
     loader = mxload.DataLoader(
-        CountingDataset(), batch_size=4, shuffle=True, sampler=None, batch_sampler=None, num_workers=2,
+        cases.CountingDataset(), batch_size=4, shuffle=True, sampler=None, batch_sampler=None, num_workers=2,
         collate_fn=None, pin_memory=False, drop_last=True, timeout=0, worker_init_fn=None,
         multiprocessing_context=multiprocessing.get_context("spawn"),
         generator=torch.Generator().manual_seed(0),
@@ -207,11 +99,11 @@ def test_every_torch_keyword_is_accepted():
         assert loader.prefetch == 6 and loader.prefetch_factor == 3
         assert loader.start_method == "spawn" and loader.timeout is None
         batches = run(loader)
-    assert sorted(sum(batches, [])) == list(range(N))
+    assert sorted(sum(batches, [])) == list(range(cases.N))
 
 
 def test_invalid_assign_after_init():
-    loader = mxload.DataLoader(CountingDataset(), batch_size=2)
+    loader = mxload.DataLoader(cases.CountingDataset(), batch_size=2)
     for attr in ("batch_size", "sampler", "batch_sampler", "drop_last", "dataset", "persistent_workers"):
         with pytest.raises(ValueError, match=f"{attr} attribute should not be set"):
             setattr(loader, attr, {})
@@ -220,15 +112,15 @@ def test_invalid_assign_after_init():
 
 def test_read_only_torch_attributes():
     g = torch.Generator().manual_seed(1)
-    loader = mxload.DataLoader(CountingDataset(), batch_size=2, drop_last=True, num_workers=1, generator=g,
-                               multiprocessing_context="fork")
+    loader = mxload.DataLoader(cases.CountingDataset(), batch_size=2, drop_last=True, num_workers=1,
+                               generator=g, multiprocessing_context="fork")
     assert loader.drop_last is True and loader.batch_size == 2
     assert loader.collate_fn is mxload.batchify.default_batchify
     assert loader.prefetch_factor == 2 and loader.pin_memory is False and loader.generator is g
     assert loader.multiprocessing_context == "fork" and loader.pin_memory_device == ""
     assert isinstance(loader.sampler, mxload.sampler.SequentialSampler)
-    assert mxload.DataLoader(CountingDataset()).batch_size == 1   # torch's default
-    assert mxload.DataLoader(CountingDataset(), batch_sampler=[[0, 1]]).batch_size is None
+    assert mxload.DataLoader(cases.CountingDataset()).batch_size == 1   # torch's default
+    assert mxload.DataLoader(cases.CountingDataset(), batch_sampler=[[0, 1]]).batch_size is None
 
 
 # ------------------------------------------------------------------ sequential / shuffle / batch_size=None
@@ -237,50 +129,51 @@ def test_read_only_torch_attributes():
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_sequential_nonbatch(num_workers):
     # batch_size=None: no automatic batching, each sample passes through default_convert.
-    loader = mxload.DataLoader(CountingDataset(), batch_size=None, num_workers=num_workers)
+    loader = mxload.DataLoader(cases.CountingDataset(), batch_size=None, num_workers=num_workers)
     out = list(loader)
-    assert out == list(range(N)) and len(loader) == N
+    assert out == list(range(cases.N)) and len(loader) == cases.N
     assert loader.collate_fn is mxload.batchify.default_convert
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_sequential_batch(num_workers):
-    loader = mxload.DataLoader(CountingDataset(), batch_size=3, num_workers=num_workers)
-    assert run(loader) == [list(range(i, min(i + 3, N))) for i in range(0, N, 3)]
-    loader = mxload.DataLoader(CountingDataset(), batch_size=3, drop_last=True, num_workers=num_workers)
-    assert len(run(loader)) == N // 3 == len(loader)
+    loader = mxload.DataLoader(cases.CountingDataset(), batch_size=3, num_workers=num_workers)
+    assert run(loader) == [list(range(i, min(i + 3, cases.N))) for i in range(0, cases.N, 3)]
+    loader = mxload.DataLoader(cases.CountingDataset(), batch_size=3, drop_last=True, num_workers=num_workers)
+    assert len(run(loader)) == cases.N // 3 == len(loader)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_nonbatch_tensors_converted_and_collate_fn_gets_one_sample(num_workers):
-    out = list(mxload.DataLoader(TensorPairs(), batch_size=None, num_workers=num_workers))
+    out = list(mxload.DataLoader(cases.TensorPairs(), batch_size=None, num_workers=num_workers))
     x, y = out[5]
     assert isinstance(x, np.ndarray) and x.tolist() == [15.0, 16.0, 17.0] and int(y) == 5
-    seen = list(mxload.DataLoader(TensorPairs(6), batch_size=None, collate_fn=type, num_workers=num_workers))
+    seen = list(mxload.DataLoader(cases.TensorPairs(6), batch_size=None, collate_fn=type,
+                                  num_workers=num_workers))
     assert seen == [tuple] * 6   # torch calls collate_fn with the sample itself
 
 
 def test_nonbatch_iterable_dataset():
-    assert list(mxload.DataLoader(ShardedTorchStream(7), batch_size=None)) == list(range(7))
+    assert list(mxload.DataLoader(cases.ShardedTorchStream(7), batch_size=None)) == list(range(7))
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_shuffle_reproducibility(num_workers):
     def epoch(seed):
         g = torch.Generator().manual_seed(seed)
-        return run(mxload.DataLoader(CountingDataset(), batch_size=4, shuffle=True, generator=g,
+        return run(mxload.DataLoader(cases.CountingDataset(), batch_size=4, shuffle=True, generator=g,
                                      num_workers=num_workers))
     assert epoch(42) == epoch(42)
     assert epoch(42) != epoch(43)
-    assert sorted(sum(epoch(42), [])) == list(range(N))
+    assert sorted(sum(epoch(42), [])) == list(range(cases.N))
 
 
 def test_global_torch_seed_fixes_the_shuffle():
     # Without a generator torch draws from its global RNG: torch.manual_seed fixes the order.
     torch.manual_seed(0)
-    a = run(mxload.DataLoader(CountingDataset(), batch_size=4, shuffle=True))
+    a = run(mxload.DataLoader(cases.CountingDataset(), batch_size=4, shuffle=True))
     torch.manual_seed(0)
-    b = run(mxload.DataLoader(CountingDataset(), batch_size=4, shuffle=True))
+    b = run(mxload.DataLoader(cases.CountingDataset(), batch_size=4, shuffle=True))
     assert a == b
 
 
@@ -294,32 +187,33 @@ def test_importing_mxload_never_imports_torch():
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_tensor_concat_subset_datasets(num_workers):
-    td = TensorDataset(torch.arange(10).reshape(5, 2), torch.arange(5) * 10)
+    td = tud.TensorDataset(torch.arange(10).reshape(5, 2), torch.arange(5) * 10)
     x, y = next(iter(mxload.DataLoader(td, batch_size=5, num_workers=num_workers)))
     assert x.tolist() == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]] and y.tolist() == [0, 10, 20, 30, 40]
-    cat = ConcatDataset([CountingDataset(3), CountingDataset(2)])
+    cat = tud.ConcatDataset([cases.CountingDataset(3), cases.CountingDataset(2)])
     assert run(mxload.DataLoader(cat, batch_size=5, num_workers=num_workers)) == [[0, 1, 2, 0, 1]]
-    sub = Subset(CountingDataset(), [9, 3, 5])
+    sub = tud.Subset(cases.CountingDataset(), [9, 3, 5])
     assert run(mxload.DataLoader(sub, batch_size=2, num_workers=num_workers)) == [[9, 3], [5]]
-    stack = StackDataset(a=CountingDataset(5), b=td)
+    stack = tud.StackDataset(a=cases.CountingDataset(5), b=td)
     batch = next(iter(mxload.DataLoader(stack, batch_size=4, num_workers=num_workers)))
     assert batch["a"].tolist() == [0, 1, 2, 3] and batch["b"][1].tolist() == [0, 10, 20, 30]
 
 
 def test_chain_iterable_style_dataset():
-    chain = ChainDataset([ShardedTorchStream(3), ShardedTorchStream(2)])
+    chain = tud.ChainDataset([cases.ShardedTorchStream(3), cases.ShardedTorchStream(2)])
     assert run(mxload.DataLoader(chain, batch_size=2)) == [[0, 1], [2, 0], [1]]
 
 
 @pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
 def test_iterable_style_dataset_sharded_with_torch_get_worker_info(num_workers):
     # torch.utils.data.get_worker_info() inside mxload workers: every item exactly once.
-    items = sum(run(mxload.DataLoader(ShardedTorchStream(40), batch_size=3, num_workers=num_workers)), [])
+    items = sum(run(mxload.DataLoader(cases.ShardedTorchStream(40), batch_size=3,
+                                      num_workers=num_workers)), [])
     assert sorted(items) == list(range(40))
 
 
 def test_torch_get_worker_info_and_worker_seeding():
-    rows = np.concatenate(list(mxload.DataLoader(WorkerInfoProbe(), batch_size=2, num_workers=2)))
+    rows = np.concatenate(list(mxload.DataLoader(cases.WorkerInfoProbe(), batch_size=2, num_workers=2)))
     assert sorted(set(rows[:, 0].tolist())) == [0, 1]
     assert (rows[:, 1] == 2).all() and rows[:, 2].all()        # same seed as mxload's info
     assert (rows[:, 0] == rows[:, 3]).all() and rows[:, 4].all()  # torch's RNG seeded with it
@@ -329,7 +223,8 @@ def test_torch_get_worker_info_and_worker_seeding():
 def test_worker_seed_reproducibility_with_generator():
     def draws(seed):
         g = torch.Generator().manual_seed(seed)
-        return np.concatenate(list(mxload.DataLoader(Seeds(), batch_size=2, num_workers=2, generator=g)))
+        return np.concatenate(list(mxload.DataLoader(cases.Seeds(), batch_size=2, num_workers=2,
+                                                     generator=g)))
     a, b, c = draws(3), draws(3), draws(4)
     np.testing.assert_array_equal(a, b)
     assert (a != c).any()
@@ -338,34 +233,36 @@ def test_worker_seed_reproducibility_with_generator():
 
 
 def test_iterabledataset_len_warning():
-    loader = mxload.DataLoader(SizedStream(6), batch_size=2, num_workers=2)
+    loader = mxload.DataLoader(cases.SizedStream(6), batch_size=2, num_workers=2)
     assert len(loader) == 3
     with pytest.warns(UserWarning, match="Length of IterableDataset .* reported to be 3 .* 4 batches"):
         batches = list(loader)
     assert len(batches) == 6   # unsharded: both workers yield everything, as in torch
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        list(mxload.DataLoader(SizedStream(6), batch_size=2))   # no len() asked: no warning
+        list(mxload.DataLoader(cases.SizedStream(6), batch_size=2))   # no len() asked: no warning
 
 
-@pytest.mark.parametrize("sampler", [
-    SubsetRandomSampler([1, 4, 9]), WeightedRandomSampler([0.0, 1.0, 0.0, 1.0], 6, replacement=True),
-    RandomSampler(range(N), generator=torch.Generator().manual_seed(0)),
-])
-def test_torch_samplers(sampler):
+@pytest.mark.parametrize("make_sampler", [
+    lambda: tud.SubsetRandomSampler([1, 4, 9]),
+    lambda: tud.WeightedRandomSampler([0.0, 1.0, 0.0, 1.0], 6, replacement=True),
+    lambda: tud.RandomSampler(range(cases.N), generator=torch.Generator().manual_seed(0)),
+], ids=["SubsetRandomSampler", "WeightedRandomSampler", "RandomSampler"])
+def test_torch_samplers(make_sampler):
+    sampler = make_sampler()
     for num_workers in (0, 2):
-        items = sum(run(mxload.DataLoader(CountingDataset(), batch_size=2, sampler=sampler,
+        items = sum(run(mxload.DataLoader(cases.CountingDataset(), batch_size=2, sampler=sampler,
                                           num_workers=num_workers)), [])
         assert len(items) == len(sampler)
-        if isinstance(sampler, SubsetRandomSampler):
+        if isinstance(sampler, tud.SubsetRandomSampler):
             assert sorted(items) == [1, 4, 9]
-        if isinstance(sampler, WeightedRandomSampler):
+        if isinstance(sampler, tud.WeightedRandomSampler):
             assert set(items) <= {1, 3}
 
 
 def test_torch_batch_sampler():
-    bs = BatchSampler(SequentialSampler(range(7)), 3, drop_last=False)
-    loader = mxload.DataLoader(CountingDataset(), batch_sampler=bs, num_workers=2)
+    bs = tud.BatchSampler(tud.SequentialSampler(range(7)), 3, drop_last=False)
+    loader = mxload.DataLoader(cases.CountingDataset(), batch_sampler=bs, num_workers=2)
     assert run(loader) == [[0, 1, 2], [3, 4, 5], [6]] and len(loader) == 3
 
 
@@ -376,22 +273,22 @@ def test_torch_batch_sampler():
 @pytest.mark.parametrize("as_object", [False, True])
 def test_multiprocessing_contexts(method, as_object):
     ctx = multiprocessing.get_context(method) if as_object else method
-    loader = mxload.DataLoader(TensorPairs(), batch_size=5, num_workers=2, multiprocessing_context=ctx)
+    loader = mxload.DataLoader(cases.TensorPairs(), batch_size=5, num_workers=2, multiprocessing_context=ctx)
     assert loader.start_method == method
-    assert [y.tolist() for _, y in loader] == [list(range(i, i + 5)) for i in range(0, N, 5)]
+    assert [y.tolist() for _, y in loader] == [list(range(i, i + 5)) for i in range(0, cases.N, 5)]
 
 
 def test_persistent_workers_reshuffle_each_epoch():
-    loader = mxload.DataLoader(CountingDataset(), batch_size=5, shuffle=True, num_workers=2,
+    loader = mxload.DataLoader(cases.CountingDataset(), batch_size=5, shuffle=True, num_workers=2,
                                persistent_workers=True, generator=torch.Generator().manual_seed(0))
     with loader:
         first, second = run(loader), run(loader)
-    assert first != second and sorted(sum(second, [])) == list(range(N))
+    assert first != second and sorted(sum(second, [])) == list(range(cases.N))
 
 
 def test_out_of_order():
-    loader = mxload.DataLoader(CountingDataset(), batch_size=2, num_workers=2, in_order=False)
-    assert sorted(sum(run(loader), [])) == list(range(N))
+    loader = mxload.DataLoader(cases.CountingDataset(), batch_size=2, num_workers=2, in_order=False)
+    assert sorted(sum(run(loader), [])) == list(range(cases.N))
 
 
 # ------------------------------------------------------------------ collation (test_default_collate_*)
@@ -399,8 +296,8 @@ def test_out_of_order():
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_default_collate_keeps_types(num_workers):
-    (batch,) = list(mxload.DataLoader(TypedSamples(), batch_size=4, num_workers=num_workers))
-    assert type(batch["point"]) is Point and batch["point"].x.tolist() == [0, 1, 2, 3]
+    (batch,) = list(mxload.DataLoader(cases.TypedSamples(), batch_size=4, num_workers=num_workers))
+    assert type(batch["point"]) is cases.Point and batch["point"].x.tolist() == [0, 1, 2, 3]
     assert batch["point"].y.dtype == np.float64   # Python floats collate to float64, as in torch
     assert type(batch["ordered"]) is collections.OrderedDict and list(batch["ordered"]) == ["a", "b"]
     assert [a.tolist() for a in batch["ordered"]["b"]] == [[0, 1, 2, 3]] * 2
@@ -444,8 +341,8 @@ def test_default_collate_bad_sequence_type():
 
 def test_default_convert_keeps_types():
     conv = mxload.batchify.default_convert
-    out = conv({"a": torch.ones(2), "p": Point(torch.zeros(1), 3)})
-    assert isinstance(out["a"], np.ndarray) and type(out["p"]) is Point and out["p"].y == 3
+    out = conv({"a": torch.ones(2), "p": cases.Point(torch.zeros(1), 3)})
+    assert isinstance(out["a"], np.ndarray) and type(out["p"]) is cases.Point and out["p"].y == 3
 
 
 # ------------------------------------------------------------------ errors (test_error, test_error_workers)
@@ -453,7 +350,7 @@ def test_default_convert_keeps_types():
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_error_raised_as_its_type(num_workers):
-    it = iter(mxload.DataLoader(FailingDataset(), batch_size=2, num_workers=num_workers))
+    it = iter(mxload.DataLoader(cases.FailingDataset(), batch_size=2, num_workers=num_workers))
     next(it)
     with pytest.raises(KeyError, match="bad sample 3"):
         next(it)
@@ -468,7 +365,7 @@ def _drain(it, exc_type):
             return got, errors
         except exc_type as e:
             errors.append(str(e))
-        assert len(errors) <= N, "the iterator does not advance past failing batches"
+        assert len(errors) <= cases.N, "the iterator does not advance past failing batches"
 
 
 @pytest.mark.parametrize("mode", ["in-process", "processes", "threads"])
@@ -478,10 +375,10 @@ def test_error_then_keep_iterating_gets_every_other_batch(mode, in_order):
     # loop may catch it and take the remaining batches.
     kw = {"in-process": {}, "processes": {"num_workers": 2},
           "threads": {"num_workers": 2, "thread_pool": True}}
-    loader = mxload.DataLoader(FailingDataset(), batch_size=2, in_order=in_order, **kw[mode])
+    loader = mxload.DataLoader(cases.FailingDataset(), batch_size=2, in_order=in_order, **kw[mode])
     got, errors = _drain(iter(loader), KeyError)
     assert len(errors) == 3 and all("bad sample" in e for e in errors)
-    good = [i for i in range(N) if i // 2 not in (3 // 2, 7 // 2, 13 // 2)]
+    good = [i for i in range(cases.N) if i // 2 not in (3 // 2, 7 // 2, 13 // 2)]
     assert sorted(sum(got, [])) == good
     if in_order:
         assert sum(got, []) == good
@@ -494,7 +391,7 @@ def test_a_loop_left_by_an_error_ends_its_workers_while_the_error_is_kept(as_ten
     # The error's traceback must not keep the epoch (and its workers) alive.
     from mxload.torch import DataLoader as TorchFacing
     cls = TorchFacing if as_tensors else mxload.DataLoader
-    loader = cls(FailingDataset(), batch_size=2, num_workers=2)
+    loader = cls(cases.FailingDataset(), batch_size=2, num_workers=2)
     with pytest.raises(KeyError) as info:
         for _ in loader:
             pass
@@ -503,7 +400,7 @@ def test_a_loop_left_by_an_error_ends_its_workers_while_the_error_is_kept(as_ten
 
 
 def test_error_counts_as_a_taken_batch_in_checkpoints():
-    loader = mxload.DataLoader(FailingDataset(), batch_size=2, num_workers=2)
+    loader = mxload.DataLoader(cases.FailingDataset(), batch_size=2, num_workers=2)
     it = iter(loader)
     next(it)
     with pytest.raises(KeyError):
@@ -511,7 +408,7 @@ def test_error_counts_as_a_taken_batch_in_checkpoints():
     state = loader.state_dict()
     assert state["done"]["prefix"] == 2
     del it
-    resumed = mxload.DataLoader(FailingDataset(), batch_size=2, num_workers=2)
+    resumed = mxload.DataLoader(cases.FailingDataset(), batch_size=2, num_workers=2)
     resumed.load_state_dict(state)
     assert _drain(iter(resumed), KeyError)[0][0] == [4, 5]
 
@@ -519,7 +416,7 @@ def test_error_counts_as_a_taken_batch_in_checkpoints():
 def test_pin_memory_without_accelerator_warns_once_as_torch_and_continues():
     if torch.cuda.is_available():
         pytest.skip("an accelerator exists: tests/test_pin_memory.py covers pinning")
-    loader = mxload.DataLoader(CountingDataset(), batch_size=5, pin_memory=True)
+    loader = mxload.DataLoader(cases.CountingDataset(), batch_size=5, pin_memory=True)
     with pytest.warns(UserWarning) as record:
         assert run(loader) == run(loader)
     texts = [str(w.message) for w in record]
@@ -532,7 +429,7 @@ def test_more_workers_than_cores_warns():
     many = usable_cores() + 7   # a count no other test uses (the warning comes once per count)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        mxload.DataLoader(CountingDataset(), batch_size=2, num_workers=many)
-        mxload.DataLoader(CountingDataset(), batch_size=2, num_workers=usable_cores())
+        mxload.DataLoader(cases.CountingDataset(), batch_size=2, num_workers=many)
+        mxload.DataLoader(cases.CountingDataset(), batch_size=2, num_workers=usable_cores())
     assert [str(w.message).split(",")[0] for w in record] == [
         f"This DataLoader will create {many} worker processes in total"]

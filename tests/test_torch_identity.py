@@ -8,61 +8,38 @@ from __future__ import annotations
 import gc
 import inspect
 import json
-import os
 
 import numpy as np
 import pytest
 from conftest import start_methods
+from extras import deferred
 
 import mxload
 
-torch = pytest.importorskip("torch", reason="mxload.torch needs the torch extra")
-import torch.utils.data as tdata  # noqa: E402
+torch = deferred("torch")
+tdata = deferred("torch.utils.data")
+mxtorch = deferred("mxload.torch")
+cases = deferred("torch_identity_cases")
 
-from mxload.torch import DataLoader  # noqa: E402
-
-pytestmark = pytest.mark.timeout(60)
-
-N = 23
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(60)]
 
 
-class Counting(tdata.Dataset):
-    """Sample i is i (a torch-style map dataset)."""
-
-    def __init__(self, n=N):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        return i
-
-
-class Stream(tdata.IterableDataset):
-    def __iter__(self):
-        return iter(range(10))
-
-
-def _worker_init(worker_id):
-    pass
-
-
-# Arguments both loaders take, covering each way torch makes its samplers.
+# Arguments both loaders take, covering each way torch makes its samplers (made in the test).
 CONSTRUCTIONS = {
-    "default": dict(),
-    "batched": dict(batch_size=4, drop_last=True),
-    "shuffled": dict(batch_size=4, shuffle=True),
-    "shuffled-generator": dict(batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(3)),
-    "unbatched": dict(batch_size=None),
-    "unbatched-shuffled": dict(batch_size=None, shuffle=True),
-    "batch_sampler": dict(batch_sampler=[[0, 1], [2, 3, 4]]),
-    "sampler": dict(sampler=[5, 4, 3], batch_size=2),
-    "workers": dict(batch_size=2, num_workers=2, persistent_workers=True, prefetch_factor=3,
-                    worker_init_fn=_worker_init, multiprocessing_context="spawn", timeout=5,
-                    pin_memory=True, in_order=False),
-    "stream": dict(dataset=Stream(), batch_size=3),
-    "stream-unbatched": dict(dataset=Stream(), batch_size=None),
+    "default": lambda: dict(),
+    "batched": lambda: dict(batch_size=4, drop_last=True),
+    "shuffled": lambda: dict(batch_size=4, shuffle=True),
+    "shuffled-generator": lambda: dict(batch_size=4, shuffle=True,
+                                       generator=torch.Generator().manual_seed(3)),
+    "unbatched": lambda: dict(batch_size=None),
+    "unbatched-shuffled": lambda: dict(batch_size=None, shuffle=True),
+    "batch_sampler": lambda: dict(batch_sampler=[[0, 1], [2, 3, 4]]),
+    "sampler": lambda: dict(sampler=[5, 4, 3], batch_size=2),
+    "workers": lambda: dict(batch_size=2, num_workers=2, persistent_workers=True, prefetch_factor=3,
+                            worker_init_fn=cases.worker_init, multiprocessing_context="spawn", timeout=5,
+                            pin_memory=True, in_order=False),
+    "stream": lambda: dict(dataset=cases.Stream(), batch_size=3),
+    "stream-unbatched": lambda: dict(dataset=cases.Stream(), batch_size=None),
 }
 
 # torch's DataLoader attributes and what "the same" means for each: equal, or the same type.
@@ -74,18 +51,18 @@ SAME_TYPE = ("sampler", "batch_sampler", "_index_sampler", "multiprocessing_cont
 
 def _pair(kwargs):
     kwargs = dict(kwargs)
-    dataset = kwargs.pop("dataset", None) or Counting()
-    return tdata.DataLoader(dataset, **kwargs), DataLoader(dataset, **kwargs)
+    dataset = kwargs.pop("dataset", None) or cases.Counting()
+    return tdata.DataLoader(dataset, **kwargs), mxtorch.DataLoader(dataset, **kwargs)
 
 
 @pytest.mark.parametrize("construction", CONSTRUCTIONS)
 def test_is_a_torch_dataloader_and_reads_as_torchs(construction):
-    theirs, ours = _pair(CONSTRUCTIONS[construction])
+    theirs, ours = _pair(CONSTRUCTIONS[construction]())
     assert isinstance(ours, tdata.DataLoader)
     for name in SAME_VALUE:
         assert getattr(ours, name) == getattr(theirs, name), name
     # (timeout: mxload's default is 120 s, not torch's 0 = forever; given, it reads as given.)
-    assert ours.timeout == CONSTRUCTIONS[construction].get("timeout", 120)
+    assert ours.timeout == CONSTRUCTIONS[construction]().get("timeout", 120)
     for name in SAME_TYPE:
         assert type(getattr(ours, name)) is type(getattr(theirs, name)), name
     if isinstance(theirs.sampler, tdata.RandomSampler):
@@ -106,7 +83,7 @@ def test_is_a_torch_dataloader_and_reads_as_torchs(construction):
 def test_frozen_attributes_are_torchs_and_initialized_flag_is_torchs():
     """torch's __setattr__ rules, and timm's MultiEpochsDataLoader way around them:
     ``_DataLoader__initialized = False`` lets batch_sampler/sampler be replaced."""
-    loader = DataLoader(Counting(), batch_size=2)
+    loader = mxtorch.DataLoader(cases.Counting(), batch_size=2)
     for attr in ("batch_size", "sampler", "batch_sampler", "drop_last", "dataset", "persistent_workers"):
         with pytest.raises(ValueError, match=f"^{attr} attribute should not be set after DataLoader is "
                                              f"initialized"):
@@ -125,7 +102,7 @@ def test_frozen_attributes_are_torchs_and_initialized_flag_is_torchs():
 def test_setting_torchs_attributes_after_construction_takes_effect():
     """torch reads collate_fn, timeout, worker_init_fn ... at each iter(): set on the loader,
     they apply to the next epoch, and read back as set."""
-    loader = DataLoader(Counting(4), batch_size=2)
+    loader = mxtorch.DataLoader(cases.Counting(4), batch_size=2)
     loader.collate_fn = lambda samples: ("mine", samples)
     assert [b for b in loader] == [("mine", [0, 1]), ("mine", [2, 3])]
     loader.collate_fn = tdata.default_collate
@@ -150,10 +127,10 @@ def test_shuffle_order_is_torchs(with_generator, drop_last, num_workers):
     number of workers (torch's order does not depend on it), and leaves torch's RNGs where
     torch's loader leaves them."""
     results = []
-    for make, workers in ((tdata.DataLoader, 0), (DataLoader, num_workers)):
+    for make, workers in ((tdata.DataLoader, 0), (mxtorch.DataLoader, num_workers)):
         torch.manual_seed(11)
         generator = torch.Generator().manual_seed(5) if with_generator else None
-        loader = make(Counting(), batch_size=4, shuffle=True, drop_last=drop_last, generator=generator,
+        loader = make(cases.Counting(), batch_size=4, shuffle=True, drop_last=drop_last, generator=generator,
                       num_workers=workers)
         batches = _epochs(loader)
         after = (torch.randint(1 << 30, (2,)).tolist(),
@@ -165,33 +142,33 @@ def test_shuffle_order_is_torchs(with_generator, drop_last, num_workers):
 
 def test_samplers_made_by_torch_classes_are_drawn_from_the_dataset_length():
     """torch's samplers read len(dataset) at each epoch: a dataset that grows is followed."""
-    dataset = Counting(4)
-    loader = DataLoader(dataset, batch_size=3)
+    dataset = cases.Counting(4)
+    loader = mxtorch.DataLoader(dataset, batch_size=3)
     assert [b.tolist() for b in loader] == [[0, 1, 2], [3]]
     dataset.n = 6
     assert len(loader) == 2 and [b.tolist() for b in loader] == [[0, 1, 2], [3, 4, 5]]
 
 
 def test_numpy_face_keeps_its_own_samplers():
-    loader = mxload.DataLoader(Counting(), batch_size=4, shuffle=True, seed=1)
+    loader = mxload.DataLoader(cases.Counting(), batch_size=4, shuffle=True, seed=1)
     assert isinstance(loader.sampler, mxload.sampler.RandomSampler)
     assert not isinstance(loader, tdata.DataLoader)
-    again = mxload.DataLoader(Counting(), batch_size=4, shuffle=True, seed=1)
+    again = mxload.DataLoader(cases.Counting(), batch_size=4, shuffle=True, seed=1)
     assert _epochs(loader) == _epochs(again)
 
 
 def test_rollover_keeps_mxloads_batch_sampler():
     """last_batch="rollover" (mxload's) carries the incomplete batch into the next epoch:
     torch's BatchSampler cannot, so mxload's makes the batches."""
-    loader = DataLoader(Counting(5), batch_size=2, last_batch="rollover")
+    loader = mxtorch.DataLoader(cases.Counting(5), batch_size=2, last_batch="rollover")
     assert _epochs(loader) == [[[0, 1], [2, 3]], [[4, 0], [1, 2], [3, 4]]]
 
 
 def test_seed_opts_into_mxloads_order():
     """seed= (mxload's, not torch's): the order is mxload's, fixed by the seed whatever torch's RNG."""
-    a = DataLoader(Counting(), batch_size=4, shuffle=True, seed=9)
+    a = mxtorch.DataLoader(cases.Counting(), batch_size=4, shuffle=True, seed=9)
     torch.manual_seed(123)
-    b = DataLoader(Counting(), batch_size=4, shuffle=True, seed=9)
+    b = mxtorch.DataLoader(cases.Counting(), batch_size=4, shuffle=True, seed=9)
     assert _epochs(a) == _epochs(b)
     assert isinstance(a.sampler, mxload.sampler.RandomSampler)
 
@@ -205,7 +182,7 @@ def test_a_checkpoint_of_torchs_shuffle_resumes_its_order(with_generator, num_wo
     def make(seed):
         torch.manual_seed(seed)
         generator = torch.Generator().manual_seed(seed) if with_generator else None
-        return DataLoader(Counting(), batch_size=4, shuffle=True, generator=generator,
+        return mxtorch.DataLoader(cases.Counting(), batch_size=4, shuffle=True, generator=generator,
                           num_workers=num_workers)
 
     loader = make(1)
@@ -254,13 +231,13 @@ def _rebuild_with_sampler(loader, sampler):
 
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_a_trainers_rebuild_injects_a_distributed_sampler(shuffle):
-    dataset = Counting()
-    loader = DataLoader(dataset, batch_size=3, shuffle=shuffle, drop_last=True, num_workers=2,
+    dataset = cases.Counting()
+    loader = mxtorch.DataLoader(dataset, batch_size=3, shuffle=shuffle, drop_last=True, num_workers=2,
                         thread_pool=True, max_worker_restarts=0, timeout=30, in_order=False,
                         collate_fn=None)
     injected = tdata.DistributedSampler(dataset, num_replicas=2, rank=1, shuffle=False)
     rebuilt = _rebuild_with_sampler(loader, injected)
-    assert type(rebuilt) is DataLoader and rebuilt.sampler is injected
+    assert type(rebuilt) is mxtorch.DataLoader and rebuilt.sampler is injected
     assert type(rebuilt.batch_sampler) is tdata.BatchSampler and rebuilt.batch_sampler.sampler is injected
     # torch's arguments and mxload's own (thread_pool) came through.
     assert (rebuilt.batch_size, rebuilt.drop_last, rebuilt.num_workers, rebuilt.thread_pool, rebuilt.timeout,
@@ -273,17 +250,17 @@ def test_a_trainers_rebuild_injects_a_distributed_sampler(shuffle):
 def test_a_rebuild_keeps_mxloads_own_arguments_and_a_custom_collate():
     def collate(samples):
         return [s * 10 for s in samples]
-    loader = DataLoader(Counting(6), batch_size=2, collate_fn=collate, last_batch="discard", prefetch=3,
-                        num_workers=1, max_worker_restarts=2, start_method="spawn")
+    loader = mxtorch.DataLoader(cases.Counting(6), batch_size=2, collate_fn=collate, last_batch="discard",
+                                prefetch=3, num_workers=1, max_worker_restarts=2, start_method="spawn")
     rebuilt = _rebuild_with_sampler(loader, tdata.SequentialSampler(range(5)))
     assert rebuilt.collate_fn is collate and rebuilt.last_batch == "discard" and rebuilt.drop_last
     assert (rebuilt.prefetch, rebuilt.max_worker_restarts, rebuilt.start_method) == (3, 2, "spawn")
 
 
 def test_a_rebuild_of_a_stream_loader():
-    loader = DataLoader(Stream(), batch_size=4)
+    loader = mxtorch.DataLoader(cases.Stream(), batch_size=4)
     rebuilt = _rebuild_with_sampler(loader, None)
-    assert type(rebuilt) is DataLoader
+    assert type(rebuilt) is mxtorch.DataLoader
     assert [b.tolist() for b in rebuilt] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
 
 
@@ -293,36 +270,22 @@ def test_a_rebuild_of_a_stream_loader():
 @pytest.mark.parametrize("seed", [None, 3])
 def test_an_empty_dataset_shuffled_raises_as_torchs(seed):
     with pytest.raises(ValueError) as theirs:
-        tdata.DataLoader(Counting(0), shuffle=True)
+        tdata.DataLoader(cases.Counting(0), shuffle=True)
     with pytest.raises(type(theirs.value)) as ours:
-        DataLoader(Counting(0), shuffle=True, seed=seed)
+        mxtorch.DataLoader(cases.Counting(0), shuffle=True, seed=seed)
     assert str(ours.value) == str(theirs.value)
-    assert list(DataLoader(Counting(0))) == [] == list(tdata.DataLoader(Counting(0)))
-
-
-class KeysSeen(tdata.Dataset):
-    """Records the type of what __getitems__ gets (as an SQLite dataset binding them would)."""
-
-    def __len__(self):
-        return 12
-
-    def __getitem__(self, i):
-        return i
-
-    def __getitems__(self, keys):
-        assert type(keys) is list and all(type(k) is int for k in keys), (type(keys), keys)
-        return [k for k in keys]
+    assert list(mxtorch.DataLoader(cases.Counting(0))) == [] == list(tdata.DataLoader(cases.Counting(0)))
 
 
 @pytest.mark.parametrize("mode", [dict(), dict(num_workers=2), dict(num_workers=2, thread_pool=True),
                                   dict(shuffle=True), dict(batch_sampler=[[3, 1], [2]])])
 @pytest.mark.parametrize("face", ["torch", "numpy"])
 def test_getitems_receives_a_list_of_python_ints_as_from_torch(mode, face):
-    make = DataLoader if face == "torch" else mxload.DataLoader
+    make = mxtorch.DataLoader if face == "torch" else mxload.DataLoader
     kwargs = dict(mode)
     if "batch_sampler" not in kwargs:
         kwargs["batch_size"] = 5
-    batches = [list(np.asarray(b).tolist()) for b in make(KeysSeen(), **kwargs)]
+    batches = [list(np.asarray(b).tolist()) for b in make(cases.KeysSeen(), **kwargs)]
     assert sorted(i for b in batches for i in b) == (sorted([3, 1, 2]) if "batch_sampler" in kwargs
                                                       else list(range(12)))
 
@@ -330,44 +293,9 @@ def test_getitems_receives_a_list_of_python_ints_as_from_torch(mode, face):
 # ------------------------------------------------------------------ timm's MultiEpochsDataLoader
 
 
-class _RepeatSampler:
-    """timm's (timm/data/loader.py): repeats a sampler for ever."""
-
-    def __init__(self, sampler):
-        self.sampler = sampler
-
-    def __iter__(self):
-        while True:
-            yield from iter(self.sampler)
-
-
-class MultiEpochsDataLoader(DataLoader):
-    """timm's MultiEpochsDataLoader (copied into many training repos), over mxload's loader: it
-    replaces the batch sampler through torch's private initialized flag, keeps one iterator over
-    the endless sampler and yields len(self) batches of it per epoch."""
-
-    def __init__(self, *args, iterate=True, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._DataLoader__initialized = False
-        if self.batch_sampler is None:
-            self.sampler = _RepeatSampler(self.sampler)
-        else:
-            self.batch_sampler = _RepeatSampler(self.batch_sampler)
-        self._DataLoader__initialized = True
-        if iterate:   # (timm always does; iterate=False: the attribute protocol alone)
-            self.iterator = super().__iter__()
-
-    def __len__(self):
-        return len(self.sampler) if self.batch_sampler is None else len(self.batch_sampler.sampler)
-
-    def __iter__(self):
-        for _ in range(len(self)):
-            yield next(self.iterator)
-
-
 def test_timm_multi_epochs_loader_replaces_its_batch_sampler():
-    loader = MultiEpochsDataLoader(Counting(10), batch_size=4, iterate=False)
-    assert isinstance(loader.batch_sampler, _RepeatSampler) and len(loader) == 3
+    loader = cases.MultiEpochsDataLoader(cases.Counting(10), batch_size=4, iterate=False)
+    assert isinstance(loader.batch_sampler, cases.RepeatSampler) and len(loader) == 3
     with pytest.raises(ValueError, match="batch_sampler attribute should not be set"):
         loader.batch_sampler = None
 
@@ -375,7 +303,7 @@ def test_timm_multi_epochs_loader_replaces_its_batch_sampler():
 @pytest.mark.timeout(5)
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_timm_multi_epochs_loader_yields_each_epoch_from_one_iterator(num_workers):
-    loader = MultiEpochsDataLoader(Counting(10), batch_size=4, num_workers=num_workers)
+    loader = cases.MultiEpochsDataLoader(cases.Counting(10), batch_size=4, num_workers=num_workers)
     try:
         assert [[b.tolist() for b in loader] for _ in range(2)] == [
             [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]], [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]]
@@ -387,20 +315,13 @@ def test_timm_multi_epochs_loader_yields_each_epoch_from_one_iterator(num_worker
 # ------------------------------------------------------------------ torch's iterator internals code reads
 
 
-class WorkerPids(tdata.Dataset):
-    def __len__(self):
-        return 16
-
-    def __getitem__(self, i):
-        return torch.tensor([tdata.get_worker_info().id, os.getpid()])
-
-
 @pytest.mark.parametrize("method", start_methods("fork", "spawn", "forkserver"))
 def test_iterator_workers_are_torchs_process_handles(method):
     """``it._workers`` as torch's iterator holds them (torch's own tests and user code read it):
     each worker's pid (the one get_worker_info() runs in), is_alive(), join(), exitcode, kept
     once the workers ended; an iterator left early ends them too."""
-    loader = DataLoader(WorkerPids(), batch_size=2, num_workers=2, multiprocessing_context=method)
+    loader = mxtorch.DataLoader(cases.WorkerPids(), batch_size=2, num_workers=2,
+                                multiprocessing_context=method)
     it = iter(loader)
     workers = it._workers
     assert len(workers) == 2 and all(w.is_alive() and w.exitcode is None for w in workers)
@@ -419,11 +340,11 @@ def test_iterator_workers_are_torchs_process_handles(method):
     for w in workers:
         w.join(10)
         assert not w.is_alive()
-    assert iter(DataLoader(WorkerPids(), batch_size=2))._workers == []
+    assert iter(mxtorch.DataLoader(cases.WorkerPids(), batch_size=2))._workers == []
 
 
 def test_an_unpicklable_worker_argument_warns_as_torch_then_raises():
-    loader = DataLoader(Counting(), batch_size=2, num_workers=2, worker_init_fn=lambda i: None,
+    loader = mxtorch.DataLoader(cases.Counting(), batch_size=2, num_workers=2, worker_init_fn=lambda i: None,
                         multiprocessing_context="forkserver")
     with pytest.warns(UserWarning, match="^Got pickle error when attempting to start a worker Process"):
         with pytest.raises(TypeError, match="cannot be pickled"):
@@ -436,8 +357,8 @@ def test_an_iter_datapipe_takes_shuffle_as_torch():
     from torch.utils.data.datapipes.iter import IterableWrapper
     pipe = IterableWrapper(range(40)).shuffle()
     torch.manual_seed(0)
-    shuffled = [i for b in DataLoader(pipe, batch_size=8, shuffle=True) for i in b.tolist()]
+    shuffled = [i for b in mxtorch.DataLoader(pipe, batch_size=8, shuffle=True) for i in b.tolist()]
     assert sorted(shuffled) == list(range(40))
-    assert [b.tolist() for b in DataLoader(pipe, batch_size=8, shuffle=False)][0] == list(range(8))
+    assert [b.tolist() for b in mxtorch.DataLoader(pipe, batch_size=8, shuffle=False)][0] == list(range(8))
     with pytest.raises(ValueError, match="expected unspecified shuffle"):
-        DataLoader(Stream(), shuffle=True)
+        mxtorch.DataLoader(cases.Stream(), shuffle=True)

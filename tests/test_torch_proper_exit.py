@@ -16,9 +16,7 @@ import textwrap
 import pytest
 from conftest import assert_gone
 
-pytest.importorskip("torch")
-
-pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.faults, pytest.mark.torch, pytest.mark.timeout(120)]
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 

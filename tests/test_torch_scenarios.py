@@ -8,73 +8,30 @@ import multiprocessing
 import warnings
 
 import pytest
+from extras import deferred
 
-torch = pytest.importorskip("torch")
-from test_torch_dropin import SizedStream  # noqa: E402  (its stream: every worker yields all of it)
-from torch.utils.data import Dataset, IterableDataset, Sampler  # noqa: E402
+import mxload
 
-import mxload  # noqa: E402
-from mxload.torch import DataLoader  # noqa: E402
+torch = deferred("torch")
+tud = deferred("torch.utils.data")
+mxtorch = deferred("mxload.torch")
+cases = deferred("torch_scenarios_cases")
+dropin_cases = deferred("torch_dropin_cases")   # SizedStream: every worker yields all of it
 
-pytestmark = pytest.mark.timeout(120)
-
-
-# ------------------------------------------------------------ datasets (module level: spawn pickles them)
-
-
-class Squares(Dataset):
-    def __init__(self, n=12):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        return i * i
-
-
-class RangeRows(Dataset):
-    """Bulk loading: a key is a list of indices (or an int); one tensor per key."""
-
-    def __init__(self, n=23):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, key):
-        if isinstance(key, list):
-            return torch.tensor(key) * 10
-        if isinstance(key, slice):
-            return torch.arange(self.n)[key] * 10
-        return torch.tensor([key * 10])
-
-
-class ChunkSampler(Sampler):
-    """Yields lists of `size` consecutive indices (the last one shorter)."""
-
-    def __init__(self, n, size):
-        self.n, self.size = n, size
-
-    def __len__(self):
-        return -(-self.n // self.size)
-
-    def __iter__(self):
-        for start in range(0, self.n, self.size):
-            yield list(range(start, min(start + self.size, self.n)))
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
 
 
 # ------------------------------------------------------------------ 1. DataLoader[...] (Generic)
 
 
 def test_dataloader_is_subscriptable_like_torchs_generic():
-    alias = DataLoader[list]
-    assert alias.__origin__ is DataLoader
+    alias = mxtorch.DataLoader[list]
+    assert alias.__origin__ is mxtorch.DataLoader
     assert mxload.DataLoader[int].__origin__ is mxload.DataLoader
 
-    def annotated() -> DataLoader[tuple]:   # evaluated at definition: no __future__ annotations here
-        return DataLoader(Squares(), batch_size=2)
-    assert annotated.__annotations__["return"].__origin__ is DataLoader
+    def annotated() -> mxtorch.DataLoader[tuple]:   # evaluated at definition: no __future__ annotations here
+        return mxtorch.DataLoader(cases.Squares(), batch_size=2)
+    assert annotated.__annotations__["return"].__origin__ is mxtorch.DataLoader
     assert [b.tolist() for b in annotated()][:2] == [[0, 1], [4, 9]]
 
 
@@ -83,8 +40,9 @@ def test_dataloader_is_subscriptable_like_torchs_generic():
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_bulk_loading_sampler_yields_index_lists(num_workers):
-    sampler = ChunkSampler(23, 4)
-    loader = DataLoader(RangeRows(23), batch_size=None, sampler=sampler, num_workers=num_workers)
+    sampler = cases.ChunkSampler(23, 4)
+    loader = mxtorch.DataLoader(cases.RangeRows(23), batch_size=None, sampler=sampler,
+                                num_workers=num_workers)
     out = list(loader)
     assert len(out) == len(loader) == 6
     assert all(isinstance(t, torch.Tensor) for t in out)
@@ -95,40 +53,30 @@ def test_bulk_loading_sampler_yields_index_lists(num_workers):
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_bulk_loading_any_key_reaches_the_dataset_as_is(num_workers):
     keys = [3, [1, 2], slice(0, 3), (4, 5)]
-    class Echo(Dataset):
+    class Echo(tud.Dataset):
         def __len__(self):
             return 10
 
         def __getitem__(self, key):
             return repr(key)
 
-    loader = DataLoader(Echo(), batch_size=None, sampler=keys, num_workers=num_workers)
+    loader = mxtorch.DataLoader(Echo(), batch_size=None, sampler=keys, num_workers=num_workers)
     assert list(loader) == [repr(k) for k in keys]
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_bulk_loading_each_sample_through_collate_fn_and_default_convert(num_workers):
-    out = list(DataLoader(Squares(6), batch_size=None, num_workers=num_workers))
+    out = list(mxtorch.DataLoader(cases.Squares(6), batch_size=None, num_workers=num_workers))
     assert out == [0, 1, 4, 9, 16, 25]
-    got = list(DataLoader(RangeRows(5), batch_size=None, num_workers=num_workers))
+    got = list(mxtorch.DataLoader(cases.RangeRows(5), batch_size=None, num_workers=num_workers))
     assert all(isinstance(t, torch.Tensor) and t.shape == (1,) for t in got)
     assert [t.item() for t in got] == [0, 10, 20, 30, 40]
-    calls = list(DataLoader(Squares(4), batch_size=None, num_workers=num_workers, collate_fn=str))
+    calls = list(mxtorch.DataLoader(cases.Squares(4), batch_size=None, num_workers=num_workers,
+                                    collate_fn=str))
     assert calls == ["0", "1", "4", "9"]
 
 
 # ------------------------------------------------------------------ 3. multiprocessing_context=None
-
-
-MAIN_ONLY = {"touched": False}   # set in the test's process; a spawned worker imports this module afresh
-
-
-class SeesMainState(Dataset):
-    def __len__(self):
-        return 4
-
-    def __getitem__(self, i):
-        return int(MAIN_ONLY["touched"])
 
 
 @pytest.fixture
@@ -138,14 +86,14 @@ def global_start_method():
         multiprocessing.set_start_method(method, force=True)
     yield set_method
     multiprocessing.set_start_method(None, force=True)
-    MAIN_ONLY["touched"] = False
+    cases.MAIN_ONLY["touched"] = False
 
 
 @pytest.mark.parametrize("method", [pytest.param("spawn", marks=pytest.mark.faults), "fork"])
 def test_no_multiprocessing_context_follows_set_start_method(global_start_method, method):
-    MAIN_ONLY["touched"] = True
+    cases.MAIN_ONLY["touched"] = True
     global_start_method(method)
-    loader = DataLoader(SeesMainState(), batch_size=2, num_workers=2)
+    loader = mxtorch.DataLoader(cases.SeesMainState(), batch_size=2, num_workers=2)
     assert loader.multiprocessing_context is None
     with iter(loader) as it:
         started = it.engine.transport.start_method
@@ -156,29 +104,13 @@ def test_no_multiprocessing_context_follows_set_start_method(global_start_method
 
 def test_no_set_start_method_keeps_the_platform_default():
     assert multiprocessing.get_start_method(allow_none=True) is None
-    with iter(DataLoader(SeesMainState(), batch_size=2, num_workers=1)) as it:
+    with iter(mxtorch.DataLoader(cases.SeesMainState(), batch_size=2, num_workers=1)) as it:
         started = it.engine.transport.start_method
     assert started == "fork"
     assert multiprocessing.get_start_method(allow_none=True) is None   # asking did not fix it
 
 
 # ------------------------------------------------------------------ 4. constructor errors as torch's
-
-
-class Counting(Dataset):
-    def __len__(self):
-        return 20
-
-    def __getitem__(self, i):
-        return i
-
-
-class CountingStream(IterableDataset):
-    def __len__(self):
-        return 20
-
-    def __iter__(self):
-        return iter(range(20))
 
 
 def _seq():
@@ -191,49 +123,57 @@ def _batches():
 
 BATCH_SAMPLER_EXCLUSIVE = r"batch_sampler option is mutually exclusive with"
 
-# (dataset, arguments, what the message says: the words torch's own message has, so a
-# program or test matching torch's text matches mxload's)
+# (dataset, arguments (made in the test: torch's samplers need torch), what the message says:
+# the words torch's own message has, so a program or test matching torch's text matches mxload's)
 CTOR_ERRORS = [
-    (Counting, dict(num_workers=-1), r"num_workers option should be non-negative"),
-    (Counting, dict(timeout=-1), r"timeout option should be non-negative"),
-    (Counting, dict(batch_size=None, drop_last=True),
+    ("Counting", lambda: dict(num_workers=-1), r"num_workers option should be non-negative"),
+    ("Counting", lambda: dict(timeout=-1), r"timeout option should be non-negative"),
+    ("Counting", lambda: dict(batch_size=None, drop_last=True),
      r"batch_size=None option disables auto-batching and is mutually exclusive"),
-    (Counting, dict(num_workers=0, multiprocessing_context="spawn"),
+    ("Counting", lambda: dict(num_workers=0, multiprocessing_context="spawn"),
      r"multi-process loading \(num_workers > 0\), but got"),
-    (Counting, dict(num_workers=1, multiprocessing_context="bad"), r"should specify a valid start method in"),
-    (Counting, dict(num_workers=1, multiprocessing_context=object()),
+    ("Counting", lambda: dict(num_workers=1, multiprocessing_context="bad"),
+     r"should specify a valid start method in"),
+    ("Counting", lambda: dict(num_workers=1, multiprocessing_context=object()),
      r"multiprocessing_context option should be a valid context "),
-    (Counting, dict(batch_size=11, sampler=_seq(), shuffle=True),
+    ("Counting", lambda: dict(batch_size=11, sampler=_seq(), shuffle=True),
      r"sampler option is mutually exclusive with shuffle"),
-    (Counting, dict(batch_sampler=_batches(), sampler=_seq(), shuffle=True),
+    ("Counting", lambda: dict(batch_sampler=_batches(), sampler=_seq(), shuffle=True),
      r"sampler option is mutually exclusive with shuffle"),
-    (Counting, dict(batch_sampler=_batches(), sampler=_seq(), shuffle=3),
+    ("Counting", lambda: dict(batch_sampler=_batches(), sampler=_seq(), shuffle=3),
      r"sampler option is mutually exclusive with shuffle"),
-    (Counting, dict(batch_size=11, batch_sampler=_batches()), BATCH_SAMPLER_EXCLUSIVE),
-    (Counting, dict(shuffle=True, batch_sampler=_batches()), BATCH_SAMPLER_EXCLUSIVE),
-    (Counting, dict(drop_last=True, batch_sampler=_batches()), BATCH_SAMPLER_EXCLUSIVE),
-    (Counting, dict(drop_last=3, batch_sampler=_batches()), BATCH_SAMPLER_EXCLUSIVE),
-    (CountingStream, dict(shuffle=True), r"DataLoader with IterableDataset: expected unspecified shuffle"),
-    (CountingStream, dict(shuffle=3), r"DataLoader with IterableDataset: expected unspecified shuffle"),
-    (CountingStream, dict(sampler=_seq()), r"DataLoader with IterableDataset: expected unspecified sampler"),
-    (CountingStream, dict(sampler=3), r"DataLoader with IterableDataset: expected unspecified sampler"),
-    (CountingStream, dict(batch_sampler=_batches()),
+    ("Counting", lambda: dict(batch_size=11, batch_sampler=_batches()), BATCH_SAMPLER_EXCLUSIVE),
+    ("Counting", lambda: dict(shuffle=True, batch_sampler=_batches()), BATCH_SAMPLER_EXCLUSIVE),
+    ("Counting", lambda: dict(drop_last=True, batch_sampler=_batches()), BATCH_SAMPLER_EXCLUSIVE),
+    ("Counting", lambda: dict(drop_last=3, batch_sampler=_batches()), BATCH_SAMPLER_EXCLUSIVE),
+    ("CountingStream", lambda: dict(shuffle=True),
+     r"DataLoader with IterableDataset: expected unspecified shuffle"),
+    ("CountingStream", lambda: dict(shuffle=3),
+     r"DataLoader with IterableDataset: expected unspecified shuffle"),
+    ("CountingStream", lambda: dict(sampler=_seq()),
+     r"DataLoader with IterableDataset: expected unspecified sampler"),
+    ("CountingStream", lambda: dict(sampler=3),
+     r"DataLoader with IterableDataset: expected unspecified sampler"),
+    ("CountingStream", lambda: dict(batch_sampler=_batches()),
      r"DataLoader with IterableDataset: expected unspecified batch_sampler"),
-    (CountingStream, dict(batch_sampler=3),
+    ("CountingStream", lambda: dict(batch_sampler=3),
      r"DataLoader with IterableDataset: expected unspecified batch_sampler"),
-    (Counting, dict(num_workers=0, prefetch_factor=2),
+    ("Counting", lambda: dict(num_workers=0, prefetch_factor=2),
      r"prefetch_factor option could only be specified in multiproc"),
-    (Counting, dict(num_workers=2, prefetch_factor=-1), r"prefetch_factor option should be non-negative"),
-    (Counting, dict(persistent_workers=True), r"persistent_workers option needs num_workers > 0"),
+    ("Counting", lambda: dict(num_workers=2, prefetch_factor=-1),
+     r"prefetch_factor option should be non-negative"),
+    ("Counting", lambda: dict(persistent_workers=True), r"persistent_workers option needs num_workers > 0"),
 ]
 
 
-@pytest.mark.parametrize("make,kwargs,says", CTOR_ERRORS, ids=[str(i) for i in range(len(CTOR_ERRORS))])
-def test_constructor_errors_are_torchs(make, kwargs, says):
+@pytest.mark.parametrize("dataset,make_kwargs,says", CTOR_ERRORS,
+                         ids=[str(i) for i in range(len(CTOR_ERRORS))])
+def test_constructor_errors_are_torchs(dataset, make_kwargs, says):
+    make, kwargs = getattr(cases, dataset), make_kwargs()
     with pytest.raises(Exception) as theirs:
         torch.utils.data.DataLoader(make(), **kwargs)
     with pytest.raises(theirs.type, match=says):
-        DataLoader(make(), **kwargs)
+        mxtorch.DataLoader(make(), **kwargs)
 
 
 def test_excessive_worker_warning_fires_where_torchs_does(monkeypatch):
@@ -242,8 +182,9 @@ def test_excessive_worker_warning_fires_where_torchs_does(monkeypatch):
     excessive = "excessive worker creation might get DataLoader running slow or even freeze"
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        loader = DataLoader(Counting(), batch_size=10, num_workers=3)
-        DataLoader(Counting(), batch_size=10, num_workers=3)   # each loader, as torch's (not once a process)
+        loader = mxtorch.DataLoader(cases.Counting(), batch_size=10, num_workers=3)
+        # each loader, as torch's (not once a process)
+        mxtorch.DataLoader(cases.Counting(), batch_size=10, num_workers=3)
     assert [excessive in str(w.message) for w in record] == [True, True]
     loader.num_workers = 2
     with warnings.catch_warnings(record=True) as record:
@@ -252,8 +193,8 @@ def test_excessive_worker_warning_fires_where_torchs_does(monkeypatch):
     assert [excessive in str(w.message) for w in record] == [True]
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        DataLoader(Counting(), batch_size=10, num_workers=1)
-        DataLoader(Counting(), batch_size=10, num_workers=4, thread_pool=True)
+        mxtorch.DataLoader(cases.Counting(), batch_size=10, num_workers=1)
+        mxtorch.DataLoader(cases.Counting(), batch_size=10, num_workers=4, thread_pool=True)
     assert not record
 
 
@@ -269,7 +210,7 @@ def _next_warnings(it):
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_stream_longer_than_its_len_warns_past_the_length_and_goes_on(num_workers):
-    loader = DataLoader(SizedStream(20), num_workers=num_workers)
+    loader = mxtorch.DataLoader(dropin_cases.SizedStream(20), num_workers=num_workers)
     with iter(loader) as it:   # len() not asked yet: no warning however many come
         assert all(not _next_warnings(it) for _ in range(20 * max(num_workers, 1)))
     assert len(loader) == 20
@@ -289,24 +230,11 @@ def test_stream_longer_than_its_len_warns_past_the_length_and_goes_on(num_worker
     assert len(rest) == 20 * num_workers - 23   # and it goes on to the end of every worker's stream
 
 
-class Growing(Dataset):
-    def __init__(self, n):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        if i >= self.n:
-            raise IndexError(i)
-        return i
-
-
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_len_and_epochs_follow_a_growing_dataset(num_workers, shuffle):
-    ds = Growing(6)
-    loader = DataLoader(ds, batch_size=4, shuffle=shuffle, num_workers=num_workers)
+    ds = cases.Growing(6)
+    loader = mxtorch.DataLoader(ds, batch_size=4, shuffle=shuffle, num_workers=num_workers)
     assert len(loader) == 2 and sorted(sum((b.tolist() for b in loader), [])) == list(range(6))
     ds.n = 11   # torch's default samplers read len(dataset) each time
     assert len(loader) == 3
@@ -316,8 +244,8 @@ def test_len_and_epochs_follow_a_growing_dataset(num_workers, shuffle):
 
 
 def test_stream_len_is_read_again():
-    ds = SizedStream(5)
-    loader = DataLoader(ds, batch_size=2)
+    ds = dropin_cases.SizedStream(5)
+    loader = mxtorch.DataLoader(ds, batch_size=2)
     assert len(loader) == 3
     ds.n = 9
     assert len(loader) == 5 and len(list(loader)) == 5
@@ -332,27 +260,14 @@ def _init_records_info(worker_id):
     info.dataset.init_saw = (info.id, info.num_workers)
 
 
-class InfoProbe(Dataset):
-    init_saw = None
-
-    def __len__(self):
-        return 8
-
-    def __getitem__(self, i):
-        info = torch.utils.data.get_worker_info()
-        return torch.tensor([info.id, info.num_workers, info.seed % 2 ** 31, info.dataset is self,
-                             torch.initial_seed() == info.seed, self.init_saw == (info.id, info.num_workers),
-                             mxload.get_worker_info().seed == info.seed])
-
-
 # A start of fresh interpreters (spawn, forkserver) takes seconds: the fault tier's.
 SLOW_STARTS = [pytest.param(m, marks=pytest.mark.faults) for m in ("spawn", "forkserver")]
 
 
 @pytest.mark.parametrize("method", ["fork", *SLOW_STARTS])
 def test_torch_get_worker_info_in_every_start_method(method):
-    loader = DataLoader(InfoProbe(), batch_size=2, num_workers=2, multiprocessing_context=method,
-                        worker_init_fn=_init_records_info)
+    loader = mxtorch.DataLoader(cases.InfoProbe(), batch_size=2, num_workers=2,
+                                multiprocessing_context=method, worker_init_fn=_init_records_info)
     rows = torch.cat(list(loader)).tolist()
     assert sorted({r[0] for r in rows}) == [0, 1] and all(r[1] == 2 for r in rows)
     assert all(r[3:] == [1, 1, 1, 1] for r in rows), rows
@@ -360,23 +275,11 @@ def test_torch_get_worker_info_in_every_start_method(method):
     assert torch.utils.data.get_worker_info() is None
 
 
-class WorkerSized(IterableDataset):
-    """Worker k yields range(sizes[k]): some workers run out before others."""
-
-    def __init__(self, sizes):
-        self.sizes = sizes
-
-    def __iter__(self):
-        info = torch.utils.data.get_worker_info()
-        assert info is not None and info.num_workers == len(self.sizes)
-        return iter(range(self.sizes[info.id]))
-
-
 @pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("batch_size", [None, 7])
 def test_partial_workers_every_sample_once_and_the_next_epoch_clean(persistent, batch_size):
     sizes = [0, 4, 20]
-    loader = DataLoader(WorkerSized(sizes), batch_size=batch_size, num_workers=3,
+    loader = mxtorch.DataLoader(cases.WorkerSized(sizes), batch_size=batch_size, num_workers=3,
                         persistent_workers=persistent, prefetch_factor=3)
     with loader:
         for _ in range(3):
@@ -396,7 +299,7 @@ def _training_script(loader_class, shuffle, num_workers, persistent, generator):
     built after the loader, then two epochs, each followed by a draw."""
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(5) if generator else None
-    loader = loader_class(Counting(), batch_size=5, shuffle=shuffle, num_workers=num_workers,
+    loader = loader_class(cases.Counting(), batch_size=5, shuffle=shuffle, num_workers=num_workers,
                           persistent_workers=persistent, generator=g)
     draws = [torch.rand(2)]   # the model's initialisation
     batches = []
@@ -413,9 +316,9 @@ def _training_script(loader_class, shuffle, num_workers, persistent, generator):
     (True, 0, False, True), (False, 2, True, True)])
 def test_torch_rng_is_drawn_when_torch_draws_it(shuffle, num_workers, persistent, generator):
     theirs, _ = _training_script(torch.utils.data.DataLoader, shuffle, num_workers, persistent, generator)
-    ours, batches = _training_script(DataLoader, shuffle, num_workers, persistent, generator)
+    ours, batches = _training_script(mxtorch.DataLoader, shuffle, num_workers, persistent, generator)
     assert torch.equal(theirs, ours)   # model init and later draws as with torch's loader
-    again, batches_again = _training_script(DataLoader, shuffle, num_workers, persistent, generator)
+    again, batches_again = _training_script(mxtorch.DataLoader, shuffle, num_workers, persistent, generator)
     assert batches == batches_again   # torch.manual_seed still fixes the batches
     if shuffle:
         assert batches[0] != batches[1]
@@ -425,14 +328,14 @@ def test_seed_given_draws_nothing_and_state_dict_fixes_a_drawn_seed():
     torch.manual_seed(0)
     expected = torch.rand(2)
     torch.manual_seed(0)
-    loader = DataLoader(Counting(), batch_size=5, shuffle=True, seed=3)
+    loader = mxtorch.DataLoader(cases.Counting(), batch_size=5, shuffle=True, seed=3)
     list(loader)
     assert torch.equal(torch.rand(2), expected)
     torch.manual_seed(1)
-    loader = DataLoader(Counting(), batch_size=5, shuffle=True)
+    loader = mxtorch.DataLoader(cases.Counting(), batch_size=5, shuffle=True)
     state = loader.state_dict()   # the seed is drawn now: the state must reproduce the epoch
     first = [b.tolist() for b in loader]
-    resumed = DataLoader(Counting(), batch_size=5, shuffle=True)
+    resumed = mxtorch.DataLoader(cases.Counting(), batch_size=5, shuffle=True)
     resumed.load_state_dict(state)
     assert [b.tolist() for b in resumed] == first
 
@@ -514,36 +417,11 @@ def test_a_worker_of_an_unguarded_script_names_the_cause(tmp_path, context):
 
 # ---------------------------------------------------------- 9. in_order=False routes work around a straggler
 
-import time  # noqa: E402
-
-STRAGGLE_S = 0.6
-
-
-class SlowFirst(Dataset):
-    """Sample 0 takes STRAGGLE_S; the others are instant."""
-
-    def __len__(self):
-        return 16
-
-    def __getitem__(self, i):
-        if i == 0:
-            time.sleep(STRAGGLE_S)
-        return i
-
-
-class SlowFirstWorkerStream(IterableDataset):
-    """Worker 0's stream starts with a slow item; worker 1's are instant."""
-
-    def __iter__(self):
-        info = torch.utils.data.get_worker_info()
-        if info.id == 0:
-            time.sleep(STRAGGLE_S)
-            return iter([100])
-        return iter(range(12))
 
 
 def test_out_of_order_map_style_batches_go_around_a_straggler():
-    loader = DataLoader(SlowFirst(), batch_size=1, num_workers=2, in_order=False, prefetch_factor=2)
+    loader = mxtorch.DataLoader(cases.SlowFirst(), batch_size=1, num_workers=2, in_order=False,
+                                prefetch_factor=2)
     order = [int(b) for b in loader]
     assert sorted(order) == list(range(16))
     # Only what was handed to the straggler before it stalled waits for it (its share of the
@@ -552,34 +430,18 @@ def test_out_of_order_map_style_batches_go_around_a_straggler():
 
 
 def test_out_of_order_stream_items_go_around_a_straggler():
-    loader = DataLoader(SlowFirstWorkerStream(), batch_size=None, num_workers=2, in_order=False)
+    loader = mxtorch.DataLoader(cases.SlowFirstWorkerStream(), batch_size=None, num_workers=2, in_order=False)
     order = list(loader)
     assert order == list(range(12)) + [100], order
 
 
 def test_in_order_keeps_the_sampler_order_with_a_straggler():
-    assert [int(b) for b in DataLoader(SlowFirst(), batch_size=1, num_workers=2)] == list(range(16))
+    loader = mxtorch.DataLoader(cases.SlowFirst(), batch_size=1, num_workers=2)
+    assert [int(b) for b in loader] == list(range(16))
 
 
 # --------------------------------------------------------- a worker's death in torch's words (test_segfault)
 
-import os  # noqa: E402
-import signal  # noqa: E402
-
-
-class DiesAt(Dataset):
-    def __init__(self, how):
-        self.how = how
-
-    def __len__(self):
-        return 8
-
-    def __getitem__(self, i):
-        if i == 3:
-            if self.how == "segfault":
-                os.kill(os.getpid(), signal.SIGSEGV)
-            os._exit(3)
-        return i
 
 
 @pytest.mark.faults
@@ -590,27 +452,19 @@ class DiesAt(Dataset):
 ])
 def test_worker_death_in_torchs_words(how, says):
     with pytest.raises(RuntimeError, match=says):
-        list(DataLoader(DiesAt(how), batch_size=1, num_workers=2))
+        list(mxtorch.DataLoader(cases.DiesAt(how), batch_size=1, num_workers=2))
 
 
 # ------------------------------------------------- batches of zero bytes (test_large_sampler_indices' data)
-
-
-class EmptySamples(Dataset):
-    def __len__(self):
-        return 6
-
-    def __getitem__(self, i):
-        return torch.empty(0)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_zero_byte_batches_are_writable_tensors_without_warning(num_workers):
     with warnings.catch_warnings():
         warnings.simplefilter("error")   # torch warns of a tensor over a read-only array
-        batches = list(DataLoader(EmptySamples(), batch_size=3, num_workers=num_workers))
+        batches = list(mxtorch.DataLoader(cases.EmptySamples(), batch_size=3, num_workers=num_workers))
     assert [tuple(b.shape) for b in batches] == [(3, 0), (3, 0)]
     batches[0].add_(1)   # writable, as torch's batches are
     # torch warns once per process: the arrays themselves say it for every later test too.
-    arrays = list(mxload.DataLoader(EmptySamples(), batch_size=3, num_workers=num_workers))
+    arrays = list(mxload.DataLoader(cases.EmptySamples(), batch_size=3, num_workers=num_workers))
     assert all(a.flags.writeable for a in arrays)

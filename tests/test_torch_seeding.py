@@ -15,57 +15,14 @@ import random
 
 import numpy as np
 import pytest
+from extras import deferred
 
-torch = pytest.importorskip("torch", reason="the torch extra is not installed: nothing to compare with")
-import torch.utils.data as tud  # noqa: E402
+torch = deferred("torch")
+tud = deferred("torch.utils.data")
+mxtorch = deferred("mxload.torch")
+cases = deferred("torch_seeding_cases")
 
-from mxload.torch import DataLoader  # noqa: E402
-
-pytestmark = pytest.mark.timeout(120)
-
-N = 22   # not a multiple of the batch size: a short last batch
-
-
-class RandomAugment:
-    """A torchvision-style random transform: a flip decided by torch's RNG
-    (as RandomHorizontalFlip), noise from torch.randn, a scale from Python's
-    ``random`` (as older torchvision and many user transforms) and an offset
-    from numpy's global RNG (as imgaug-style code)."""
-
-    def __call__(self, x):
-        if torch.rand(1).item() < 0.5:
-            x = x.flip(-1)
-        x = x + 0.1 * torch.randn(x.shape)
-        x = x * random.uniform(0.5, 1.5)
-        return x + torch.from_numpy(np.random.rand(*x.shape).astype(np.float32))
-
-
-class AugmentedImages(tud.Dataset):
-    """Sample i: an augmented 3x4 "image", its label, and what the worker
-    says of its seeding (torch's get_worker_info().seed, torch.initial_seed())."""
-
-    def __init__(self, n=N):
-        self.n = n
-        self.transform = RandomAugment()
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        image = torch.arange(12, dtype=torch.float32).reshape(3, 4) + i
-        info = tud.get_worker_info()
-        seeding = torch.tensor([-1 if info is None else info.seed, torch.initial_seed()])
-        return self.transform(image), i, seeding
-
-
-class UnevenShards(tud.IterableDataset):
-    """Worker k yields 2 + 3k augmented samples (its own shard), so the workers' streams end apart."""
-
-    def __iter__(self):
-        info = tud.get_worker_info()
-        k = 0 if info is None else info.id
-        for j in range(2 + 3 * k):
-            yield RandomAugment()(torch.full((2,), float(100 * k + j)))
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(120)]
 
 
 def digest(batch) -> list[str]:
@@ -95,23 +52,23 @@ def script(loader_class, epochs, dataset=None, sampler=None, generator=None, **k
     np.random.seed(6)
     g = torch.Generator().manual_seed(77) if generator else None
     if sampler == "torch":   # torch's own RandomSampler, given as sampler= (draws at its first next())
-        sampler = tud.RandomSampler(range(N), generator=g)
+        sampler = tud.RandomSampler(range(cases.N), generator=g)
         g = None
-    loader = loader_class(dataset if dataset is not None else AugmentedImages(), batch_size=4,
+    loader = loader_class(dataset if dataset is not None else cases.AugmentedImages(), batch_size=4,
                           sampler=sampler, generator=g, **kwargs)
     model_init = torch.rand(3)
     epochs_out, draws = [], [model_init]
     for _ in range(epochs):
         epochs_out.append([digest(b) for b in loader])
         draws.append(torch.rand(2))
-    if hasattr(loader, "close") and loader_class is DataLoader:
+    if hasattr(loader, "close") and loader_class is mxtorch.DataLoader:
         loader.close()
     return epochs_out, [d.tolist() for d in draws], rng_states()
 
 
 def assert_same_as_torch(epochs, **kwargs):
     theirs = script(tud.DataLoader, epochs, **kwargs)
-    ours = script(DataLoader, epochs, **kwargs)
+    ours = script(mxtorch.DataLoader, epochs, **kwargs)
     for e, (t, o) in enumerate(zip(theirs[0], ours[0])):
         same = [i for i, (a, b) in enumerate(zip(t, o)) if a == b]
         assert t == o, (f"epoch {e}: {len(t)} batches from torch, {len(o)} from mxload; "
@@ -154,9 +111,10 @@ def test_persistent_shuffled_as_torch(persistent):
 def test_uneven_stream_shards_interleave_as_torch():
     """An IterableDataset whose workers' streams end apart: after a worker's
     end, torch's round-robin goes on from the next worker, not from batch
-    index % the workers left."""
+    index % the workers left.  (One epoch each: a second draws a new base seed, which
+    test_batches_bit_for_bit_as_torch compares.)"""
     for num_workers in (2, 3, 4):
-        assert_same_as_torch(2, dataset=UnevenShards(), num_workers=num_workers)
+        assert_same_as_torch(1, dataset=cases.UnevenShards(), num_workers=num_workers)
 
 
 @pytest.mark.parametrize("num_workers,persistent", [(1, False), (2, False), (3, False), (2, True)])
@@ -166,7 +124,7 @@ def test_per_sample_seeding_gives_the_same_batches_for_any_num_workers(num_worke
     batches with 0 or N workers; in-process, the training loop's RNGs are left as torch's loader
     leaves them."""
     def images_and_labels(**kwargs):
-        epochs, draws, states = script(DataLoader, 2, seeding="per_sample", **kwargs)
+        epochs, draws, states = script(mxtorch.DataLoader, 2, seeding="per_sample", **kwargs)
         return [[b[:2] for b in e] for e in epochs], draws, states
     in_process = images_and_labels(num_workers=0)
     with_workers = images_and_labels(num_workers=num_workers, persistent_workers=persistent)
@@ -191,18 +149,6 @@ def test_seeding_torch_needs_torch():
             "imported torch") in result.stdout, result.stdout + result.stderr
 
 
-class WhoSeeded(tud.Dataset):
-    """What a worker says of its seeding (mxload's get_worker_info: thread workers have it too)."""
-
-    def __len__(self):
-        return 8
-
-    def __getitem__(self, i):
-        import mxload
-        info = mxload.get_worker_info()
-        return torch.tensor([info.id, info.seed])
-
-
 def test_thread_workers_leave_the_global_rngs_to_the_training_loop():
     """thread_pool=True in seeding="torch": the threads share the training process's RNGs, which
     stay as torch's loader leaves them (only the base seed is drawn); each worker's info says
@@ -211,6 +157,7 @@ def test_thread_workers_leave_the_global_rngs_to_the_training_loop():
     base = int(torch.empty((), dtype=torch.int64).random_().item())   # what iter() draws first
     after_torch = torch.rand(2)
     torch.manual_seed(3)
-    rows = torch.cat(list(DataLoader(WhoSeeded(), batch_size=2, num_workers=2, thread_pool=True)))
+    loader = mxtorch.DataLoader(cases.WhoSeeded(), batch_size=2, num_workers=2, thread_pool=True)
+    rows = torch.cat(list(loader))
     assert torch.equal(torch.rand(2), after_torch)
     assert {(int(w), int(s)) for w, s in rows.tolist()} == {(0, base), (1, base + 1)}

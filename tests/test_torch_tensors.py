@@ -6,7 +6,6 @@ without a per-sample conversion to numpy on the way (one torch.stack per
 field, into the batch's buffer)."""
 from __future__ import annotations
 
-import collections
 import os
 import pathlib
 import subprocess
@@ -14,54 +13,17 @@ import sys
 import textwrap
 
 import pytest
+from extras import deferred
 
 import mxload
 import mxload._torch_compat
 
-torch = pytest.importorskip("torch")
-from torch.utils.data import Dataset  # noqa: E402
-from torch.utils.data._utils.collate import default_collate  # noqa: E402
+torch = deferred("torch")
+torch_collate = deferred("torch.utils.data._utils.collate")
+mxtorch = deferred("mxload.torch")
+cases = deferred("torch_tensors_cases")
 
-import mxload.torch  # noqa: E402
-
-pytestmark = pytest.mark.timeout(60)
-
-N = 12
-Pair = collections.namedtuple("Pair", "a b")
-
-
-class EveryDtype(Dataset):
-    """Samples as torch users write them: nested dicts, tuples and a
-    namedtuple of tensors of every kind, some of them views that are not
-    contiguous (a transposed slice, a conjugate, a negative view), numbers
-    and strings beside them."""
-
-    def __init__(self, grad: bool = False):
-        g = torch.Generator().manual_seed(5)
-        self.base = torch.randn(N, 4, 3, generator=g)
-        self.weight = torch.full((3,), 2.0, requires_grad=grad)
-
-    def __len__(self):
-        return N
-
-    def __getitem__(self, i):
-        x = self.base[i]
-        c = torch.complex(x, -x)
-        return {
-            "bf16": x.to(torch.bfloat16),
-            "f16": x.to(torch.float16),
-            "mask": x > 0,
-            "c64": c,
-            "c128": c.to(torch.complex128).conj(),      # a lazy conjugate view
-            "neg": torch.complex(x, x)._neg_view(),     # a lazy negative view
-            "t": x.t(),                                  # not contiguous
-            "strided": self.base[:, i % 4, ::2],         # not contiguous, offset
-            "u8": (x * 10).to(torch.uint8),
-            "grad": x[0] * self.weight,                  # autograd history when grad=True
-            "nested": (x[1].to(torch.int16), Pair(x[2].to(torch.bfloat16), torch.tensor(i))),
-            "label": i,
-            "name": f"s{i}",
-        }
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(60)]
 
 
 def _same(got, want, path="batch"):
@@ -99,12 +61,12 @@ MODES = [pytest.param({}, id="in-process"),
 
 @pytest.mark.parametrize("kw", MODES)
 def test_every_dtype_collates_as_default_collate(kw):
-    ds = EveryDtype()
-    with mxload.torch.DataLoader(ds, batch_size=5, **kw) as loader:
+    ds = cases.EveryDtype()
+    with mxtorch.DataLoader(ds, batch_size=5, **kw) as loader:
         batches = list(loader)
     assert len(batches) == 3
     for b, batch in enumerate(batches):
-        want = default_collate([ds[i] for i in range(5 * b, min(5 * b + 5, N))])
+        want = torch_collate.default_collate([ds[i] for i in range(5 * b, min(5 * b + 5, cases.N))])
         _same(batch, want)
 
 
@@ -118,11 +80,11 @@ def test_no_sample_goes_through_numpy(kw, monkeypatch):
 
     monkeypatch.setattr(mxload._torch_compat, "tensor_to_numpy", refuse)
     monkeypatch.setattr(torch.Tensor, "numpy", refuse)
-    ds = EveryDtype()
-    with mxload.torch.DataLoader(ds, batch_size=4, **kw) as loader:
+    ds = cases.EveryDtype()
+    with mxtorch.DataLoader(ds, batch_size=4, **kw) as loader:
         batches = list(loader)
     for b, batch in enumerate(batches):
-        _same(batch, default_collate([ds[i] for i in range(4 * b, 4 * b + 4)]))
+        _same(batch, torch_collate.default_collate([ds[i] for i in range(4 * b, 4 * b + 4)]))
 
 
 @pytest.mark.parametrize("kw", MODES)
@@ -132,11 +94,11 @@ def test_autograd_history(kw):
     history, as default_collate's; from worker processes (no graph crosses
     a process; torch's own workers raise there) it is the same values,
     detached."""
-    ds = EveryDtype(grad=True)
-    with mxload.torch.DataLoader(ds, batch_size=6, **kw) as loader:
+    ds = cases.EveryDtype(grad=True)
+    with mxtorch.DataLoader(ds, batch_size=6, **kw) as loader:
         batches = list(loader)
     for b, batch in enumerate(batches):
-        want = default_collate([ds[i] for i in range(6 * b, 6 * b + 6)])
+        want = torch_collate.default_collate([ds[i] for i in range(6 * b, 6 * b + 6)])
         _same(batch, want)
         assert want["grad"].requires_grad
         if kw.get("thread_pool") or not kw:
@@ -185,12 +147,12 @@ def test_nested_tensors_pass_a_custom_collate_and_default_collation_refuses_them
     the default collation refuses a batch of them with torch's error (before: "NestedTensorImpl
     doesn't support sizes" from mxload's planning, either way)."""
     samples = [torch.nested.nested_tensor([torch.arange(i + 1.0), torch.ones(2)]) for i in range(4)]
-    with mxload.torch.DataLoader(samples, batch_size=2, collate_fn=_clone_each, **kw) as loader:
+    with mxtorch.DataLoader(samples, batch_size=2, collate_fn=_clone_each, **kw) as loader:
         got = [t for batch in loader for t in batch]
     assert len(got) == 4 and all(g.is_nested for g in got)
     for g, want in zip(got, samples):
         assert all(torch.equal(a, b) for a, b in zip(g.unbind(), want.unbind()))
-    with mxload.torch.DataLoader(samples, batch_size=2, **kw) as loader, \
+    with mxtorch.DataLoader(samples, batch_size=2, **kw) as loader, \
             pytest.raises(RuntimeError, match=r"batch 0, field sample: Batches of nested tensors are "
                                               r"not currently supported by the default collate_fn"):
         next(iter(loader))
@@ -201,10 +163,10 @@ def test_unbatched_tensors_copied_by_torch(kw):
     """batch_size=None: each sample's tensors are copied into the batch by
     torch (a bfloat16 one too), equal to torch's default_convert."""
     from torch.utils.data._utils.collate import default_convert
-    ds = EveryDtype()
-    with mxload.torch.DataLoader(ds, batch_size=None, **kw) as loader:
+    ds = cases.EveryDtype()
+    with mxtorch.DataLoader(ds, batch_size=None, **kw) as loader:
         got = list(loader)
-    assert len(got) == N
+    assert len(got) == cases.N
     for i, sample in enumerate(got):
         want = default_convert(ds[i])
         want["label"], want["name"] = sample["label"], sample["name"]   # numbers and strings: as they are

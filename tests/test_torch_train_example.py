@@ -26,8 +26,8 @@ def _train(path):
     return accuracy
 
 
+@pytest.mark.torch
 def test_torch_training_script_runs_with_only_the_import_changed(tmp_path):
-    pytest.importorskip("torch")
     source = open(SCRIPT).read()
     code = source.split('"""', 2)[2]   # after the module docstring
     mxload_lines = [line for line in code.splitlines() if "mxload" in line and not line.startswith("#")]
