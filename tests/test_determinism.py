@@ -283,13 +283,7 @@ def test_bad_state_is_a_clear_error(bad, match):
         _loader(seed=1).load_state_dict(bad)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(n=st.integers(1, 40), batch_size=st.integers(1, 9),
-       last_batch=st.sampled_from(["keep", "discard", "rollover"]),
-       num_workers=st.sampled_from([0, 0, 1, 2]), in_order=st.booleans(),
-       epoch=st.integers(0, 2), stop=st.integers(0, 12))
-def test_property_resume_equals_uninterrupted_run(n, batch_size, last_batch, num_workers, in_order, epoch,
-                                                  stop):
+def _resume_equals_uninterrupted_run(n, batch_size, last_batch, num_workers, in_order, epoch, stop):
     def make():
         return mxload.DataLoader(AugmentedDataset(n), batch_size=batch_size, shuffle=True, seed=11,
                                  last_batch=last_batch, num_workers=num_workers, in_order=in_order)
@@ -321,6 +315,20 @@ def test_property_resume_equals_uninterrupted_run(n, batch_size, last_batch, num
         assert rest == expected
     else:
         assert sorted(flat(seen) + rest) == sorted(ref[epoch])
+
+
+_RESUMES = given(n=st.integers(1, 40), batch_size=st.integers(1, 9),
+                 last_batch=st.sampled_from(["keep", "discard", "rollover"]),
+                 num_workers=st.sampled_from([0, 0, 1, 2]), in_order=st.booleans(),
+                 epoch=st.integers(0, 2), stop=st.integers(0, 12))
+# 10 examples in the default tier (each runs up to 4 loaders' epochs, workers started for most),
+# 60 more in the slow tier.
+test_property_resume_equals_uninterrupted_run = settings(
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])(
+    _RESUMES(_resume_equals_uninterrupted_run))
+test_property_resume_equals_uninterrupted_run_many = pytest.mark.slow(settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])(
+    _RESUMES(_resume_equals_uninterrupted_run)))
 
 
 class _EpochFixedSampler:

@@ -88,16 +88,17 @@ def test_fifth_positional_batch_sampler_is_a_clear_error():
         mxload.DataLoader(cases.CountingDataset(), 1, False, None, None, 2)
 
 
-def test_every_torch_keyword_is_accepted():
+@pytest.mark.parametrize("method", start_methods("fork", "spawn"))
+def test_every_torch_keyword_is_accepted(method):
     loader = mxload.DataLoader(
         cases.CountingDataset(), batch_size=4, shuffle=True, sampler=None, batch_sampler=None, num_workers=2,
         collate_fn=None, pin_memory=False, drop_last=True, timeout=0, worker_init_fn=None,
-        multiprocessing_context=multiprocessing.get_context("spawn"),
+        multiprocessing_context=multiprocessing.get_context(method),
         generator=torch.Generator().manual_seed(0),
         prefetch_factor=3, persistent_workers=True, pin_memory_device="", in_order=False)
     with loader:
         assert loader.prefetch == 6 and loader.prefetch_factor == 3
-        assert loader.start_method == "spawn" and loader.timeout is None
+        assert loader.start_method == method and loader.timeout is None
         batches = run(loader)
     assert sorted(sum(batches, [])) == list(range(cases.N))
 

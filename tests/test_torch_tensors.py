@@ -6,12 +6,7 @@ without a per-sample conversion to numpy on the way (one torch.stack per
 field, into the batch's buffer)."""
 from __future__ import annotations
 
-import os
-import pathlib
-import subprocess
-import sys
-import textwrap
-
+import fresh_python
 import pytest
 from extras import deferred
 
@@ -173,15 +168,14 @@ def test_unbatched_tensors_copied_by_torch(kw):
         _same(sample, want)
 
 
-def test_a_worker_only_torch_dtype_reaches_a_main_process_without_torch(tmp_path):
+@pytest.mark.e2e
+def test_a_worker_only_torch_dtype_reaches_a_main_process_without_torch():
     """A dataset that imports torch in its workers only: the main process
     has not imported torch when a bfloat16 field arrives; it imports it then
-    and hands the field out as a bfloat16 tensor (failed before: KeyError 'torch')."""
-    script = tmp_path / "lazy.py"
-    script.write_text(textwrap.dedent("""
-        import sys
-        import mxload
-
+    and hands the field out as a bfloat16 tensor (failed before: KeyError 'torch').
+    (End to end, in the e2e tier: two imports of torch, seconds; the default tier's
+    test_every_dtype_collates_as_default_collate[processes] has bfloat16 from workers.)"""
+    result = fresh_python.run("""
         class Lazy:
             def __len__(self):
                 return 4
@@ -190,14 +184,10 @@ def test_a_worker_only_torch_dtype_reaches_a_main_process_without_torch(tmp_path
                 import torch
                 return torch.full((2,), float(i), dtype=torch.bfloat16)
 
-        if __name__ == "__main__":
-            with mxload.DataLoader(Lazy(), batch_size=2, num_workers=1) as loader:
-                assert "torch" not in sys.modules
-                batches = list(loader)
-            print(type(batches[0]).__name__, batches[1].dtype, batches[1].tolist())
-    """))
-    repo = str(pathlib.Path(mxload.__file__).parent.parent)
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=50,
-                         env={**os.environ, "PYTHONPATH": repo})
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["Tensor", "torch.bfloat16", "[[2.0,", "2.0],", "[3.0,", "3.0]]"]
+        with mxload.DataLoader(Lazy(), batch_size=2, num_workers=1) as loader:
+            assert "torch" not in sys.modules
+            batches = list(loader)
+        print(type(batches[0]).__name__, batches[1].dtype, batches[1].tolist())
+    """, timeout=50)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["Tensor", "torch.bfloat16", "[[2.0,", "2.0],", "[3.0,", "3.0]]"]
