@@ -33,8 +33,8 @@ LEAK_WAIT_S = 3.0
 OPT_IN_TIERS = ("faults", "chaos", "e2e", "ray", "races", "slow", "upstream")
 
 
-# Whether torch was imported once every test module was (NOTE [ torch last ]).
-TORCH_AT_COLLECTION = pytest.StashKey[bool]()
+# The test modules whose import imported torch (NOTE [ torch last ]).
+TORCH_IMPORTED_BY = pytest.StashKey[list]()
 
 
 def _chose_tests(config) -> bool:
@@ -64,12 +64,17 @@ def pytest_collection_modifyitems(config, items):
     # its ~130 MB), and every engine forks the test process (the zygote) and the zygote its
     # workers.  So no test module imports torch at collection (tests/extras.py defers it) and
     # the tests marked `torch` run after all the others; no_leaks fails an unmarked test that
-    # imports it, and test_leak_checks one that does at collection.
+    # imports it, and test_leak_checks a module that does at collection (but tests/upstream/,
+    # which must import torch's own test file to collect it, when pointed at one).
     items.sort(key=lambda item: item.get_closest_marker("torch") is not None)
 
 
-def pytest_collection_finish(session):
-    session.config.stash[TORCH_AT_COLLECTION] = "torch" in sys.modules
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    before = "torch" in sys.modules
+    yield
+    if isinstance(collector, pytest.Module) and not before and "torch" in sys.modules:
+        collector.config.stash.setdefault(TORCH_IMPORTED_BY, []).append(collector.nodeid)
 
 
 def start_methods(*methods: str) -> list:
