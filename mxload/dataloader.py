@@ -7,7 +7,7 @@ import functools
 import warnings
 from collections.abc import Callable
 from multiprocessing.context import BaseContext
-from typing import Any, Generic, TypeVar, cast, overload
+from typing import Any, Generic, Self, TypeVar, cast, overload
 
 from ._checkpoint import LoaderPosition
 from ._checks import suggesting_keywords
@@ -169,7 +169,112 @@ class _Settings:
         super().__setattr__(name, value)
 
 
-class DataLoader(_Settings, Generic[_T_co]):
+class _Lifetime(_Settings):
+    """What a loader is asked besides its epochs: its position (state_dict, load_state_dict),
+    its counters (stats), and its end (close, ``with``, its collection)."""
+
+    _position: LoaderPosition
+    epoch: int
+    seed: int
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's position, at any point of an epoch.
+
+        Returns:
+            dict: small and JSON-serialisable (seed, epoch, the sampler's state
+            at the epoch's start, which batches were taken; no sample data).
+            A fresh loader over the same dataset given it with
+            :meth:`load_state_dict` yields exactly the batches not yet
+            yielded, in the same order, with the same ``sample_rng()`` draws.
+
+        Example:
+            >>> import numpy as np, mxload
+            >>> loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(6)), batch_size=2,
+            ...                            shuffle=True, seed=1)
+            >>> it = iter(loader); first = next(it)
+            >>> state = loader.state_dict()
+            >>> resumed = mxload.DataLoader(mxload.ArrayDataset(np.arange(6)), batch_size=2,
+            ...                             shuffle=True, seed=1)
+            >>> resumed.load_state_dict(state)
+            >>> [b.tolist() for b in resumed] == [b.tolist() for b in it]
+            True
+        """
+        return self._position.state(self, redrawn=self._iterations.ahead_is_stale(self._index_sampler,
+                                                                                  self.iterable))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict`: the next ``iter()`` resumes that epoch.
+
+        Args:
+            state (dict): what :meth:`state_dict` returned (also after a JSON
+                round trip).
+
+        Raises:
+            ValueError: `state` is not a loader state, or carries dataset state
+                the dataset cannot load (no ``load_state_dict``).
+
+        Example:
+            >>> import numpy as np, mxload
+            >>> loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(4)), batch_size=2)
+            >>> loader.load_state_dict({**loader.state_dict()})
+            >>> [b.tolist() for b in loader]
+            [[0, 1], [2, 3]]
+        """
+        state = self._position.load(self, state)
+        self.close()  # a live epoch or persistent workers belong to the old position
+        self.seed = state["seed"]
+        self.epoch = state["epoch"]
+        self._position.resume_from(state)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters of the latest worker engine (batches, slabs created/reused/
+        retired; with worker processes, tasks sent and the messages that
+        carried them, and the small batches copied out of their slabs because
+        the loop kept many alive) and the loader's worker restarts, over all
+        its epochs; empty before workers ran.
+
+        Example:
+            >>> import numpy as np, mxload
+            >>> loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(8)), batch_size=4, num_workers=1)
+            >>> _ = list(loader)
+            >>> loader.stats["batches"]
+            2
+        """
+        counters = self._iterations.counters
+        return merge_counters(counters) if counters else {}
+
+    @defer_sigint   # (and __del__: NOTE [ Deferred signals ])
+    def close(self) -> None:
+        """End every live iteration and any persistent workers; idempotent.
+        ``with DataLoader(...) as loader:`` calls it on exit.
+
+        Example:
+            >>> import numpy as np, mxload
+            >>> with mxload.DataLoader(mxload.ArrayDataset(np.arange(8)), batch_size=4, num_workers=1,
+            ...                        persistent_workers=True) as loader:
+            ...     for epoch in range(2):
+            ...         _ = list(loader)
+        """
+        self._iterations.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _finalize(self) -> None:
+        try:
+            self._iterations.loader_collected()
+        except Exception:
+            pass
+        self.__dict__.clear()   # as EpochIterator._finalize: freed while Ctrl-C is held back
+
+    __del__ = sigint_safe_finalizer(_finalize)
+
+
+class DataLoader(_Lifetime, Generic[_T_co]):
     """Loads batches from a dataset, in-process or with worker processes/threads.
 
     Positional arguments follow Gluon 1.9's DataLoader (its first four -- dataset, batch_size,
@@ -408,57 +513,6 @@ class DataLoader(_Settings, Generic[_T_co]):
             return _LoaderIterator(self, it)
         return it
 
-    # ------------------------------------------------------------ checkpoints
-
-    def state_dict(self) -> dict[str, Any]:
-        """The loader's position, at any point of an epoch.
-
-        Returns:
-            dict: small and JSON-serialisable (seed, epoch, the sampler's state
-            at the epoch's start, which batches were taken; no sample data).
-            A fresh loader over the same dataset given it with
-            :meth:`load_state_dict` yields exactly the batches not yet
-            yielded, in the same order, with the same ``sample_rng()`` draws.
-
-        Example:
-            >>> import numpy as np, mxload
-            >>> loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(6)), batch_size=2,
-            ...                            shuffle=True, seed=1)
-            >>> it = iter(loader); first = next(it)
-            >>> state = loader.state_dict()
-            >>> resumed = mxload.DataLoader(mxload.ArrayDataset(np.arange(6)), batch_size=2,
-            ...                             shuffle=True, seed=1)
-            >>> resumed.load_state_dict(state)
-            >>> [b.tolist() for b in resumed] == [b.tolist() for b in it]
-            True
-        """
-        return self._position.state(self, redrawn=self._iterations.ahead_is_stale(self._index_sampler,
-                                                                                  self.iterable))
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a :meth:`state_dict`: the next ``iter()`` resumes that epoch.
-
-        Args:
-            state (dict): what :meth:`state_dict` returned (also after a JSON
-                round trip).
-
-        Raises:
-            ValueError: `state` is not a loader state, or carries dataset state
-                the dataset cannot load (no ``load_state_dict``).
-
-        Example:
-            >>> import numpy as np, mxload
-            >>> loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(4)), batch_size=2)
-            >>> loader.load_state_dict({**loader.state_dict()})
-            >>> [b.tolist() for b in loader]
-            [[0, 1], [2, 3]]
-        """
-        state = self._position.load(self, state)
-        self.close()  # a live epoch or persistent workers belong to the old position
-        self.seed = state["seed"]
-        self.epoch = state["epoch"]
-        self._position.resume_from(state)
-
     def _follow_dataset_length(self) -> None:
         # mxload's own samplers are sized at construction; torch's read len(dataset) themselves.
         sampler = self.sampler
@@ -475,53 +529,6 @@ class DataLoader(_Settings, Generic[_T_co]):
             return self._IterableDataset_len_called
         self._follow_dataset_length()
         return len(self._index_sampler)
-
-    @property
-    def stats(self) -> dict[str, int]:
-        """Counters of the latest worker engine (batches, slabs created/reused/
-        retired; with worker processes, tasks sent and the messages that
-        carried them, and the small batches copied out of their slabs because
-        the loop kept many alive) and the loader's worker restarts, over all
-        its epochs; empty before workers ran.
-
-        Example:
-            >>> import numpy as np, mxload
-            >>> loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(8)), batch_size=4, num_workers=1)
-            >>> _ = list(loader)
-            >>> loader.stats["batches"]
-            2
-        """
-        counters = self._iterations.counters
-        return merge_counters(counters) if counters else {}
-
-    @defer_sigint   # (and __del__: NOTE [ Deferred signals ])
-    def close(self) -> None:
-        """End every live iteration and any persistent workers; idempotent.
-        ``with DataLoader(...) as loader:`` calls it on exit.
-
-        Example:
-            >>> import numpy as np, mxload
-            >>> with mxload.DataLoader(mxload.ArrayDataset(np.arange(8)), batch_size=4, num_workers=1,
-            ...                        persistent_workers=True) as loader:
-            ...     for epoch in range(2):
-            ...         _ = list(loader)
-        """
-        self._iterations.close()
-
-    def __enter__(self) -> DataLoader[_T_co]:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def _finalize(self) -> None:
-        try:
-            self._iterations.loader_collected()
-        except Exception:
-            pass
-        self.__dict__.clear()   # as EpochIterator._finalize: freed while Ctrl-C is held back
-
-    __del__ = sigint_safe_finalizer(_finalize)
 
     def __repr__(self) -> str:
         return (f"DataLoader(dataset={type(self.dataset).__name__}, batch_size={self.batch_size}, "

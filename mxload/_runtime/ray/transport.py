@@ -400,7 +400,7 @@ class RayTransport(Transport):
                         self.sink.deliver(actor.worker_id, value.init_failed)
                 return
             if error is None:
-                self.sink.deliver(actor.worker_id, self._delivery(actor, value, dispatched, received))
+                self.sink.deliver(actor.worker_id, _delivery(actor, value, dispatched, received))
             elif isinstance(error, ray.exceptions.RayTaskError):
                 # Ray could not return the result (e.g. it did not serialize): that batch's error.
                 cause = error.cause if isinstance(error.cause, BaseException) else error
@@ -408,17 +408,6 @@ class RayTransport(Transport):
                                                             m.ExceptionInfo.of(cause)))
             else:
                 self._lose(actor, error)
-
-    def _delivery(self, actor: _Actor, result: m.RemoteBatch | m.Failed | m.Exhausted,
-                  dispatched: int, received: int) -> Any:
-        if not isinstance(result, m.RemoteBatch):
-            return result
-        buffer = _writable(result.buffer) if result.buffer is not None else bytearray()
-        timings = result.timings
-        if timings is not None and not actor.local:
-            timings = actor.on_our_clock(timings, dispatched, received)
-        return m.Loaded(result.epoch, result.batch_index,
-                        views_from_layout(result.layout, buffer), timings)
 
     def _lose(self, actor: _Actor, error: BaseException) -> None:
         """A call failed because the actor (or its node) is gone (engine lock held)."""
@@ -519,3 +508,16 @@ class RayTransport(Transport):
         self._actors = [None] * len(self._actors)
         self._payload = []
         self._actor_class = None
+
+
+def _delivery(actor: _Actor, result: m.RemoteBatch | m.Failed | m.Exhausted, dispatched: int,
+              received: int) -> Any:
+    """What the engine gets for an actor's result: a batch as views of its buffer (its timings on
+    this process's clock where the actor runs on another node), or the result itself."""
+    if not isinstance(result, m.RemoteBatch):
+        return result
+    buffer = _writable(result.buffer) if result.buffer is not None else bytearray()
+    timings = result.timings
+    if timings is not None and not actor.local:
+        timings = actor.on_our_clock(timings, dispatched, received)
+    return m.Loaded(result.epoch, result.batch_index, views_from_layout(result.layout, buffer), timings)
