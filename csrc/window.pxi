@@ -43,6 +43,12 @@ cdef class EngineWindow:
     cdef readonly object supervisor
     cdef readonly dict counts         # the engine's counters ("batches")
     cdef public object transport
+    # The transport's optional capabilities (transport.Capabilities, bound once its transport
+    # started; None: not this transport's): put_task, receive, claim_raw and claim_mismatch.
+    cdef public object put_task
+    cdef public object receive
+    cdef public object claim_raw
+    cdef public object claim_mismatch
     cdef public Py_ssize_t prefetch        # tasks in flight at most
     cdef public Py_ssize_t in_flight       # dispatched and not yet taken
     cdef public Py_ssize_t next_dispatch   # tasks dispatched this epoch
@@ -201,7 +207,7 @@ cdef class EngineWindow:
             else:   # none could be dispatched (no worker takes tasks): the next one's
                 idx = supply.handed
         transport = self.transport
-        receive = transport.receive   # the transport's compiled wait, or None
+        receive = self.receive   # the transport's compiled wait, or None
         try:
             if receive is not None:
                 receive(0 if any_index else idx, any_index, timeout, filling, epochs=generation)
@@ -231,11 +237,11 @@ cdef class EngineWindow:
     cdef object _claim(self, RawBatch raw, outstanding, key):
         """claim(), given the task's worker's `outstanding` and its `key` there."""
         transport = self.transport
-        claim_raw = transport.claim_raw   # the transport's compiled claim, or None
+        claim_raw = self.claim_raw   # the transport's compiled claim, or None
         if claim_raw is not None:
             batch = claim_raw(raw)
             if type(batch) is ClaimMismatch:
-                raise transport.claim_mismatch(raw, batch)
+                raise self.claim_mismatch(raw, batch)
         else:
             batch = transport.claim(raw)
         if batch is None:
@@ -254,7 +260,7 @@ cdef class EngineWindow:
         cdef list live
         cdef Py_ssize_t n, idx
         transport = self.transport
-        put = transport.put_task
+        put = self.put_task
         with self.lock:
             # The supply is read under the lock: a call that waited for it while another thread's
             # iter() began a new epoch (begin_epoch, which holds it) fills the window from the

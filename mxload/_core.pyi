@@ -309,6 +309,10 @@ class EngineWindow:
     supervisor: Any
     counts: dict[str, int]
     transport: Any
+    put_task: Callable[[int, tuple[int, int, Any, bool]], bool] | None
+    receive: Callable[..., Any] | None
+    claim_raw: Callable[[RawBatch], Any] | None
+    claim_mismatch: Callable[[RawBatch, Any], Exception] | None
     prefetch: int
     in_flight: int
     next_dispatch: int

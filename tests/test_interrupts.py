@@ -978,8 +978,8 @@ def test_an_exception_cutting_a_failed_claim_short_still_ends_the_epoch_with_its
     loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(24)), batch_size=1, num_workers=1,
                                prefetch=2, timeout=5)
     it = iter(loader)
-    transport = it.engine.transport
-    claim_raw, claim_mismatch, handles = transport.claim_raw, transport.claim_mismatch, transport._handles
+    window, handles = it.engine.window, it.engine.transport._handles
+    claim_raw, claim_mismatch = window.claim_raw, window.claim_mismatch   # the transport's, as bound
 
     target = []   # the first batch from 6 on that the receive path stored raw
 
@@ -1003,8 +1003,8 @@ def test_an_exception_cutting_a_failed_claim_short_still_ends_the_epoch_with_its
             raise Cut("a signal handler's exception")
         return claim_mismatch(raw, mismatch)
 
-    monkeypatch.setattr(transport, "claim_raw", mismatching)
-    monkeypatch.setattr(transport, "claim_mismatch", cut)
+    monkeypatch.setattr(window, "claim_raw", mismatching)
+    monkeypatch.setattr(window, "claim_mismatch", cut)
     taken, t0 = [], time.monotonic()
     with pytest.raises(BaseException) as ended:
         while True:

@@ -37,7 +37,7 @@ from .messages import ProtocolError, WorkerConfig
 from .results import CLOSED_BY_OTHER, END, EXHAUSTED, BatchFailure, Supervisor
 from .roster import Roster
 from .shutdown import CLOSED, RUNNING, SHUTTING_DOWN, shutdown_sequence
-from .transport import Transport, TransportSetup
+from .transport import Capabilities, Transport, TransportSetup
 from .transports import make_transport
 
 if TYPE_CHECKING:
@@ -99,6 +99,9 @@ class Engine:
         except BaseException:
             self.shutdown()
             raise
+        capabilities = Capabilities.of(self.transport)   # once: the window calls them unasked
+        window.put_task, window.receive = capabilities.put_task, capabilities.receive
+        window.claim_raw, window.claim_mismatch = capabilities.claim_raw, capabilities.claim_mismatch
         # Runs at interpreter exit before multiprocessing's own teardown.
         self._finalizer = mp_util.Finalize(None, self.shutdown, exitpriority=100)
 

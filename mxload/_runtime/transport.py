@@ -15,7 +15,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -26,7 +26,8 @@ from . import messages as m
 if TYPE_CHECKING:
     from .messages import WorkerConfig
 
-__all__ = ["Delivery", "ResultSink", "Transport", "TransportSetup", "WorkerLoss"]
+__all__ = ["Capabilities", "ClaimsRaw", "Delivery", "PutsTasks", "ReceivesItself", "ResultSink", "Transport",
+           "TransportSetup", "WorkerLoss"]
 
 # What a transport hands the engine for one task: the batch (as the consumer
 # will see it), the batch's failure, the end of a stream, or a failed worker_init_fn.
@@ -107,25 +108,8 @@ class Transport(ABC):
     #: A send was given up half way: a worker's stream is cut, so this
     #: transport serves no further epoch (the engine is not reused).
     stream_cut: bool = False
-    #: A compiled callable, ``put_task(worker_id, (epoch, batch index,
-    #: indices, profiling))``, that takes a task for `worker_id` in one step,
-    #: to be sent by send_queued(worker_id) or flush(), whichever comes
-    #: first (engine lock held); True when send_queued(worker_id) is due.
-    #: The engine's dispatch in the training loop's thread puts a task with
-    #: it as its last step, so that a signal handler's exception (raised
-    #: after any call made from Python) finds the task either put and in the
-    #: engine's books, or neither.  None: this transport has none (the engine
-    #: uses dispatch(), and such an exception aborts the epoch).
-    put_task: Callable[[int, tuple[int, int, Any, bool]], bool] | None = None
-    #: A compiled callable, ``receive(batch index, any_index, timeout,
-    #: filling, epochs=...)``: next_result's wait without its Python frame (the
-    #: engine's compiled consumer calls it once per batch).  None: the engine
-    #: calls next_result.
-    receive: Callable[..., Any] | None = None
-    #: A compiled callable, ``claim_raw(raw)``: claim's batch without its
-    #: Python frame, or a ClaimMismatch, which ``claim_mismatch(raw,
-    #: mismatch)`` turns into the error to raise.  None: the engine calls claim.
-    claim_raw: Callable[[RawBatch], Any] | None = None
+    # Optional capabilities (PutsTasks, ReceivesItself, ClaimsRaw, below) are not slots here: a
+    # transport that has one has its attributes, and the engine checks once which it has.
 
     def __init__(self, setup: TransportSetup):
         self.sink = setup.sink
@@ -209,10 +193,6 @@ class Transport(ABC):
         (its worker was replaced and the task will be answered again)."""
         return None
 
-    def claim_mismatch(self, raw: RawBatch, mismatch: Any) -> Exception:
-        """The error of a raw batch that contradicts its task (see claim_raw)."""
-        raise NotImplementedError("a transport with claim_raw says what a mismatch is")
-
     @property
     def restartable(self) -> bool:
         """Whether a lost worker can be replaced at all."""
@@ -260,3 +240,61 @@ class Transport(ABC):
     def release(self) -> None:
         """Close channels and free what the transport holds (slabs outlive
         it while the consumer keeps batches viewing them)."""
+
+
+# ------------------------------------------------------------ optional capabilities
+
+
+@runtime_checkable
+class PutsTasks(Protocol):
+    """A transport that takes a task in one compiled step.
+
+    ``put_task(worker_id, (epoch, batch index, indices, profiling))`` takes a task for
+    `worker_id`, to be sent by send_queued(worker_id) or flush(), whichever comes first (engine
+    lock held); True when send_queued(worker_id) is due.  The engine's dispatch in the training
+    loop's thread puts a task with it as its last step, so that a signal handler's exception
+    (raised after any call made from Python) finds the task either put and in the engine's
+    books, or neither.  Without it the engine uses dispatch(), and such an exception aborts the
+    epoch."""
+    put_task: Callable[[int, tuple[int, int, Any, bool]], bool]
+
+
+@runtime_checkable
+class ReceivesItself(Protocol):
+    """A transport whose consumer receives the results itself.
+
+    ``receive(batch index, any_index, timeout, filling, epochs=...)`` is next_result's wait
+    without its Python frame (the engine's compiled consumer calls it once per batch).  Without
+    it the engine calls next_result."""
+    receive: Callable[..., Any]
+
+
+@runtime_checkable
+class ClaimsRaw(Protocol):
+    """A transport whose receive path stores batches raw in the ReorderBuffer, claimed compiled.
+
+    ``claim_raw(raw)`` is claim's batch without its Python frame, or a ClaimMismatch, which
+    ``claim_mismatch(raw, mismatch)`` turns into the error to raise.  Without it the engine
+    calls claim."""
+    claim_raw: Callable[[RawBatch], Any]
+
+    def claim_mismatch(self, raw: RawBatch, mismatch: Any) -> Exception:
+        """The error of a raw batch that contradicts its task."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """The optional capabilities of one started transport, checked once (Engine binds them to
+    its compiled window, which calls them without asking again); None: not this transport's."""
+    put_task: Callable[[int, tuple[int, int, Any, bool]], bool] | None
+    receive: Callable[..., Any] | None
+    claim_raw: Callable[[RawBatch], Any] | None
+    claim_mismatch: Callable[[RawBatch, Any], Exception] | None
+
+    @classmethod
+    def of(cls, transport: Transport) -> Capabilities:
+        claims = transport if isinstance(transport, ClaimsRaw) else None
+        return cls(put_task=transport.put_task if isinstance(transport, PutsTasks) else None,
+                   receive=transport.receive if isinstance(transport, ReceivesItself) else None,
+                   claim_raw=claims.claim_raw if claims is not None else None,
+                   claim_mismatch=claims.claim_mismatch if claims is not None else None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import signal
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -94,10 +95,10 @@ class ProcessTransport(Transport):
         self._fetcher = Fetcher(self.sink, self.lock, self.pool, self._buffer, self._config.num_workers,
                                 lambda: self._handles, self._on_death)
         self._fetcher.sync()
-        # The consumer's whole wait, compiled (see Transport.receive).
-        self.receive = functools.partial(self._fetcher.receiver.next_result, holding=self._holding,
-                                         before_wait=self._flush_before_wait,
-                                         on_event=self._fetcher.handle_for_consumer)
+        # The consumer's whole wait, compiled (ReceivesItself: from the start on).
+        self.receive: Callable[..., Any] = functools.partial(
+            self._fetcher.receiver.next_result, holding=self._holding, before_wait=self._flush_before_wait,
+            on_event=self._fetcher.handle_for_consumer)
         launcher.register_pausable(self)
         self._fetcher.start()
 
@@ -114,9 +115,7 @@ class ProcessTransport(Transport):
 
     def next_result(self, buffer: ReorderBuffer, idx: int, any_index: bool, timeout: float | None,
                     filling: bool = False, epochs: int = -1) -> Any:
-        if self.receive is None:
-            return super().next_result(buffer, idx, any_index, timeout, filling, epochs)
-        return self.receive(idx, any_index, timeout, filling, epochs=epochs)
+        return self.receive(idx, any_index, timeout, filling, epochs=epochs)   # (started)
 
     @defer_sigint   # NOTE [ Deferred signals ]
     def _flush_before_wait(self, filling: bool = False) -> None:
