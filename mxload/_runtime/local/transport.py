@@ -213,8 +213,9 @@ class ProcessTransport(Transport):
                 break  # the worker is dead; the fetcher reports it
             self.counts["tasks_sent"] += done
             self.counts["task_messages"] += messages
-            self.put_task.per_message = self.pairing.after_send(self.put_task.per_message,
-                                                                 self.counts["tasks_sent"])
+            hold, pairing = self.put_task, self.pairing
+            if hold.per_message < pairing.ahead:   # after a stop only: a paired send makes no call
+                hold.per_message = pairing.after_send(hold.per_message, self.counts["tasks_sent"])
             if unsent is not None:
                 started = done - (left - len(tasks))   # the message's tasks, still first in `tasks`
                 self._finish_message(handle, tasks, started, unsent)
