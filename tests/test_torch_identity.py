@@ -9,9 +9,10 @@ import gc
 import inspect
 import json
 
+import fresh_python
 import numpy as np
 import pytest
-from conftest import start_methods
+from conftest import end_child, race_rounds, start_methods
 from extras import deferred
 
 import mxload
@@ -20,6 +21,7 @@ torch = deferred("torch")
 tdata = deferred("torch.utils.data")
 mxtorch = deferred("mxload.torch")
 cases = deferred("torch_identity_cases")
+scenarios = deferred("torch_scenarios_cases")   # WorkerSized: worker k yields range(sizes[k])
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(60)]
 
@@ -341,6 +343,47 @@ def test_iterator_workers_are_torchs_process_handles(method):
         w.join(10)
         assert not w.is_alive()
     assert iter(mxtorch.DataLoader(cases.WorkerPids(), batch_size=2))._workers == []
+
+
+# Load as a test session makes it: processes that fork and reap a process carrying torch's
+# memory again and again (kernel time: page tables copied and torn down), where busy loops
+# alone leave a woken worker its turn at once.
+_FORKING_HOG = """
+import os
+import torch
+while True:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+"""
+
+
+@pytest.mark.races
+@pytest.mark.timeout(300)
+def test_workers_of_an_epoch_that_ended_exit_0_on_a_loaded_machine():
+    """torch's test_iterable_style_dataset ("workers exit gracefully"): once an epoch has ended
+    (every worker's stream drained, 3 workers, one of them empty) and its iterator is dropped,
+    every worker's exit code is 0.  The stop message reaches workers that are between tasks; a
+    loaded machine may not run them within the 20 ms grace that a worker still inside a batch
+    gets before SIGTERM (exit code -15 here before), so such workers are waited for longer (up to
+    the terminate point, still within the shutdown's one deadline).  Tried race_rounds(20) times
+    with 2 processes loading the machine as a test session does."""
+    hogs = [fresh_python.start(_FORKING_HOG, prelude=False) for _ in range(2)]
+    try:
+        for round_ in range(race_rounds(20)):
+            loader = mxtorch.DataLoader(scenarios.WorkerSized([0, 4, 20]), batch_size=None, num_workers=3,
+                                        prefetch_factor=2 + round_ % 3)
+            it = iter(loader)
+            assert sorted(it) == sorted(list(range(4)) + list(range(20)))
+            workers = it._workers
+            del it, loader
+            for w in workers:
+                w.join(10)
+            assert [w.exitcode for w in workers] == [0, 0, 0], f"round {round_}"
+    finally:
+        for hog in hogs:
+            end_child(hog)
 
 
 def test_an_unpicklable_worker_argument_warns_as_torch_then_raises():

@@ -48,7 +48,9 @@ def shutdown_sequence(transport: Transport, buffer: ReorderBuffer) -> None:
     #    that is between tasks skips its queued work and exits at once.
     transport.ask_to_stop()
     # 5. Grace period, then SIGTERM, then SIGKILL, all within the one
-    #    deadline; reap every process (threads: join until the deadline).  One
+    #    deadline (a worker between tasks, which exits 0 on the stop message,
+    #    is not sent SIGTERM: it has until SIGKILL); reap every process
+    #    (threads: join until the deadline).  One
     #    whose end is not known by then (SIGKILLed; its parent, the fork server,
     #    not run meanwhile) has its descriptors closed all the same.
     #    Then the zygote, which kills and reaps whatever is left of its children.

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from multiprocessing import connection as mp_connection
 from multiprocessing import forkserver
 from typing import Any, Generic, Protocol, TypeVar
@@ -421,17 +421,28 @@ class Launcher:
             self._start_lock.release()
         return procs
 
-    def end_all(self, procs: list[Process], start: float, deadline: float) -> None:
+    def end_all(self, procs: list[Process], start: float, deadline: float,
+                between_tasks: Collection[Process] = ()) -> None:
         """End and reap `procs`, then the zygote with whatever is left of its children."""
-        self.end_processes(procs, start, deadline)   # closes them all, reaped or not
+        self.end_processes(procs, start, deadline, between_tasks)   # closes them all, reaped or not
         if self._zygote is not None:
             self._zygote.close(deadline)   # what it did not report, its end ended too
 
-    def end_processes(self, procs: list[Process], start: float, deadline: float) -> None:
-        """Grace, then SIGTERM, then SIGKILL, all within one deadline; reap all."""
+    def end_processes(self, procs: list[Process], start: float, deadline: float,
+                      between_tasks: Collection[Process] = ()) -> None:
+        """Grace, then SIGTERM, then SIGKILL, all within one deadline; reap all.
+
+        A worker of `between_tasks` (nothing sent to it is unanswered: an epoch that ended)
+        exits as soon as it reads the stop message, with exit code 0, as torch's workers do
+        once an epoch ends; but a loaded machine may not run it within the grace, which is for
+        a worker still inside a batch nobody wants.  So it is not sent SIGTERM: it has until
+        the terminate period, then SIGKILL as the others, within the same deadline."""
         _wait_exit(procs, start + SHUTDOWN_GRACE_S)
         alive = [p for p in procs if p.exitcode is None]
+        idle = {id(p) for p in between_tasks}
         for p in alive:
+            if id(p) in idle:
+                continue
             try:
                 p.terminate()
             except (OSError, ValueError):

@@ -312,7 +312,10 @@ class ProcessTransport(Transport):
 
     def end_workers(self, start: float, deadline: float) -> None:
         procs = self._ending if self._ending is not None else list(self.launcher.processes)
-        self.launcher.end_all(procs, start, deadline)
+        # A worker with no task sent and unanswered (its slab entries go as its answers
+        # arrive) and none held is between tasks: launcher.end_processes waits for it longer.
+        between_tasks = [h.process for h in self._handles if not h.slabs and not h.held]
+        self.launcher.end_all(procs, start, deadline, between_tasks)
 
     def release(self) -> None:
         if self._fetcher is not None:
