@@ -26,6 +26,7 @@ import warnings
 from collections import deque
 from itertools import islice as _islice
 from operator import index as _operator_index
+from _thread import allocate_lock as _allocate_lock
 
 import numpy as np
 
@@ -49,6 +50,7 @@ include "receive.pxi"
 include "channel.pxi"
 include "task.pxi"
 include "handoff.pxi"
+include "books.pxi"
 include "supply.pxi"
 include "window.pxi"
 include "watchdog.pxi"

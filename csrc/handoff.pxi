@@ -65,6 +65,33 @@ def claim_batch(RawBatch raw not None, list handles not None, release, BatchLend
     ClaimMismatch if the frame contradicts the task.  Claiming the same
     RawBatch again gives the same batch (a claim an exception cut short
     is finished, never lost), or the same ClaimMismatch."""
+    return _claim_batch(raw, handles, release, lender)
+
+
+@cython.final
+@cython.auto_pickle(False)
+cdef class RawClaim:
+    """A transport's `claim_raw`, compiled: claim_batch with the transport's worker
+    `handles`, `release` and `lender` bound once.  The engine's window calls claim() (C);
+    Python calls the object itself."""
+    cdef list handles
+    cdef object release
+    cdef BatchLender lender
+
+    def __cinit__(self, list handles not None, release, BatchLender lender=None):
+        self.handles = handles
+        self.release = release
+        self.lender = lender
+
+    def __call__(self, RawBatch raw not None):
+        return _claim_batch(raw, self.handles, self.release, self.lender)
+
+    cdef object claim(self, RawBatch raw):
+        return _claim_batch(raw, self.handles, self.release, self.lender)
+
+
+cdef object _claim_batch(RawBatch raw, list handles, release, BatchLender lender):
+    """claim_batch, for C callers."""
     if raw._mismatch is not None:
         return raw._mismatch   # a claim before found the frame contradicting its task
     if raw._owner is not None:
@@ -97,19 +124,112 @@ def claim_batch(RawBatch raw not None, list handles not None, release, BatchLend
     return (<ViewTemplate>raw._template).views(<BatchOwner>raw._owner)
 
 
+# NOTE [ Signal-safe hand-over ]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A Python signal handler runs, and may raise, between any two bytecodes of the thread that
+# calls next(): a program's SIGALRM step timeout, a Ctrl-C the loop catches and ignores, a
+# SIGTERM handler that checkpoints.  A loop that catches such an exception and goes on must
+# still get every batch once, in order (as torch's does), and a checkpoint must count exactly
+# the batches the loop got.  So a batch travels from its worker to the loop through slots,
+# each moved to the next by plain stores in C, with no Python code between the take from one
+# slot and the store into the next:
+#
+#   1. the buffer's `handover` (ReorderBuffer.keep_handover): the consumer's wait
+#      (ReorderBuffer.get/pop_next, FrameReceiver.get) leaves the batch there as it takes
+#      it out of the buffer.  A claim of a RawBatch that an exception cut short is finished
+#      by claiming it again (claim_batch keeps the taken slab on the RawBatch).
+#   2. `Handover.ready`: EngineWindow.next_batch's commit (the task out of the books, the
+#      batch out of `due`, the counts) moves it there and clears the buffer's slot; the
+#      in-process producer (epoch.InProcessBatches) stores it there directly.  Either also
+#      moves the BatchSupply's `handed` past it in the same stores.
+#   3. `Handover.handing()`: once next() returns the batch, the compiled __next__
+#      (handing_next) moves its index into `pending` and clears `ready`, then returns it
+#      with no bytecode in between: the loop has the batch, or `ready` still holds it and
+#      the next call returns it (each producer looks in `ready` before making another).
+#   4. `Handover.settle()`: at the start of the next call (or of the next epoch, or in a
+#      checkpoint's count) the pending index is counted taken (EpochProgress.taken, which
+#      counts an index once however often it is called), then cleared.
+#
+# One Handover per epoch (epoch.start_epoch makes it): every producer of the epoch stores
+# into it, the engine's window from begin_epoch on (persistent workers serve one epoch after
+# another), num_workers="auto"'s in-process and engine producers in turn, so a switch never
+# loses a batch kept there.  Its `lock` gives each batch to one caller: threads sharing an
+# iterator take turns, the compiled __next__ holding it from settle() to handing().
+# A step that cannot be retried (a transport without put_task dispatches in Python:
+# EngineWindow.torn) aborts the epoch (EpochAbortedError), never loses nor repeats a batch;
+# every other step between the wait and the loop is retry-safe.
+# Tests: tests/test_interrupts.py lands signals at each step; tests/test_handoff.py holds the
+# Handover's contract; the races tier repeats both.
+
+
+@cython.final
+@cython.auto_pickle(False)
+cdef class Handover:
+    """One epoch's hand-over of its batches to the training loop (see NOTE [ Signal-safe
+    hand-over ] above): the slot `ready`, the `lock` one caller at a time holds, and the
+    `pending` index (handed to the loop, not counted yet; -1: none).  `taken(idx)` counts a
+    batch taken (EpochProgress.taken: an index counts once however often it is given).
+
+    States: empty (ready None, pending -1); holding (ready (idx, batch): on its way, or kept
+    by an exception that cut its way short); handed (pending idx, ready None: the loop has
+    it, uncounted).  handing(): holding -> handed; settle(): handed -> empty."""
+
+    def __cinit__(self, taken):
+        if not callable(taken):
+            raise TypeError(f"expected a callable counting a batch taken, got {type(taken).__name__}")
+        self.ready = None
+        self.pending = -1
+        self._taken = taken
+        self.lock = _allocate_lock()
+        self._acquire = self.lock.acquire
+        self._release = self.lock.release
+
+    cpdef int settle(self) except -1:
+        """Count the pending batch taken, if any (the loop got it), then forget it: a
+        `taken` an exception cut short is called again by the next settle()."""
+        cdef Py_ssize_t idx = self.pending
+        if idx >= 0:
+            self._taken(idx)
+            self.pending = -1
+        return 0
+
+    cpdef Py_ssize_t handing(self) except -2:
+        """The batch in `ready` goes to the loop: its index is pending (counted at the next
+        settle()) and `ready` is empty.  Returns that index; -1 (nothing changed) when
+        `ready` is empty.  A batch still pending is settled first."""
+        cdef Py_ssize_t idx
+        got = self.ready
+        if got is None:
+            return -1
+        if self.pending >= 0:
+            self.settle()
+        idx = (<tuple?>got)[0]
+        self.pending = idx   # plain stores from here: nothing runs between them
+        self.ready = None
+        return idx
+
+    def __repr__(self):
+        held = "empty" if self.ready is None else f"batch {(<tuple>self.ready)[0]} ready"
+        return f"<Handover {held}, pending {self.pending}>"
+
+
+@cython.auto_pickle(False)
+cdef class HandingIterator:
+    """The base of an iterator whose __next__ is handing_next(...): its epoch's Handover."""
+
+
 @cython.final
 @cython.auto_pickle(False)
 cdef class _HandingNext:
-    """EpochIterator.__next__, compiled: takes the iterator's `_next_lock`,
-    calls the wrapped `_next(it)` and, once it returned a batch, clears
-    ``it._ready_in.ready`` (where `_next` left the batch) before the lock
-    is released.
+    """An iterator's __next__, compiled (see NOTE [ Signal-safe hand-over ]): under its
+    Handover's lock, settle() the batch the last call handed out, call the wrapped
+    `_next(it)` (which leaves the batch it returns in the Handover's `ready`) and, once it
+    returned, handing() moves the batch out of `ready`.
 
-    Compiled on purpose: a signal handler runs (and may raise) after any
-    call made from Python bytecode, so in Python the batch `_next` returned
-    could be lost between its return and the training loop.  No bytecode
-    runs here: either the loop gets the batch, or the slot keeps it for the
-    next call (NOTE [ Signal-safe hand-over ])."""
+    Compiled on purpose: a signal handler runs (and may raise) after any call made from
+    Python bytecode, so in Python the batch `_next` returned could be lost between its
+    return and the training loop.  No bytecode runs here: either the loop gets the batch,
+    or the slot keeps it for the next call."""
     cdef readonly object __wrapped__
 
     def __init__(self, fn):
@@ -120,14 +240,17 @@ cdef class _HandingNext:
     def __get__(self, obj, objtype):
         return self if obj is None else _MethodType(self, obj)
 
-    def __call__(self, it):
-        lock = it._next_lock
-        lock.acquire()
+    def __call__(self, HandingIterator it not None):
+        cdef Handover h = it.handover
+        if h is None:
+            raise RuntimeError(f"{type(it).__name__} has no Handover: its epoch never began")
+        h._acquire()
         try:
+            h.settle()
             batch = self.__wrapped__(it)
-            it._ready_in.ready = None
+            h.handing()
         finally:
-            lock.release()
+            h._release()
         return batch
 
     def __repr__(self):
@@ -135,7 +258,7 @@ cdef class _HandingNext:
 
 
 def handing_next(fn):
-    """The __next__ of an iterator whose `_next(it)` leaves the batch it
-    returns in ``it._ready_in.ready``: `fn` under ``it._next_lock``, the slot
-    cleared once it returned, compiled (see _HandingNext)."""
+    """The __next__ of a HandingIterator whose `_next(it)` leaves the batch it returns in
+    ``it.handover.ready``: `fn` under the Handover's lock, between settle() and handing(),
+    compiled (see _HandingNext)."""
     return _HandingNext(fn)

@@ -431,6 +431,10 @@ cdef class FrameReceiver:
         transport sends them; `filling`: the epoch's first window).  Raises
         as get() does; `timeout` bounds the whole wait, `epochs` ends it as
         get()'s does."""
+        return self._next_result(idx, any_index, timeout, filling, holding, before_wait, on_event, epochs)
+
+    cdef object _next_result(self, Py_ssize_t idx, bint any_index, timeout, bint filling, set holding,
+                             before_wait, on_event, Py_ssize_t epochs):
         cdef int64_t start = mxl_monotonic_ns()
         cdef bint report = len(holding) > 0
         left = timeout
@@ -571,6 +575,30 @@ cdef class FrameReceiver:
         """GIL-held ns of the watcher thread (between its waits), batches
         stored without Python, frames passed up to Python."""
         return {"gil_ns": self._gil_ns, "stored": self._stored, "passed_up": self._passed_up}
+
+
+@cython.final
+@cython.auto_pickle(False)
+cdef class ConsumerWait:
+    """A transport's `receive` (its consumer's whole wait), compiled: `receiver`'s
+    next_result with the transport's `holding`, `before_wait` and `on_event` bound once.
+    The engine's window calls wait() (C); Python calls the object itself."""
+    cdef FrameReceiver receiver
+    cdef set holding
+    cdef object before_wait, on_event
+
+    def __cinit__(self, FrameReceiver receiver not None, set holding not None, before_wait, on_event):
+        self.receiver = receiver
+        self.holding = holding
+        self.before_wait = before_wait
+        self.on_event = on_event
+
+    def __call__(self, Py_ssize_t idx, bint any_index, timeout, bint filling, Py_ssize_t epochs=-1):
+        return self.wait(idx, any_index, timeout, filling, epochs)
+
+    cdef object wait(self, Py_ssize_t idx, bint any_index, timeout, bint filling, Py_ssize_t epochs):
+        return self.receiver._next_result(idx, any_index, timeout, filling, self.holding, self.before_wait,
+                                          self.on_event, epochs)
 
 
 def build_views(BatchOwner owner not None, list specs):

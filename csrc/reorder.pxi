@@ -135,7 +135,7 @@ cdef class ReorderBuffer:
     # consumer sets it back to None.  An exception that cuts the hand-over
     # short (a signal handler's, raised in the Python code between this wait
     # and the training loop) leaves the batch here for the next call instead
-    # of losing it (NOTE [ Signal-safe hand-over ], docs/design.md).
+    # of losing it: the first slot of NOTE [ Signal-safe hand-over ] (handoff.pxi).
     cdef public object handover
     cdef public bint keep_handover
 

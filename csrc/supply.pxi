@@ -14,7 +14,7 @@ cdef class BatchSupply:
     peek() is the first batch not handed out, or None at the end; its taker hands it out by
     setting `handed` past its index: a plain store, so a signal handler's exception cannot
     land between the hand-over and the record of it (peek() drops what is behind `handed`;
-    NOTE [ Signal-safe hand-over ]).
+    NOTE [ Signal-safe hand-over ], handoff.pxi).
 
     A draw that raises (the sampler's own error, or a signal handler's exception that landed
     in the sampler's code, which leaves a generator finished; not one that landed in mxload's

@@ -16,6 +16,13 @@ cdef extern from *:
 if pthread_atfork(NULL, NULL, mxl_count_fork) != 0:
     raise OSError("pthread_atfork failed: mxload could not count forks")
 
+# An engine's states (EngineWindow.state, which Engine.state is): the window dispatches while
+# RUNNING; shutdown.shutdown_sequence runs once, in SHUTTING_DOWN.  Python reads them from here.
+cdef str _RUNNING = "running"
+RUNNING = _RUNNING
+SHUTTING_DOWN = "shutting down"
+CLOSED = "closed"
+
 
 @cython.final
 @cython.auto_pickle(False)
@@ -26,21 +33,18 @@ cdef class EngineWindow:
     of Python frames.  The engine (engine.py) sets every field; what happens
     once per epoch, or on a failure, it does in Python, called from here.
 
-    The hand-over (NOTE [ Signal-safe hand-over ]; the consumer section of engine.py): the batch taken
-    goes from the buffer's `handover` slot to `ready` by plain stores.  A signal
-    handler's exception (a program's SIGALRM step timeout, Ctrl-C caught
-    and ignored) is raised only by a call into Python code; here those are
-    the transport's (next_result, claim, send_queued, flush: each
-    retry-safe or whole), the roster's pick when its takers changed, and a
-    transport without put_task's dispatch (which marks the epoch torn).
-    What such an exception interrupts leaves the batch in its slot, and the
-    next call goes on from there."""
+    The hand-over (NOTE [ Signal-safe hand-over ], handoff.pxi): the batch
+    taken goes from the buffer's `handover` slot to the epoch's Handover's
+    `ready` by plain stores.  A signal handler's exception is raised only by
+    a call into Python code; here those are the transport's (next_result,
+    claim, send_queued, flush: each retry-safe or whole), the roster's pick
+    when its takers changed, and a transport without put_task's dispatch
+    (which marks the epoch torn).  What such an exception interrupts leaves
+    the batch in its slot, and the next call goes on from there."""
 
-    cdef readonly object engine       # the Python engine: its failure paths
     cdef readonly object lock         # the engine's RLock: dispatch, results, the roster
-    cdef readonly object roster
+    cdef readonly WorkerBooks roster  # the engine's Roster
     cdef readonly ReorderBuffer buffer
-    cdef readonly object supervisor
     cdef readonly dict counts         # the engine's counters ("batches")
     cdef public object transport
     # The transport's optional capabilities (transport.Capabilities, bound once its transport
@@ -54,16 +58,16 @@ cdef class EngineWindow:
     cdef public Py_ssize_t next_dispatch   # tasks dispatched this epoch
     cdef public Py_ssize_t yielded         # the epoch's batches taken (or skipped)
     cdef public Py_ssize_t discard         # stream batches still to drop (a resumed stream)
-    cdef public object state               # shutdown.RUNNING ("running"), SHUTTING_DOWN, CLOSED
+    cdef public object state               # RUNNING, SHUTTING_DOWN, CLOSED (below)
     cdef public object epoch               # the epoch being served
     cdef public BatchSupply supply         # the epoch's batches of indices, drawn as needed; None: a stream
     cdef public object due                 # a deque: the batch indices dispatched, not yet taken, in order
     cdef public bint in_order
     cdef public bint profiling             # a profiler times the epoch's tasks
     cdef public object timeout             # the loader's, for a batch's wait
-    # The hand-over's last slot: the (idx, batch) handed out last, until the iterator returned
-    # it; what the engine raised last; what a signal handler's exception cut short.
-    cdef public object ready
+    # The epoch's Handover (begin_epoch's), whose `ready` the commit stores into; what the engine
+    # raised last; what a signal handler's exception cut short.
+    cdef public Handover handover
     cdef public object own_error
     cdef public object torn
     cdef long _forks
@@ -72,18 +76,32 @@ cdef class EngineWindow:
     cdef public Py_ssize_t waited
     cdef int64_t _wait_start
     cdef object _end, _closed_by_other, _exhausted, _failure_type, _protocol_error
+    # The engine's ways out, bound at construction: each error is recorded as the engine's own
+    # (own_error) by the engine before it is returned here to raise.
+    cdef object _forked_error       # () -> the error of a forked child's next()
+    cdef object _aborted_error      # () -> the error of an epoch `torn` before
+    cdef object _timed_out          # (idx) -> the error of a wait past the loader's timeout
+    cdef object _claim_failed       # (idx, ProtocolError) -> the error of a batch not taken
+    cdef object _failure            # () -> the engine's failure, or None (the buffer closed)
+    cdef object _dispatch_unqueued  # (wid, idx, indices): a transport without put_task's dispatch
 
-    def __cinit__(self, engine, lock, roster, ReorderBuffer buffer not None, supervisor,
-                  dict counts not None, tuple markers not None):
-        """`markers`: (END, CLOSED_BY_OTHER, EXHAUSTED, BatchFailure, wire.ProtocolError)."""
-        self.engine = engine
+    def __cinit__(self, lock, WorkerBooks roster not None, ReorderBuffer buffer not None,
+                  dict counts not None, tuple markers not None, *, forked_error, aborted_error,
+                  timed_out, claim_failed, failure, dispatch_unqueued):
+        """`markers`: (END, CLOSED_BY_OTHER, EXHAUSTED, BatchFailure, wire.ProtocolError);
+        the keywords: the engine's ways out (above)."""
         self.lock = lock
         self.roster = roster
         self.buffer = buffer
-        self.supervisor = supervisor
         self.counts = counts
         self._end, self._closed_by_other, self._exhausted, self._failure_type, self._protocol_error = markers
-        self.state = "running"
+        self._forked_error = forked_error
+        self._aborted_error = aborted_error
+        self._timed_out = timed_out
+        self._claim_failed = claim_failed
+        self._failure = failure
+        self._dispatch_unqueued = dispatch_unqueued
+        self.state = _RUNNING
         self.prefetch = 1
         self.in_order = True
         self.waited = -1
@@ -98,24 +116,26 @@ cdef class EngineWindow:
     def next_batch(self, Py_ssize_t generation=-1):
         """(batch index, batch or BatchFailure), END, or CLOSED_BY_OTHER;
         raises what ended the epoch (recorded in `own_error`).  The batch is
-        also left in `ready` until the caller sets it back to None.
+        also left in the epoch's Handover's `ready` until handed to the loop.
         `generation`: the buffer's epoch count when the caller's epoch began
         (begin_epoch's answer; -1: the count now): once that epoch is over
         (another thread's iter() began the next on persistent workers, or
         the caller's iterator was closed meanwhile) this call neither takes
         the next epoch's batches nor waits for them: CLOSED_BY_OTHER."""
         cdef ReorderBuffer rb = self.buffer
+        cdef Handover handover = self.handover
         cdef RawBatch raw
         cdef bint skip
-        engine = self.engine
+        if handover is None:
+            raise RuntimeError("next_batch before begin_epoch gave the window its epoch's Handover")
         if mxl_fork_generation != self._forks:
-            raise engine._forked_error()
+            raise self._forked_error()
         if generation < 0:
             generation = rb.epochs
         elif rb.epochs != generation:
             return self._closed_by_other
         if self.torn is not None:
-            raise engine._aborted_error()
+            raise self._aborted_error()
         while True:
             taken = rb.handover   # a batch an exception kept from the last call
             if taken is None:
@@ -137,11 +157,11 @@ cdef class EngineWindow:
                 if type(item) is RawBatch:
                     raw = <RawBatch>item
                     key = (raw.epoch, raw.idx)
-                    outstanding = self.roster.workers[raw.slot].outstanding
+                    outstanding = self._outstanding(raw.slot)
                     try:
                         item = self._claim(raw, outstanding, key)   # again if a call before was cut short
                     except self._protocol_error as e:
-                        raise engine._claim_failed(idx, e) from None
+                        raise self._claim_failed(idx, e) from None
                     if item is None:
                         if raw.epoch != self.epoch:
                             outstanding.pop(key, None)   # of an abandoned epoch
@@ -150,7 +170,7 @@ cdef class EngineWindow:
                     del outstanding[key]
                 skip = item is self._exhausted or self.discard > 0
                 # The commit: no call into Python until the batch has moved from the
-                # buffer's slot to `ready` (the deque's are C calls).
+                # buffer's slot to `ready` (the deque's are C calls; NOTE [ Signal-safe hand-over ]).
                 if self.supply is not None:
                     if self.in_order:
                         self.due.popleft()
@@ -162,13 +182,15 @@ cdef class EngineWindow:
                     if item is not self._exhausted:
                         self.discard -= 1   # replayed stream batch, already seen before the checkpoint
                 else:
-                    self.ready = (idx, item)
+                    got = (idx, item)
+                    handover = self.handover   # the epoch's (begin_epoch sets it under the lock)
+                    handover.ready = got
                     if type(item) is not self._failure_type:
                         self.counts["batches"] += 1
                 rb.handover = None
                 self.dispatch_more()
             if not skip:
-                return self.ready
+                return got
 
     cdef object _wait_for_next(self, Py_ssize_t generation):
         """Wait for the next batch (in order: the next of the plan; else any)
@@ -183,7 +205,7 @@ cdef class EngineWindow:
                 if supply.at_end:
                     return self._end
                 if supply.error is not None:   # the sampler's: in its turn, after the batches before
-                    raise self.engine._own(supply._failure())
+                    raise self._own(supply._failure())
         else:
             with self.lock:   # a stream: every worker's ended, and no task is out
                 if self.in_flight == 0 and self.roster.all_done():
@@ -209,7 +231,9 @@ cdef class EngineWindow:
         transport = self.transport
         receive = self.receive   # the transport's compiled wait, or None
         try:
-            if receive is not None:
+            if type(receive) is ConsumerWait:   # (a C call)
+                (<ConsumerWait>receive).wait(0 if any_index else idx, any_index, timeout, filling, generation)
+            elif receive is not None:
                 receive(0 if any_index else idx, any_index, timeout, filling, epochs=generation)
             else:
                 transport.next_result(self.buffer, 0 if any_index else idx, any_index, timeout, filling,
@@ -217,10 +241,11 @@ cdef class EngineWindow:
         except EpochOverError:
             return self._closed_by_other
         except TimeoutError:
-            raise self.engine._timed_out(idx) from None
+            raise self._timed_out(idx) from None
         except BufferClosedError:
-            if self.supervisor.failure is not None:
-                raise self.engine._own(self.supervisor.failure) from None
+            failure = self._failure()
+            if failure is not None:
+                raise self._own(failure) from None
             return self._closed_by_other
         taken = self.buffer.handover
         if taken is None:
@@ -232,13 +257,30 @@ cdef class EngineWindow:
         (the same batch for a RawBatch claimed before); None if the task is
         gone or of an abandoned epoch (engine lock held).  The caller removes
         the task from its worker's `outstanding`."""
-        return self._claim(raw, self.roster.workers[raw.slot].outstanding, (raw.epoch, raw.idx))
+        return self._claim(raw, self._outstanding(raw.slot),
+                           (raw.epoch, raw.idx))
 
-    cdef object _claim(self, RawBatch raw, outstanding, key):
+    cdef dict _outstanding(self, Py_ssize_t wid):
+        """Worker `wid`'s tasks out (its record's `outstanding`)."""
+        cdef list workers = self.roster.workers
+        if workers is None or not 0 <= wid < len(workers):   # (this module indexes lists unchecked)
+            raise IndexError(f"mxload's roster has no worker {wid}")
+        return (<WorkerRecord?>workers[wid]).outstanding
+
+    cdef object _own(self, error):
+        """`error`, recorded as one that ends the epoch (next_batch raises it)."""
+        self.own_error = error
+        return error
+
+    cdef object _claim(self, RawBatch raw, dict outstanding, key):
         """claim(), given the task's worker's `outstanding` and its `key` there."""
         transport = self.transport
         claim_raw = self.claim_raw   # the transport's compiled claim, or None
-        if claim_raw is not None:
+        if type(claim_raw) is RawClaim:   # (a C call)
+            batch = (<RawClaim>claim_raw).claim(raw)
+            if type(batch) is ClaimMismatch:
+                raise self.claim_mismatch(raw, batch)
+        elif claim_raw is not None:
             batch = claim_raw(raw)
             if type(batch) is ClaimMismatch:
                 raise self.claim_mismatch(raw, batch)
@@ -266,7 +308,7 @@ cdef class EngineWindow:
             # iter() began a new epoch (begin_epoch, which holds it) fills the window from the
             # new epoch's, never from the one this call began with.
             supply = self.supply
-            while self.in_flight < self.prefetch and self.state == "running":
+            while self.in_flight < self.prefetch and self.state == _RUNNING:
                 n = self.next_dispatch
                 if supply is not None:
                     # Drawn from the sampler now.  Its own error waits in the supply for its turn,
@@ -287,7 +329,7 @@ cdef class EngineWindow:
                     idx, indices = n, None
                 # Round-robin by batch index: the roster's pick, from its cached takers
                 # while they stand; anything else (a stream's cycle) is the roster's to decide.
-                live = self.roster._takers
+                live = self.roster.takers
                 if supply is not None and live is not None and len(live) > 0 \
                         and (self.in_order or len(live) == 1):
                     wid = live[idx % len(live)]
@@ -303,10 +345,10 @@ cdef class EngineWindow:
                     supply.handed = idx + 1
                     self.due.append(idx)
                 if put is None:
-                    self.engine._dispatch_unqueued(wid, idx, indices)
+                    self._dispatch_unqueued(wid, idx, indices)
                     continue
                 epoch = self.epoch
-                self.roster.workers[wid].outstanding[(epoch, idx)] = indices
+                self._outstanding(wid)[(epoch, idx)] = indices
                 self.next_dispatch = n + 1
                 self.in_flight += 1
                 if put(wid, (epoch, idx, indices, self.profiling)):

@@ -7,8 +7,10 @@ SampleTree and TreeTable, field_views, layout planner, ALIGNMENT,
 monotonic_ns), slab.pxi (Slab, BatchOwner),
 receive.pxi (FrameReceiver, build_views, the frame constants), task.pxi
 (send_task, send_tasks) and handoff.pxi (ViewTemplate, claim_batch)."""
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Literal, Self, TypedDict, TypeVar, final, overload
+from types import TracebackType
+from typing import Any, Literal, Protocol, Self, TypedDict, TypeVar, final, overload
 
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
@@ -300,15 +302,51 @@ class CheckedBatches:
     def __iter__(self) -> Self: ...
     def __next__(self) -> Any: ...
 
+RUNNING: str
+SHUTTING_DOWN: str
+CLOSED: str
+
+class _Lock(Protocol):
+    def __enter__(self) -> object: ...
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None, /) -> object: ...
+
+class _WindowTransport(Protocol):
+    """What the window calls of its transport (mxload._runtime.transport.Transport); its
+    optional capabilities are bound to the window (put_task, receive, claim_raw, claim_mismatch)."""
+    def next_result(self, buffer: ReorderBuffer, idx: int, any_index: bool, timeout: float | None,
+                    filling: bool = False, epochs: int = -1) -> Any: ...
+    def claim(self, raw: RawBatch) -> Any: ...
+    def send_queued(self, worker_id: int) -> None: ...
+    def flush(self) -> None: ...
+
+class WorkerRecord:
+    """The engine's view of one worker (books.pxi)."""
+    alive: bool
+    exhausted: bool
+    outstanding: dict[tuple[int, int], NDArray[Any] | None]
+    def __init__(self, alive: bool = True, exhausted: bool = False,
+                 outstanding: dict[tuple[int, int], NDArray[Any] | None] | None = None) -> None: ...
+
+class WorkerBooks:
+    """The base of the engine's Roster, as the window reads it (books.pxi)."""
+    workers: list[WorkerRecord]
+    takers: list[int] | None
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self: ...
+    def pick(self, idx: int, in_order: bool, stream: bool = False) -> int | None: ...
+    def all_done(self) -> bool: ...
+
 class EngineWindow:
     """One engine's prefetch window and hand-over (window.pxi): Engine owns one."""
-    engine: Any
-    lock: Any
-    roster: Any
-    buffer: ReorderBuffer
-    supervisor: Any
-    counts: dict[str, int]
-    transport: Any
+    @property
+    def lock(self) -> _Lock: ...
+    @property
+    def roster(self) -> WorkerBooks: ...
+    @property
+    def buffer(self) -> ReorderBuffer: ...
+    @property
+    def counts(self) -> dict[str, int]: ...
+    transport: _WindowTransport
     put_task: Callable[[int, tuple[int, int, Any, bool]], bool] | None
     receive: Callable[..., Any] | None
     claim_raw: Callable[[RawBatch], Any] | None
@@ -318,19 +356,24 @@ class EngineWindow:
     next_dispatch: int
     yielded: int
     discard: int
-    state: Any
-    epoch: Any
+    state: str
+    epoch: int
     supply: BatchSupply | None
-    due: Any
+    due: deque[int]
     in_order: bool
     profiling: bool
     timeout: float | None
-    ready: tuple[int, Any] | None
+    handover: Handover | None
     own_error: BaseException | None
     torn: str | None
     waited: int
-    def __new__(cls, engine: Any, lock: Any, roster: Any, buffer: ReorderBuffer, supervisor: Any,
-                counts: dict[str, int], markers: tuple[Any, ...]) -> Self: ...
+    def __new__(cls, lock: _Lock, roster: WorkerBooks, buffer: ReorderBuffer, counts: dict[str, int],
+                markers: tuple[object, object, object, type[object], type[Exception]], *,
+                forked_error: Callable[[], BaseException], aborted_error: Callable[[], BaseException],
+                timed_out: Callable[[int], BaseException],
+                claim_failed: Callable[[int, Exception], BaseException],
+                failure: Callable[[], BaseException | None],
+                dispatch_unqueued: Callable[[int, int, NDArray[Any] | None], None]) -> Self: ...
     @property
     def forked(self) -> bool: ...
     def next_batch(self, generation: int = -1) -> Any: ...
@@ -361,6 +404,15 @@ class FrameReceiver:
     def drain(self, slot: int, tag: int) -> bool: ...
     def take_frame(self, slot: int) -> tuple[bytes, bytes, list[int]]: ...
     def stats(self) -> _ReceiveStats: ...
+
+@final
+class ConsumerWait:
+    """A transport's receive, compiled: a FrameReceiver's next_result with holding, before_wait
+    and on_event bound."""
+    def __new__(cls, receiver: FrameReceiver, holding: set[int], before_wait: Callable[[bool], object],
+                on_event: Callable[[int, int, int], object]) -> Self: ...
+    def __call__(self, idx: int, any_index: bool, timeout: float | None, filling: bool,
+                 epochs: int = -1) -> Any: ...
 
 def build_views(
     owner: BatchOwner, specs: list[tuple[int, tuple[int, ...], np.dtype[Any]]],
@@ -393,8 +445,35 @@ class ClaimMismatch:
 def claim_batch(raw: RawBatch, handles: Sequence[WorkerChannel | None],
                 release: Callable[[Slab], object], lender: BatchLender | None = None) -> Any: ...
 
-def handing_next(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """EpochIterator.__next__, compiled: `fn(it)` under it._next_lock, then it._ready_in.ready = None."""
+@final
+class RawClaim:
+    """A transport's claim_raw, compiled: claim_batch with its handles, release and lender bound."""
+    def __new__(cls, handles: list[Any], release: Callable[[Slab], object],
+                lender: BatchLender | None = None) -> Self: ...
+    def __call__(self, raw: RawBatch) -> Any: ...
+
+@final
+class Handover:
+    """One epoch's hand-over of its batches to the loop (NOTE [ Signal-safe hand-over ])."""
+    ready: tuple[int, Any] | None
+    @property
+    def pending(self) -> int: ...
+    @property
+    def lock(self) -> Any: ...
+    def __new__(cls, taken: Callable[[int], object]) -> Self: ...
+    def settle(self) -> int: ...
+    def handing(self) -> int: ...
+
+class HandingIterator:
+    """The base of an iterator whose __next__ is handing_next(...)."""
+    handover: Handover
+
+_I = TypeVar("_I", bound=HandingIterator)
+_R = TypeVar("_R")
+
+def handing_next(fn: Callable[[_I], _R]) -> Callable[[_I], _R]:
+    """A HandingIterator's __next__, compiled: `fn(it)` under its Handover's lock,
+    between settle() and handing()."""
 
 # ---------------------------------------------------------------- interrupt.pxi
 

@@ -11,7 +11,7 @@ from typing import Any, Generic, Self, TypeVar, cast, overload
 
 from ._checkpoint import LoaderPosition
 from ._checks import suggesting_keywords
-from ._core import defer_sigint, handing_next, sigint_safe_finalizer
+from ._core import HandingIterator, defer_sigint, handing_next, sigint_safe_finalizer
 from ._cpus import warn_if_oversubscribed
 from ._iterations import Iterations
 from ._options import LoaderOptions
@@ -581,7 +581,7 @@ class WorkerProcess:
         return f"<mxload worker process pid={self.pid} {'alive' if self.is_alive() else 'ended'}>"
 
 
-class _LoaderIterator:
+class _LoaderIterator(HandingIterator):
     """What the loader adds around an epoch's iterator, when needed: pinned
     memory, auto_reload (the next epoch starts loading when this one ends),
     and torch's warning when an IterableDataset yields more than its len()."""
@@ -595,10 +595,9 @@ class _LoaderIterator:
         # As torch: the length the loader reported before this iteration
         # began (len(loader) asked meanwhile is the next iteration's).
         self._reported = loader._IterableDataset_len_called
-        # The epoch's: one batch to one caller, and the slot where a batch
-        # stays until it reached the loop (NOTE [ Signal-safe hand-over ]).
-        self._next_lock = inner._next_lock
-        self._ready_in = inner._ready_in
+        # The epoch's hand-over: one batch to one caller, and the slot where a batch stays until
+        # it reached the loop (NOTE [ Signal-safe hand-over ], csrc/handoff.pxi).
+        self.handover = inner.handover
         # torch's iterator attribute: its worker processes, kept after they ended (code written for
         # torch joins them, or reads their pids); none in-process, with threads or Ray actors.
         engine = inner.engine
@@ -612,7 +611,7 @@ class _LoaderIterator:
         (handing_next) calls it.  A signal handler's exception in here
         leaves the batch in the epoch's slot for the next call."""
         loader = self.loader
-        again = self._ready_in.ready is not None   # a batch an exception kept from the loop last time
+        again = self.handover.ready is not None   # a batch an exception kept from the loop last time
         try:
             batch = self.inner._next()
         except StopIteration:

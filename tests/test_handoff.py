@@ -577,3 +577,135 @@ def test_queue_put_puts_into_the_workers_queue():
     assert queues[0].empty() and queues[1].get_nowait() == (0, 3, None, True)
     with pytest.raises(IndexError, match="no worker 2"):
         put(2, (0, 4, None, True))
+
+
+# ---------------------------------------------------------------- the hand-over to the loop
+# NOTE [ Signal-safe hand-over ] (csrc/handoff.pxi): the contract of its one object.
+
+class _Counted:
+    """A progress's taken(idx) that records its calls, and raises while `fail` is set."""
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+        self.fail = False
+
+    def __call__(self, idx: int) -> None:
+        self.calls.append(idx)
+        if self.fail:
+            raise KeyboardInterrupt(f"cut short while counting batch {idx}")
+
+
+def test_a_new_handover_is_empty_and_settling_or_handing_it_changes_nothing():
+    taken = _Counted()
+    h = _core.Handover(taken)
+    assert (h.ready, h.pending) == (None, -1)
+    h.settle()
+    assert h.handing() == -1
+    assert (h.ready, h.pending, taken.calls) == (None, -1, [])
+    with pytest.raises(TypeError, match="callable counting a batch taken"):
+        _core.Handover(None)
+
+
+def test_handing_moves_the_ready_batch_to_pending_and_settle_counts_it_once():
+    taken = _Counted()
+    h = _core.Handover(taken)
+    h.ready = (4, "batch 4")                       # holding: on its way to the loop
+    assert h.handing() == 4                        # handed: the loop has it, not counted yet
+    assert (h.ready, h.pending, taken.calls) == (None, 4, [])
+    h.settle()                                     # counted, then empty
+    assert (h.ready, h.pending, taken.calls) == (None, -1, [4])
+    h.settle()
+    assert taken.calls == [4]
+
+
+def test_a_settle_cut_short_keeps_the_batch_pending_and_the_next_settle_counts_it():
+    taken = _Counted()
+    h = _core.Handover(taken)
+    h.ready = (0, "batch 0")
+    h.handing()
+    taken.fail = True
+    with pytest.raises(KeyboardInterrupt, match="batch 0"):
+        h.settle()
+    assert h.pending == 0                          # not forgotten: taken() may not have counted it
+    taken.fail = False
+    h.settle()
+    assert (h.pending, taken.calls) == (-1, [0, 0])   # taken() counts an index once however often
+
+
+def test_handing_settles_a_batch_still_pending_first_and_changes_nothing_if_that_is_cut_short():
+    taken = _Counted()
+    h = _core.Handover(taken)
+    h.ready = (0, "batch 0")
+    h.handing()
+    h.ready = (1, "batch 1")
+    taken.fail = True
+    with pytest.raises(KeyboardInterrupt):
+        h.handing()
+    assert (h.ready, h.pending) == ((1, "batch 1"), 0)   # both where they were
+    taken.fail = False
+    assert h.handing() == 1
+    assert (h.ready, h.pending, taken.calls) == (None, 1, [0, 0])
+
+
+class _Iterator(_core.HandingIterator):
+    """A HandingIterator whose _next makes batch i, or raises what `cut` holds after making it."""
+    def __init__(self, taken) -> None:
+        self.handover = _core.Handover(taken)
+        self.made = 0
+        self.cut: BaseException | None = None
+        self.held_lock: list[bool] = []
+
+    def _next(self):
+        self.held_lock.append(self.handover.lock.locked())
+        got = self.handover.ready
+        if got is None:
+            got = self.handover.ready = (self.made, f"batch {self.made}")
+            self.made += 1
+        if self.cut is not None:
+            cut, self.cut = self.cut, None
+            raise cut
+        return got[1]
+
+    __next__ = _core.handing_next(_next)
+
+
+def test_the_compiled_next_settles_the_last_batch_then_hands_out_the_next_under_the_lock():
+    taken = _Counted()
+    it = _Iterator(taken)
+    assert next(it) == "batch 0"
+    assert (it.handover.pending, taken.calls) == (0, [])   # counted once the loop asks again
+    assert next(it) == "batch 1"
+    assert (it.handover.pending, taken.calls) == (1, [0])
+    assert it.held_lock == [True, True] and not it.handover.lock.locked()
+
+
+def test_an_exception_inside_next_keeps_the_batch_for_the_next_call_and_releases_the_lock():
+    taken = _Counted()
+    it = _Iterator(taken)
+    assert next(it) == "batch 0"
+    it.cut = KeyboardInterrupt("a signal handler's")
+    with pytest.raises(KeyboardInterrupt):
+        next(it)
+    assert it.handover.ready == (1, "batch 1") and not it.handover.lock.locked()
+    assert taken.calls == [0]
+    assert next(it) == "batch 1" and it.made == 2   # the kept batch, not a new one
+    assert next(it) == "batch 2" and taken.calls == [0, 1]
+
+
+def test_the_compiled_next_takes_only_an_iterator_with_a_handover():
+    class NoHandover(_core.HandingIterator):
+        __next__ = _core.handing_next(lambda it: None)
+
+    with pytest.raises(RuntimeError, match="NoHandover has no Handover"):
+        next(NoHandover())
+
+    class NotHanding:
+        __next__ = _core.handing_next(lambda it: None)
+
+    with pytest.raises(TypeError):
+        next(NotHanding())
+
+
+def test_the_engine_states_are_the_cores():
+    from mxload._runtime import shutdown
+    assert (shutdown.RUNNING, shutdown.SHUTTING_DOWN, shutdown.CLOSED) == \
+        (_core.RUNNING, _core.SHUTTING_DOWN, _core.CLOSED) == ("running", "shutting down", "closed")

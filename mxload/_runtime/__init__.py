@@ -75,7 +75,8 @@ One batch with worker processes:
       owned by a BatchOwner) -> Loaded -> Engine.deliver -> ReorderBuffer.put)
       -> a raw one becomes views through the transport's claim (_core.claim_batch)
       -> (batch index, batch), and dispatch_more refills the window
-      -> progress.handing(index) -> the batch (counted taken once the loop has it)
+      -> the epoch's _core.Handover: the compiled __next__ hands the batch out, counted taken
+         at the next call (NOTE [ Signal-safe hand-over ], csrc/handoff.pxi)
     fetcher thread (FrameReceiver.watch): asleep on the workers' sentinels; when one
       ends it takes what that worker sent and reports the loss (restart) at once
 """

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._core import EngineWindow, RawBatch, ReorderBuffer, defer_sigint
+from .._core import EngineWindow, Handover, RawBatch, ReorderBuffer, defer_sigint
 from ..backends import workers_backend
 from ..errors import WorkerError
 from .engine_errors import aborted_error, forked_child_error, timeout_error
@@ -79,8 +79,11 @@ class Engine:
         self.supervisor = Supervisor(self)
         self._plan: EpochPlan | None = None
         # The window and the consumer's hand-over (compiled: they run once per batch).
-        self.window = EngineWindow(self, self.lock, self.roster, self.buffer, self.supervisor, self.counts,
-                                   (END, CLOSED_BY_OTHER, EXHAUSTED, BatchFailure, ProtocolError))
+        self.window = EngineWindow(self.lock, self.roster, self.buffer, self.counts,
+                                   (END, CLOSED_BY_OTHER, EXHAUSTED, BatchFailure, ProtocolError),
+                                   forked_error=self._forked_error, aborted_error=self._aborted_error,
+                                   timed_out=self._timed_out, claim_failed=self._claim_failed,
+                                   failure=self._failure, dispatch_unqueued=self._dispatch_unqueued)
         window = self.window
         workers = options.workers
         window.prefetch = max(workers.prefetch, 1)
@@ -109,7 +112,7 @@ class Engine:
     @property
     def state(self) -> str:
         """RUNNING -> SHUTTING_DOWN -> CLOSED."""
-        return self.window.state  # type: ignore[no-any-return]
+        return self.window.state
 
     @state.setter
     def state(self, value: str) -> None:
@@ -118,7 +121,7 @@ class Engine:
     @property
     def epoch(self) -> int:
         """The epoch being served."""
-        return self.window.epoch  # type: ignore[no-any-return]
+        return self.window.epoch
 
     @property
     def prefetch(self) -> int:
@@ -159,9 +162,10 @@ class Engine:
 
     # ------------------------------------------------------------------ epochs and dispatch
 
-    def begin_epoch(self, epoch: int, plan: EpochPlan, profiler: Profiler | None) -> int:
-        """Start delivering `plan` (the batches of epoch `epoch`); returns the buffer's epoch
-        count for it, which its producer passes to next_batch (EngineWindow.next_batch)."""
+    def begin_epoch(self, epoch: int, plan: EpochPlan, profiler: Profiler | None, handover: Handover) -> int:
+        """Start delivering `plan` (the batches of epoch `epoch`) into `handover`, the epoch's;
+        returns the buffer's epoch count for it, which its producer passes to next_batch
+        (EngineWindow.next_batch)."""
         window = self.window
         with self.lock:
             if self.state != RUNNING:
@@ -182,7 +186,8 @@ class Engine:
             self._plan = plan
             window.supply, window.profiling = plan.supply, profiler is not None
             window.due.clear()
-            window.ready = window.own_error = window.torn = None
+            window.handover = handover
+            window.own_error = window.torn = None
             window.discard = plan.discard
             window.next_dispatch = window.yielded = window.in_flight = 0
             window.waited = -1
@@ -218,18 +223,12 @@ class Engine:
     #
     # next_batch is the window's (EngineWindow.next_batch, compiled): the
     # consumer's wait, the claim of the batch (views of its slab), the commit
-    # and the window's refill.  The batch is also left in `window.ready`
-    # until the caller sets it back to None: a signal handler may raise
-    # whenever Python code runs (a program's SIGALRM step timeout, Ctrl-C
-    # caught as "skip to validation"), and the loop that catches it and goes
-    # on must get every batch once, in order (NOTE [ Signal-safe hand-over ]).
-    # So the hand-over is a
-    # sequence of slots, each moved to the next by plain stores: the
-    # buffer's `handover` (filled by the wait itself), then `ready`.  What is
-    # not retry-safe (a dispatch without put_task) marks the epoch `torn`
-    # while it runs.  The methods below are the window's ways out: the
-    # errors that end the epoch, and the dispatch of a transport without
-    # put_task.
+    # and the window's refill.  The batch is also left in the epoch's
+    # Handover (`window.handover.ready`) until it reached the loop: see
+    # NOTE [ Signal-safe hand-over ] (csrc/handoff.pxi).  What is not
+    # retry-safe (a dispatch without put_task) marks the epoch `torn` while
+    # it runs.  The methods below are the window's ways out: the errors that
+    # end the epoch, and the dispatch of a transport without put_task.
 
     def _dispatch_unqueued(self, wid: int, idx: int, indices: np.ndarray | None) -> None:
         """The window's dispatch for a transport without put_task (Ray): a
@@ -254,6 +253,10 @@ class Engine:
 
     def _timed_out(self, idx: int) -> BaseException:
         return self._own(timeout_error(self, idx))
+
+    def _failure(self) -> BaseException | None:
+        """What failed the engine (it closed the buffer), or None."""
+        return self.supervisor.failure
 
     def _claim_failed(self, idx: int, error: Exception) -> BaseException:
         err = WorkerError(f"mxload could not take batch {idx} in the main process: {error}",

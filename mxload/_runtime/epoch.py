@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._collate import plan as _plan
-from .._core import defer_sigint, handing_next, sigint_safe_finalizer
+from .._core import HandingIterator, Handover, defer_sigint, handing_next, sigint_safe_finalizer
 from ..errors import EpochAbortedError
 from .autotune import AutoBatches, AutoTuner
 from .batch_errors import as_loop_error
@@ -54,11 +54,6 @@ class _Producer(Protocol):
         the epoch goes on (a signal handler's exception)."""
 
 
-class _Ready(Protocol):
-    # The (idx, batch) next_batch handed out last, until the iterator returned it.
-    ready: tuple[int, Any] | None
-
-
 def raised_by_a_signal(error: BaseException, retryable: bool) -> bool:
     """Whether `error`, raised while the training process loaded a batch itself, came from a
     signal rather than from the dataset: a KeyboardInterrupt where a Ctrl-C can land (the main
@@ -78,9 +73,10 @@ def raised_by_a_signal(error: BaseException, retryable: bool) -> bool:
 class InProcessBatches:
     """num_workers=0: fetch and collate in the calling thread."""
 
-    def __init__(self, options: LoaderOptions, epoch: int, plan: EpochPlan, profiler: Profiler | None):
+    def __init__(self, options: LoaderOptions, epoch: int, plan: EpochPlan, profiler: Profiler | None,
+                 handover: Handover):
         self.profiler = profiler
-        self.ready: tuple[int, Any] | None = None
+        self.handover = handover   # the epoch's: its `ready` holds the batch on its way to the loop
         self._batchify = options.batching.batchify_fn
         self._epoch = epoch
         self._plan = plan
@@ -98,8 +94,9 @@ class InProcessBatches:
         one; a StopIteration or a SystemExit & co is made an error for the
         batch (batch_errors.py), as with workers.  A Ctrl-C, or a signal
         handler's exception, leaves the epoch where it was.  The result is
-        also left in `ready` (see EngineWindow.next_batch).  The sampler's
-        error raises as itself and ends the epoch (see BatchSupply)."""
+        also left in the Handover's `ready` (NOTE [ Signal-safe hand-over ],
+        csrc/handoff.pxi).  The sampler's error raises as itself and ends the
+        epoch (see BatchSupply)."""
         supply = self._plan.supply
         if supply is not None:
             got = supply.peek()   # drawn from the sampler now
@@ -124,12 +121,12 @@ class InProcessBatches:
             origin = (f"Raised in the training process (pid {os.getpid()}, no workers) "
                       f"while loading batch {idx}.")
             failure = BatchFailure(as_loop_error(e, origin, None, os.getpid(), idx))
-            self.ready = (idx, failure)   # plain stores: no signal handler runs between them
+            self.handover.ready = (idx, failure)   # plain stores: no signal handler runs between them
             self._position += 1
             if supply is not None:
                 supply.handed = idx + 1
             return idx, failure
-        self.ready = (idx, batch)
+        self.handover.ready = (idx, batch)   # (as above)
         self._position += 1
         if supply is not None:
             supply.handed = idx + 1
@@ -204,25 +201,26 @@ class _EngineBatches:
             self.engine.close_epoch()
 
 
-class EpochIterator:
+class EpochIterator(HandingIterator):
     """What ``iter(loader)`` returns: one epoch of batches.
 
     Ends its workers (unless persistent) when exhausted, closed, on error, or
     when garbage-collected: ``for batch in loader: break`` stops the workers
-    at once, because nothing else holds this object strongly."""
+    at once, because nothing else holds this object strongly.
+
+    Its batches reach the loop through `handover`, the epoch's Handover
+    (NOTE [ Signal-safe hand-over ], csrc/handoff.pxi): its producer leaves
+    each batch in it, and __next__ (handing_next) hands it out."""
 
     def __init__(self, producer: InProcessBatches | _EngineBatches | AutoBatches, progress: EpochProgress,
-                 length: Callable[[], int]):
+                 length: Callable[[], int], handover: Handover):
         self._producer: _Producer = producer
-        # Where next_batch leaves the batch it hands out (handing_next clears it).
-        self._ready_in: _Ready = producer.engine.window if isinstance(producer, _EngineBatches) else producer
+        self.handover = handover
         self._progress = progress
         self._length = length
         self._closed = False
         self._superseded = False
         self._aborted: str | None = None
-        # Threads sharing this iterator take turns: each batch goes to one of them.
-        self._next_lock = threading.Lock()
 
     def __iter__(self) -> EpochIterator:
         return self
@@ -238,12 +236,13 @@ class EpochIterator:
         return total if total is not None else self._length()
 
     def _next(self) -> Any:
-        """The next batch; __next__ (handing_next) calls it.
+        """The next batch; __next__ (handing_next) calls it, the batch the
+        last call handed out settled (counted taken) before.
 
         An exception a signal handler raises in here (a program's step
         timeout, a Ctrl-C the loop catches and ignores) leaves the epoch
         going on, as torch's iterator does: the batch being handed out stays
-        in the producer's `ready` slot and the next call returns it, so a
+        in the Handover's `ready` slot and the next call returns it, so a
         loop that catches the exception and goes on gets every batch once,
         in order.  Where it cut short a step that cannot be retried, the
         epoch is aborted and the next call says so (EpochAbortedError),
@@ -258,8 +257,7 @@ class EpochIterator:
             producer = self._producer
             profiler = producer.profiler
             call_ns = time.monotonic_ns() if profiler is not None else 0
-            self._progress.settle()      # the last call's batch, if the loop got it
-            got = self._ready_in.ready   # a batch an exception kept from the loop last time
+            got = self.handover.ready   # a batch an exception kept from the loop last time
             if got is None:
                 try:
                     fresh = producer.next_batch()
@@ -288,9 +286,6 @@ class EpochIterator:
                 got = fresh
                 del fresh   # (an error's traceback keeps this frame: see below)
             idx, batch = got
-            progress = self._progress
-            # Taken once handing_next cleared the slot (the loop has it): settled at the next call.
-            progress.handing(idx, self._ready_in)
         except BaseException:
             del self   # the traceback keeps this frame: it must not keep the iterator (see below)
             raise
@@ -301,8 +296,8 @@ class EpochIterator:
             # (a cycle, freed only by a gc run) nor this iterator, so that a
             # loop abandoned by the error still ends the workers at once.
             error, batch = batch.error, None
-            self._ready_in.ready = None
-            del self, profiler, producer, got, progress
+            self.handover.handing()   # the loop has it (its error): counted at the next call
+            del self, profiler, producer, got
             try:
                 raise error
             finally:
@@ -409,40 +404,48 @@ def start_epoch(request: EpochRequest) -> EpochIterator:
     calling thread first, AutoBatches moving it onto an engine when it picks workers."""
     t0 = time.monotonic_ns()
     plan = EpochPlan.of(request.batches, request.progress, request.epoch)
+    # The epoch's hand-over, which every producer of the epoch stores into (NOTE [ Signal-safe
+    # hand-over ], csrc/handoff.pxi); the progress reads the batch it handed out, not yet counted.
+    handover = Handover(request.progress.taken)
+    request.progress.handover = handover
     t1 = time.monotonic_ns()
     profiler, tuner = request.profiler, request.tuner
     if tuner is not None and plan.supply is not None:
         if profiler is not None:
             profiler.autotune = tuner.report
-        auto = AutoBatches(tuner, request.epoch, plan, _AutoStarts(request), profiler, request.persistent)
+        auto = AutoBatches(tuner, request.epoch, plan, _AutoStarts(request, handover), profiler,
+                           request.persistent)
         if profiler is not None:
             profiler.epoch_started(time.monotonic_ns() - t0, 0)
-        return EpochIterator(auto, request.progress, request.length)
+        return EpochIterator(auto, request.progress, request.length, handover)
     if request.options.workers.num_workers == 0 or tuner is not None:
-        it = EpochIterator(InProcessBatches(request.options, request.epoch, plan, profiler), request.progress,
-                           request.length)
+        it = EpochIterator(InProcessBatches(request.options, request.epoch, plan, profiler, handover),
+                           request.progress, request.length, handover)
         if profiler is not None:
             profiler.epoch_started(time.monotonic_ns() - t0, 0)
         return it
-    return _start_on_engine(request, plan, t1 - t0)
+    return _start_on_engine(request, plan, t1 - t0, handover)
 
 
-def _start_on_engine(request: EpochRequest, plan: EpochPlan, sampling_ns: int) -> EpochIterator:
+def _start_on_engine(request: EpochRequest, plan: EpochPlan, sampling_ns: int,
+                     handover: Handover) -> EpochIterator:
     """All or nothing: a Ctrl-C meanwhile is raised once the iterator
     exists, whose finalizer then ends a non-persistent engine."""
     made: list[EpochIterator] = []
-    _engine_batches(request, plan, request.engine, request.persistent, sampling_ns, None,
-                    lambda producer: made.append(EpochIterator(producer, request.progress, request.length)))
+    _engine_batches(request, plan, request.engine, request.persistent, sampling_ns, None, handover,
+                    lambda producer: made.append(EpochIterator(producer, request.progress, request.length,
+                                                               handover)))
     return made[0]
 
 
 @defer_sigint
 def _engine_batches(request: EpochRequest, plan: EpochPlan, engine: Engine | None, persistent: bool,
-                    sampling_ns: int, active: tuple[int, int] | None,
+                    sampling_ns: int, active: tuple[int, int] | None, handover: Handover,
                     adopt: Callable[[_EngineBatches], None]) -> None:
     """Start `plan` on `engine` (persistent workers), or on a new engine,
     and hand its producer to `adopt` before a Ctrl-C deferred meanwhile is
-    raised; `active`: (workers taking tasks, window) for num_workers="auto"."""
+    raised; `active`: (workers taking tasks, window) for num_workers="auto";
+    `handover`: the epoch's, where the engine leaves the batches it hands out."""
     t1 = time.monotonic_ns()
     producer: _EngineBatches | None = None
     epoch, profiler = request.epoch, request.profiler
@@ -458,7 +461,7 @@ def _engine_batches(request: EpochRequest, plan: EpochPlan, engine: Engine | Non
         request.on_engine(engine)
         if active is not None:
             engine.set_active(*active)
-        generation = engine.begin_epoch(epoch, plan, profiler)
+        generation = engine.begin_epoch(epoch, plan, profiler, handover)
         if profiler is not None:
             profiler.epoch_started(sampling_ns, time.monotonic_ns() - t1)
         producer = _EngineBatches(engine, persistent, generation)
@@ -473,14 +476,16 @@ def _engine_batches(request: EpochRequest, plan: EpochPlan, engine: Engine | Non
 
 class _AutoStarts:
     """What an epoch's AutoBatches starts (autotune.producer.EpochStarts): its in-process
-    producers, and the engine when it picks workers (this loader's persistent one if usable)."""
+    producers, and the engine when it picks workers (this loader's persistent one if usable),
+    all storing into the epoch's `handover`."""
 
-    def __init__(self, request: EpochRequest):
+    def __init__(self, request: EpochRequest, handover: Handover):
         self.request = request
+        self.handover = handover
 
     def inprocess(self, part: EpochPlan) -> InProcessBatches:
         request = self.request
-        return InProcessBatches(request.options, request.epoch, part, request.profiler)
+        return InProcessBatches(request.options, request.epoch, part, request.profiler, self.handover)
 
     def engine(self, auto: AutoBatches, rest: EpochPlan, workers: int,
                adopt: Callable[[_EngineBatches], None]) -> bool:
@@ -496,5 +501,5 @@ class _AutoStarts:
             # The loader is gone (auto.persistent turned False): the workers end with this epoch.
             engine = None if request.persistent and auto.persistent is False else request.engine
             _engine_batches(request, rest, engine, auto.persistent, 0,
-                            (workers, request.tuner.window(workers)), adopt)
+                            (workers, request.tuner.window(workers)), self.handover, adopt)
             return True

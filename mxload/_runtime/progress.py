@@ -2,11 +2,14 @@
 iterator records as it hands batches to the loop, and what a checkpoint of that epoch
 (mxload/_checkpoint.py) and a resumed epoch's plan (epoch.py) read.
 
-The record is retry-safe: see NOTE [ Signal-safe hand-over ] in docs/design.md."""
+The record is retry-safe: see NOTE [ Signal-safe hand-over ] (csrc/handoff.pxi)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .._core import Handover
 
 __all__ = ["EpochProgress"]
 
@@ -21,7 +24,7 @@ class EpochProgress:
     `prefix`, which every reader ignores.  Taking a batch twice counts it once."""
 
     __slots__ = ("epoch", "sampler_state", "dataset_state", "torch_rng", "prefix", "extra", "_finished",
-                 "supply", "_on_complete", "pending", "_slot")
+                 "supply", "_on_complete", "handover")
 
     def __init__(self, epoch: int, sampler_state: Any, dataset_state: Any,
                  done: dict[str, Any] | None = None, torch_rng: str | None = None):
@@ -39,12 +42,11 @@ class EpochProgress:
         # batch sampler's leftovers on to the next epoch): popped by one C
         # call, so two threads that see the epoch complete call it once.
         self._on_complete: list[Callable[[], Any]] = []
-        # The batch being handed to the loop: taken once `_slot` (where the
-        # epoch keeps a batch until the loop has it) no longer holds it.  A
-        # signal handler's exception before then leaves it there for the
-        # next call, and a checkpoint taken meanwhile must not count it.
-        self.pending: int | None = None
-        self._slot: Any = None
+        # The epoch's hand-over (_core.Handover, set as the epoch starts): the batch it handed to
+        # the loop (`pending`) counts as taken here before it is settled; one it still holds
+        # (`ready`: a signal handler's exception cut its way short) does not.  See
+        # NOTE [ Signal-safe hand-over ] (csrc/handoff.pxi).
+        self.handover: Handover | None = None
 
     @property
     def total(self) -> int | None:
@@ -102,25 +104,20 @@ class EpochProgress:
         return self.finished or (self.total is not None and
                                  self.count + (self._delivered() is not None) >= self.total)
 
-    def handing(self, idx: int, slot: Any) -> None:
-        """Batch `idx` is on its way to the loop, kept in `slot.ready` until it got there."""
-        self.pending, self._slot = idx, slot
-
     def _delivered(self) -> int | None:
-        """The pending batch, if the loop has it (its slot was cleared), not yet counted."""
-        idx = self.pending
-        if idx is None or idx < self.prefix or idx in self.extra:
+        """The batch the hand-over gave the loop and did not settle yet, if not counted."""
+        handover = self.handover
+        idx = handover.pending if handover is not None else -1
+        if idx < 0 or idx < self.prefix or idx in self.extra:
             return None
-        ready = self._slot.ready
-        return idx if ready is None or ready[0] != idx else None
+        return idx
 
     def settle(self) -> None:
-        """Count the pending batch if the loop got it.  The iterator's own
-        thread only (under its next lock): readers from other threads use
-        _delivered(), which changes nothing."""
-        idx = self._delivered()
-        if idx is not None:
-            self.taken(idx)
+        """Count the batch the hand-over gave the loop (Handover.settle).  The
+        iterator's own thread, or once it is over: readers from other threads
+        use _delivered(), which changes nothing."""
+        if self.handover is not None:
+            self.handover.settle()
 
     def taken(self, idx: int) -> None:
         if idx < self.prefix or idx in self.extra:
@@ -131,7 +128,8 @@ class EpochProgress:
             self.extra.discard(self.prefix - 1)
         supply = self.supply   # (its compiled field, not the property: this runs once a batch)
         total = supply.total if supply is not None else None
-        if total is not None and self.count >= total:
+        # (prefix + len(extra) bounds the count from above: the count's walk only near the end)
+        if total is not None and self.prefix + len(self.extra) >= total and self.count >= total:
             self._completed()
 
     def drawn_by(self, supply: Any) -> None:

@@ -2,32 +2,24 @@
 exhausted, which tasks each holds, and which worker takes the next task.
 
 The transport keeps each worker's channel; this keeps only what the engine
-decides with.  Every method runs under the engine's lock."""
+decides with.  Every method runs under the engine's lock.  The compiled window
+reads the records and the takers as typed fields (their base, WorkerBooks, and
+WorkerRecord are the core's: csrc/books.pxi, mxload/_core.pxd)."""
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from .._core import WorkerBooks, WorkerRecord
 
-import numpy as np
-
-
-@dataclass
-class WorkerRecord:
-    """The engine's view of one worker."""
-    alive: bool = True
-    exhausted: bool = False
-    # (epoch, batch index) -> indices, in dispatch order: what a restart sends again.
-    outstanding: dict[tuple[int, int], np.ndarray | None] = dataclasses.field(default_factory=dict)
+__all__ = ["Roster", "WorkerRecord"]
 
 
-class Roster:
+class Roster(WorkerBooks):
     """One record per worker id; every worker's exists before any runs (one may report at once)."""
 
     def __init__(self, num_workers: int):
         self.workers = [WorkerRecord() for _ in range(num_workers)]
-        # The ids of the workers that take tasks (alive, stream not exhausted);
+        # `takers`: the ids of the workers that take tasks (alive, stream not exhausted);
         # None once any worker's state changed (see changed()).
-        self._takers: list[int] | None = None
+        self.takers = None
         self.active = num_workers   # num_workers="auto": only workers below this id take tasks
         # A stream's last task went to this worker (None: none yet this epoch); see pick().
         self._last_stream_worker: int | None = None
@@ -37,26 +29,26 @@ class Roster:
 
     def changed(self) -> None:
         """A worker's `alive` or `exhausted` changed: the takers are counted again."""
-        self._takers = None
+        self.takers = None
 
     def set_active(self, workers: int) -> None:
         """Only workers 0..workers-1 take tasks from now on; the others keep,
         and answer, the tasks they hold."""
         self.active = workers
-        self._takers = None
+        self.takers = None
 
     def new_epoch(self) -> None:
         for w in self.workers:
             w.exhausted = False
-        self._takers = None
+        self.takers = None
         self._last_stream_worker = None
 
     def pick(self, idx: int, in_order: bool, stream: bool = False) -> int | None:
         """The worker that takes batch `idx`'s task (`stream`: the `idx`-th task of an
         IterableDataset's epoch); None if none can."""
-        live = self._takers
+        live = self.takers
         if live is None:
-            live = self._takers = [wid for wid, w in enumerate(self.workers)
+            live = self.takers = [wid for wid, w in enumerate(self.workers)
                                    if w.alive and not w.exhausted and wid < self.active]
         if not live:
             return None
@@ -108,12 +100,12 @@ class Roster:
 
     def lost(self, wid: int) -> None:
         self.workers[wid].alive = False
-        self._takers = None
+        self.takers = None
 
     def replace(self, wid: int) -> WorkerRecord:
         """A fresh record for a restarted worker; returns the dead one's."""
         dead, self.workers[wid] = self.workers[wid], WorkerRecord()
-        self._takers = None
+        self.takers = None
         return dead
 
     def forget_all(self) -> None:
@@ -121,4 +113,4 @@ class Roster:
         for w in self.workers:
             w.outstanding.clear()
             w.alive = False
-        self._takers = None
+        self.takers = None

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import time
 
-from .._core import ReorderBuffer
+# An engine's states (Engine.state): shutdown_sequence runs once, in SHUTTING_DOWN.  The compiled
+# window reads them (it dispatches while RUNNING): they are the core's.
+from .._core import CLOSED, RUNNING, SHUTTING_DOWN, ReorderBuffer
 from .transport import Transport
 
-__all__ = ["SHUTDOWN_DEADLINE_S", "SHUTDOWN_GRACE_S", "SHUTDOWN_TERMINATE_S", "shutdown_sequence"]
+__all__ = ["CLOSED", "RUNNING", "SHUTTING_DOWN", "SHUTDOWN_DEADLINE_S", "SHUTDOWN_GRACE_S",
+           "SHUTDOWN_TERMINATE_S", "shutdown_sequence"]
 
 # Shutdown budget: a worker between tasks exits within a few ms of the stop
 # message; one still inside a batch (whose result nobody wants any more) gets
 # SIGTERM after the grace period, SIGKILL after the terminate period; every
 # wait shares the one deadline.
-# An engine's states (Engine.state): shutdown_sequence runs once, in SHUTTING_DOWN.
-RUNNING, SHUTTING_DOWN, CLOSED = "running", "shutting down", "closed"
 
 SHUTDOWN_GRACE_S = 0.02
 SHUTDOWN_TERMINATE_S = 0.5

@@ -264,8 +264,8 @@ class ReceivesItself(Protocol):
     """A transport whose consumer receives the results itself.
 
     ``receive(batch index, any_index, timeout, filling, epochs=...)`` is next_result's wait
-    without its Python frame (the engine's compiled consumer calls it once per batch).  Without
-    it the engine calls next_result."""
+    without its Python frame (the engine's compiled consumer calls it once per batch; a
+    _core.ConsumerWait it calls in C).  Without it the engine calls next_result."""
     receive: Callable[..., Any]
 
 
@@ -274,8 +274,8 @@ class ClaimsRaw(Protocol):
     """A transport whose receive path stores batches raw in the ReorderBuffer, claimed compiled.
 
     ``claim_raw(raw)`` is claim's batch without its Python frame, or a ClaimMismatch, which
-    ``claim_mismatch(raw, mismatch)`` turns into the error to raise.  Without it the engine
-    calls claim."""
+    ``claim_mismatch(raw, mismatch)`` turns into the error to raise (a _core.RawClaim: called
+    in C).  Without it the engine calls claim."""
     claim_raw: Callable[[RawBatch], Any]
 
     def claim_mismatch(self, raw: RawBatch, mismatch: Any) -> Exception:

@@ -34,8 +34,6 @@ WINDOW_MIN_S = 0.03          # ... and this long (an epoch of fast batches must 
 class Batches(Protocol):
     """A producer the epoch switches between (epoch.InProcessBatches, the engine's)."""
 
-    ready: tuple[int, Any] | None
-
     def next_batch(self) -> tuple[int, Any] | Marker: ...
 
     def ended_by(self, error: BaseException) -> str | None: ...
@@ -67,9 +65,11 @@ class AutoBatches:
     then in-process or the engine, the adjustments, and the way back to
     in-process when the workers lose to it (see the module's text).
 
-    Every switch happens at the start of a next_batch() call, when the
-    epoch's ready slot is empty: a batch an exception kept there is never
-    looked for in a producer that did not make it (NOTE [ Signal-safe hand-over ])."""
+    Every producer of the epoch stores into the epoch's one Handover, and
+    every switch happens at the start of a next_batch() call, when its
+    `ready` slot is empty: a batch an exception kept there is returned by
+    the iterator, whichever producer made it (NOTE [ Signal-safe hand-over ],
+    csrc/handoff.pxi)."""
 
     def __init__(self, tuner: AutoTuner, epoch: int, plan: EpochPlan, starts: EpochStarts,
                  profiler: Profiler | None, persistent: bool):
@@ -83,7 +83,6 @@ class AutoBatches:
         self._inprocess = starts.inprocess(plan)
         self._ended: list[Any] = []    # producers used up before the current one
         self._current: Any = self._inprocess
-        self._slot: Any = self._inprocess
         self.engine: TunedEngine | None = None
         # Set by end(), under end_lock, which EpochStarts.engine holds while it starts an engine: an
         # epoch ended from another thread (a newer iter() superseding it) starts no engine after,
@@ -121,16 +120,6 @@ class AutoBatches:
         self._window_count = 0
         self._engine_from = (0, 0)      # (ns, batches taken) when the engine took over
         self._engine_last_ns = 0       # when the engine's latest batch was handed out
-
-    # The slot where the batch being handed out stays (EpochIterator._next): the current
-    # producer's (an engine's is its window's).
-    @property
-    def ready(self) -> tuple[int, Any] | None:
-        return self._slot.ready  # type: ignore[no-any-return]
-
-    @ready.setter
-    def ready(self, value: tuple[int, Any] | None) -> None:
-        self._slot.ready = value
 
     @property
     def total_batches(self) -> int | None:
@@ -236,8 +225,7 @@ class AutoBatches:
         """The engine's producer, taken before a Ctrl-C deferred while it started is raised.
         Plain stores (no signal handler runs between them), `adopted` last: an exception that
         lands before it leaves the epoch in-process and the engine ended."""
-        self.engine, self._current, self._slot, producer.adopted = \
-            producer.engine, producer, producer.engine.window, True
+        self.engine, self._current, producer.adopted = producer.engine, producer, True
         # Persistent workers this epoch started: their start is not their pace.
         self.climb.cold = self.persistent and producer.engine.counts["epochs"] <= 1
 
@@ -256,7 +244,7 @@ class AutoBatches:
         engine_producer.persistent = self.persistent
         self._ended.append(engine_producer)
         self._inprocess = self._starts.inprocess(rest)
-        self._current = self._slot = self._inprocess
+        self._current = self._inprocess
         engine_producer.end(False)   # ends a non-persistent engine's workers now
 
     def _window_done(self) -> None:

@@ -3,14 +3,22 @@ and results (wire.py), batches in pooled shared-memory slabs (slabs.py), the rec
 path and the watcher thread (receiver.py), lives managed by the launcher (launcher.py)."""
 from __future__ import annotations
 
-import functools
 import signal
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..._core import ClaimMismatch, RawBatch, ReorderBuffer, TaskHold, claim_batch, defer_sigint, send_tasks
+from ..._core import (
+    ClaimMismatch,
+    ConsumerWait,
+    RawBatch,
+    RawClaim,
+    ReorderBuffer,
+    TaskHold,
+    defer_sigint,
+    send_tasks,
+)
 from ...errors import SHARED_MEMORY_ADVICE, LoaderTimeoutError, SharedMemoryError
 from .. import messages as m
 from ..os_signals import process_state
@@ -63,8 +71,7 @@ class ProcessTransport(Transport):
         self.pool = SlabPool(MAX_POOLED_SLABS)
         self.set_window(setup.prefetch, setup.config.num_workers)
         # The engine's compiled claim: the views of a raw batch's slab.
-        self.claim_raw = functools.partial(claim_batch, handles=self._handles, release=self.pool.release,
-                                           lender=self.pool.lender)
+        self.claim_raw = RawClaim(self._handles, self.pool.release, self.pool.lender)
         self._fetcher: Fetcher | None = None
         self._ending: list[Process] | None = None   # what refuse_starts left to end
 
@@ -95,10 +102,11 @@ class ProcessTransport(Transport):
         self._fetcher = Fetcher(self.sink, self.lock, self.pool, self._buffer, self._config.num_workers,
                                 lambda: self._handles, self._on_death)
         self._fetcher.sync()
-        # The consumer's whole wait, compiled (ReceivesItself: from the start on).
-        self.receive: Callable[..., Any] = functools.partial(
-            self._fetcher.receiver.next_result, holding=self._holding, before_wait=self._flush_before_wait,
-            on_event=self._fetcher.handle_for_consumer)
+        # The consumer's whole wait, compiled (ReceivesItself: from the start on; the engine's
+        # window calls a ConsumerWait in C).
+        self.receive: Callable[..., Any] = ConsumerWait(self._fetcher.receiver, self._holding,
+                                                        self._flush_before_wait,
+                                                        self._fetcher.handle_for_consumer)
         launcher.register_pausable(self)
         self._fetcher.start()
 
