@@ -377,3 +377,23 @@ def test_the_runtime_map_names_every_runtime_module():
     missing = [name for name, path in sorted(modules.items()) if name.startswith("mxload._runtime.")
                and (name.rpartition(".")[2] + ("/" if path.name == "__init__.py" else ".py")) not in text]
     assert not missing, f"not in mxload/_runtime/__init__.py's map: {missing}"
+
+
+def test_importing_mxload_loads_no_transport_and_thread_workers_no_process_machinery():
+    """What the layers mean at run time: `import mxload` loads no transport (the worker loop
+    imports none), and a loader with worker threads loads the thread transport alone, never the
+    process machinery of _runtime/local/ (nor Ray)."""
+    from fresh_python import run
+
+    result = run("""
+        def transports():
+            return sorted(m for m in sys.modules if m.startswith(("mxload._runtime.local",
+                          "mxload._runtime.ray", "mxload._runtime.threads")))
+        print(transports())
+        loader = mxload.DataLoader(mxload.ArrayDataset(np.arange(8)), batch_size=2, num_workers=2,
+                                   thread_pool=True)
+        assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+        print(transports())
+    """, timeout=50)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == ["[]", "['mxload._runtime.threads']"], result.stdout
