@@ -1,7 +1,7 @@
 """A worker process's side of the task loop (../worker.py's serve): its entry point, and its
 link to the main process, a socket (wire.py) with the batches collated into shared-memory slabs
-(slabs.py).  Loaded in worker processes only; a thread worker or a Ray actor runs the same loop
-without it."""
+(slabs.py).  Its code runs in worker processes only (the launcher names worker_process_main as
+their entry point); a thread worker or a Ray actor runs the same loop without loading it."""
 from __future__ import annotations
 
 import collections
