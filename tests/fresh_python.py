@@ -4,6 +4,7 @@ group to Ctrl-C, an import to observe from the outside).
 
     result = run('''print(len(list(mxload.DataLoader(TupleDataset(8), batch_size=2))))''')
     proc = start(body, start_new_session=True); out, err = finish(proc, timeout=20)
+    result = run_args("-m", "mxload", "info")      # arguments as they are: a script, -m, ...
 
 The script is PRELUDE, then `imports`, then `body` (each dedented).  PRELUDE restores
 Python's Ctrl-C handling (the suite may run with SIGINT ignored, as background jobs and some
@@ -39,14 +40,27 @@ def script(body: str, imports: str = "", prelude: bool = True) -> str:
 def run(body: str, *args: str, imports: str = "", prelude: bool = True, timeout: float = 60,
         **kw) -> subprocess.CompletedProcess:
     """Run it to the end (text output captured); TimeoutExpired past `timeout`."""
-    return subprocess.run([sys.executable, "-c", script(body, imports, prelude), *args],
-                          capture_output=True, text=True, timeout=timeout, **kw)
+    return run_args("-c", script(body, imports, prelude), *args, timeout=timeout, **kw)
 
 
 def start(body: str, *args: str, imports: str = "", prelude: bool = True, **kw) -> subprocess.Popen:
     """Start it, stdout and stderr piped as text; end it with finish()."""
-    return subprocess.Popen([sys.executable, "-c", script(body, imports, prelude), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    return start_args("-c", script(body, imports, prelude), *args, **kw)
+
+
+def run_args(*args: str, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+    """A fresh interpreter with these arguments as they are (a script file, ``-m mxload ...``,
+    ``-c`` code that must run without the prelude), run to the end with its text output
+    captured; TimeoutExpired past `timeout`."""
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def start_args(*args: str, **kw) -> subprocess.Popen:
+    """A fresh interpreter with these arguments as they are, started, stdout and stderr piped
+    as text unless `kw` says otherwise; end it with finish() (or conftest.end_child)."""
+    kw.setdefault("stdout", subprocess.PIPE)
+    kw.setdefault("stderr", subprocess.PIPE)
+    return subprocess.Popen([sys.executable, *args], text=True, **kw)
 
 
 def finish(proc: subprocess.Popen, timeout: float = 20) -> tuple[str, str]:

@@ -2,10 +2,9 @@
 mxload never imports ray (only iterating a backend="ray" loader does)."""
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 
+import fresh_python
 import numpy as np
 import pytest
 
@@ -48,7 +47,7 @@ def test_importing_mxload_never_imports_ray_and_a_missing_ray_is_a_clear_error()
         except ImportError as e:
             print(e)
     """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=50)
+    out = fresh_python.run_args("-c", script, timeout=50)
     assert out.returncode == 0, out.stderr
     assert "pip install 'mxload[ray]'" in out.stdout
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 
+import fresh_python
 import pytest
 from extras import TORCH_INSTALLED
 
@@ -24,8 +25,9 @@ QUICK = ["--batches", "3", "--workloads", "tabular", "dict16"]
 
 
 def cli(*args, timeout=60, cwd=None, script=None):
-    command = [script] if script else [sys.executable, "-m", "mxload"]
-    return subprocess.run(command + list(args), capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    if script is None:
+        return fresh_python.run_args("-m", "mxload", *args, timeout=timeout, cwd=cwd)
+    return subprocess.run([script, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
 def one_line_error(out, *needles):
@@ -82,9 +84,8 @@ def test_console_script_is_the_same_program():
 
 
 def test_importing_mxload_and_its_command_line_never_imports_torch():
-    out = subprocess.run([sys.executable, "-c",
-                          "import sys, mxload, mxload.__main__, mxload._bench, mxload.synthetic\n"
-                          "print('torch' in sys.modules)"], capture_output=True, text=True, timeout=60)
+    out = fresh_python.run_args("-c", "import sys, mxload, mxload.__main__, mxload._bench, mxload.synthetic\n"
+                                      "print('torch' in sys.modules)")
     assert out.returncode == 0 and out.stdout == "False\n", out.stderr
 
 
@@ -160,8 +161,8 @@ def _run_on_a_terminal(args, timeout=90, columns=None):
             import struct
             import termios
             fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
-        proc = subprocess.Popen([sys.executable, "-m", "mxload", *args], stdout=subprocess.DEVNULL,
-                                stderr=slave, env=env)
+        proc = fresh_python.start_args("-m", "mxload", *args, stdout=subprocess.DEVNULL, stderr=slave,
+                                       env=env)
     finally:
         os.close(slave)
     chunks = []

@@ -6,6 +6,7 @@ import re
 import sys
 import time
 
+import fresh_python
 import numpy as np
 import pytest
 
@@ -936,7 +937,6 @@ def test_batch_owner_numpy_views_in_a_cycle_released(memfd):
 def _run_gc_script(body):
     """Run a GC scenario in a child process: a broken fix can crash the
     interpreter (calling an already tp_clear-ed callback)."""
-    import subprocess
     import textwrap
 
     script = textwrap.dedent("""
@@ -955,7 +955,7 @@ def _run_gc_script(body):
             def release(self, s):
                 self.released.append(s)
     """) + textwrap.dedent(body)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=50)
+    proc = fresh_python.run_args("-c", script, timeout=50)
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
     return proc.stdout.split()
 

@@ -11,6 +11,7 @@ import threading
 import time
 import weakref
 
+import fresh_python
 import pytest
 from conftest import wait_until
 
@@ -875,8 +876,7 @@ def test_collection_inside_an_operation_may_reach_the_buffer(how):
     own result or BufferClosedError."""
     rounds = 300 if LONG else 15
     try:
-        proc = subprocess.run([sys.executable, "-c", _GC_REENTRY_CHILD, str(rounds), how],
-                              capture_output=True, text=True, timeout=20 + rounds / 10)
+        proc = fresh_python.run_args("-c", _GC_REENTRY_CHILD, str(rounds), how, timeout=20 + rounds / 10)
     except subprocess.TimeoutExpired:
         pytest.fail(f"deadlock: a collection ({how}) re-entered a ReorderBuffer "
                     f"that held its mutex")
@@ -964,8 +964,7 @@ def test_a_wall_clock_step_does_not_stretch_waits(tmp_path):
                     "-ldl"], check=True, capture_output=True, timeout=60)
     env = dict(os.environ, LD_PRELOAD=str(shim))
     try:
-        proc = subprocess.run([sys.executable, "-c", _WALL_CLOCK_CHILD, str(time.time())],
-                              env=env, capture_output=True, text=True, timeout=20)
+        proc = fresh_python.run_args("-c", _WALL_CLOCK_CHILD, str(time.time()), env=env, timeout=20)
     except subprocess.TimeoutExpired:
         pytest.fail("a wait slept past its timeout: it is timed on the wall clock")
     assert proc.returncode == 0, proc.stderr

@@ -15,6 +15,7 @@ import sys
 import types
 from pathlib import Path
 
+import fresh_python
 import numpy as np
 import pytest
 
@@ -53,17 +54,16 @@ def _env(**extra):
     return env
 
 
-def _run(cmd, timeout, **kw):
-    """Run cmd in its own session and wait for it; on timeout kill the whole
-    group (torchrun and its ranks and their workers), so nothing outlives us."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, **kw)
+def _run(args, timeout, **kw):
+    """Run a fresh interpreter with `args` in its own session and wait for it; on timeout kill
+    the whole group (torchrun and its ranks and their workers), so nothing outlives us."""
+    proc = fresh_python.start_args(*args, stderr=subprocess.STDOUT, start_new_session=True, **kw)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        pytest.fail(f"{cmd} did not finish within {timeout} s; output:\n{out}")
+        pytest.fail(f"python {' '.join(args)} did not finish within {timeout} s; output:\n{out}")
     return proc.returncode, out
 
 
@@ -73,7 +73,7 @@ def _run(cmd, timeout, **kw):
 def torchrun_result(tmp_path_factory):
     _require_torch_distributed()
     out_dir = tmp_path_factory.mktemp("torchrun")
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={WORLD}",
+    cmd = ["-m", "torch.distributed.run", f"--nproc_per_node={WORLD}",
            f"--master_port={_free_port()}", str(EXAMPLE), "--out", str(out_dir),
            "--num-samples", str(N), "--batch-size", str(BATCH), "--seed", str(SEED), "--epochs", str(EPOCHS),
            "--num-workers", "2"]
@@ -241,7 +241,7 @@ def test_import_mxload_does_not_import_torch():
             "l = mxload.DataLoader(mxload.ArrayDataset(np.arange(10)), batch_size=4, distributed=True)\n"
             "list(l)\n"
             "print('torch' in sys.modules, 'torch.distributed' in sys.modules)\n")
-    rc, out = _run([sys.executable, "-c", code], 60, cwd=str(ROOT), env=_env())
+    rc, out = _run(["-c", code], 60, cwd=str(ROOT), env=_env())
     assert rc == 0, out
     assert out.strip().splitlines()[-1] == "False False"
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
+import fresh_python
 import pytest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -15,8 +14,7 @@ EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 
 def run(name, *args, timeout=200):
-    out = subprocess.run([sys.executable, os.path.join(EXAMPLES, name), *args], capture_output=True,
-                         text=True, timeout=timeout)
+    out = fresh_python.run_args(os.path.join(EXAMPLES, name), *args, timeout=timeout)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
+import fresh_python
 import numpy as np
 import pytest
 
@@ -50,8 +50,7 @@ def test_show_config_prints_every_fact(capsys):
 
 @pytest.mark.e2e
 def test_cli_info_prints_the_config():
-    out = subprocess.run([sys.executable, "-m", "mxload", "info"], capture_output=True, text=True,
-                         timeout=60)
+    out = fresh_python.run_args("-m", "mxload", "info")
     assert out.returncode == 0, out.stderr
     for key in EXPECTED_KEYS:
         assert key in out.stdout
@@ -61,11 +60,9 @@ def test_cli_info_prints_the_config():
 
 @pytest.mark.e2e
 def test_cli_help_and_unknown_command():
-    out = subprocess.run([sys.executable, "-m", "mxload", "--help"], capture_output=True, text=True,
-                         timeout=60)
+    out = fresh_python.run_args("-m", "mxload", "--help")
     assert out.returncode == 0 and "info" in out.stdout
-    out = subprocess.run([sys.executable, "-m", "mxload"], capture_output=True, text=True, timeout=60)
+    out = fresh_python.run_args("-m", "mxload")
     assert out.returncode == 2 and "usage" in out.stderr  # no command: a usage error
-    out = subprocess.run([sys.executable, "-m", "mxload", "nope"], capture_output=True, text=True,
-                         timeout=60)
+    out = fresh_python.run_args("-m", "mxload", "nope")
     assert out.returncode == 2 and "invalid choice: 'nope'" in out.stderr

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import fresh_python
 import pytest
 from conftest import TORCH_IMPORTED_BY, _snapshot, is_slab_mapping, leftovers
 
@@ -75,7 +76,6 @@ def test_ray_allowance_is_narrow():
     """What tests marked `ray` may leave: Ray's idle pool workers and its TCP
     (gRPC) sockets; never a loader's actor, another process, or a socketpair."""
     import socket
-    import subprocess
 
     from conftest import RayAllowance
 
@@ -109,8 +109,8 @@ def test_ray_allowance_is_narrow():
 def _collected(*args: str) -> set[str]:
     """Test ids a fresh pytest collects from this folder with `args`."""
     here = os.path.dirname(os.path.abspath(__file__))
-    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                           *args], cwd=os.path.dirname(here), capture_output=True, text=True, timeout=60)
+    done = fresh_python.run_args("-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args,
+                                 cwd=os.path.dirname(here))
     assert done.returncode == 0, done.stdout + done.stderr
     return {line for line in done.stdout.splitlines() if "::" in line}
 

@@ -7,10 +7,10 @@ import signal
 import socket
 import struct
 import threading
-import time
 
 import numpy as np
 import pytest
+from conftest import asleep_in, wait_until
 
 from mxload import _core
 from mxload._runtime import messages as m
@@ -248,7 +248,8 @@ def test_a_task_to_a_full_socket_is_finished_blocking_with_its_descriptor(full):
         except BlockingIOError:
             pass
         b.setblocking(True)
-        reader = threading.Thread(target=lambda: got.append(_read_after(b, backlog)))
+        sender = threading.get_native_id()
+        reader = threading.Thread(target=lambda: got.append(_read_after(b, backlog, sender)))
         reader.start()
         task = m.Task(1, 3, np.arange(100_000, dtype=np.int64), 2, 65536, (4,), False)
         wire.send_task(a, task, [w])
@@ -266,10 +267,10 @@ def test_a_task_to_a_full_socket_is_finished_blocking_with_its_descriptor(full):
         os.close(w)
 
 
-def _read_after(sock, backlog):
-    """Skip the filler queued before the task (after a pause: the sender finds
-    the socket full), then take the task."""
-    time.sleep(0.2)
+def _read_after(sock, backlog, sender):
+    """Skip the filler queued before the task once thread `sender` waits for room (it found
+    the socket full: wire.finish_send's poll()), then take the task."""
+    wait_until(lambda: "poll" in asleep_in(os.getpid(), sender), what="the sender waiting for room in poll()")
     skipped = 0
     while skipped < backlog:
         skipped += len(sock.recv(min(65536, backlog - skipped)))

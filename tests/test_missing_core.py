@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
+import fresh_python
 import pytest
 
 import mxload
@@ -33,8 +33,7 @@ _NO_EDITABLE_HOOK = "import sys; sys.meta_path[:] = [f for f in sys.meta_path if
 
 
 def _run(cwd: Path, code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", _NO_EDITABLE_HOOK + code], cwd=cwd, capture_output=True,
-                          text=True, timeout=30)
+    return fresh_python.run_args("-c", _NO_EDITABLE_HOOK + code, cwd=cwd, timeout=30)
 
 
 def test_checkout_without_core_explains_and_names_the_fix(tmp_path: Path) -> None:

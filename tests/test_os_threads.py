@@ -9,6 +9,7 @@ import threading
 import time
 import warnings
 
+import fresh_python
 import numpy as np
 import pytest
 from conftest import race_rounds
@@ -172,8 +173,7 @@ class _Rows(mxload.Dataset):
 def test_an_epoch_after_an_epoch_forks_without_a_warning_on_a_busy_machine():
     """Each non-persistent epoch joins its fetcher, and the next epoch forks a zygote right
     after: with both cores kept busy (the fetcher's exit is preempted), no fork warns."""
-    import subprocess
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    hogs = [fresh_python.start_args("-c", "while True: pass") for _ in range(os.cpu_count() or 2)]
     try:
         loader = mxload.DataLoader(_Rows(), batch_size=8, num_workers=2)
         with warnings.catch_warnings():

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 import fresh_python
@@ -169,9 +167,8 @@ def test_cli_profiles_a_factory_from_a_test_module(tmp_path):
     here = os.path.dirname(os.path.abspath(__file__))
     for spec in (f"{os.path.join(here, 'test_profiler.py')}:factory_dataset",
                  f"{os.path.join(here, 'test_profiler.py')}:factory_loader"):
-        out = subprocess.run([sys.executable, "-m", "mxload", "profile", spec, "--batch-size", "4",
-                              "--workers", "1", "--batches", "5", "--trace", str(trace)],
-                             capture_output=True, text=True, timeout=60)
+        out = fresh_python.run_args("-m", "mxload", "profile", spec, "--batch-size", "4", "--workers", "1",
+                                    "--batches", "5", "--trace", str(trace))
         assert out.returncode == 0, out.stderr
         assert "verdict:" in out.stdout and "fetch" in out.stdout
         assert json.loads(trace.read_text())["traceEvents"]

@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 
+import fresh_python
 import numpy as np
 import pytest
 import ray_harness
@@ -283,8 +283,7 @@ def test_interpreter_exit_and_ctrl_c_kill_the_actors(how):
     import ray
     address = ray.get_runtime_context().gcs_address
     script = _CHILD.format(tests=ray_harness.TESTS_DIR, address=address, how=how)
-    child = subprocess.Popen([sys.executable, "-c", script],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = fresh_python.start_args("-c", script, stdin=subprocess.PIPE)
     try:
         job = child.stdout.readline().strip()
         assert child.stdout.readline().strip() == "iterating", child.stderr.read()
@@ -407,8 +406,7 @@ def test_an_actor_that_cannot_be_created_says_why_without_colour_codes(tmp_path)
         except mxload.WorkerError as e:
             print(repr(str(e)))
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=100,
-                          cwd=tmp_path)
+    proc = fresh_python.run_args("-c", script, timeout=100, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     message = eval(proc.stdout.strip().splitlines()[-1])   # the repr printed above
     assert "ImportError: simulated: no compiled core in this mxload/" in message, message
@@ -487,7 +485,7 @@ def test_ray_shut_down_while_an_epoch_runs_is_a_worker_error_within_seconds():
         del it
         print("left", ray.is_initialized(), children(), flush=True)
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=100)
+    proc = fresh_python.run_args("-c", script, timeout=100)
     assert proc.stdout.splitlines()[-2:] == ["WorkerError True True True", "left False []"], (
         proc.stdout, proc.stderr[-3000:])
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -519,7 +517,7 @@ def test_persistent_actors_after_ray_was_restarted_are_started_anew():
             print("error", type(e).__name__, e, flush=True)
         loader.close()
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=100)
+    proc = fresh_python.run_args("-c", script, timeout=100)
     assert proc.stdout.splitlines()[-1:] == ["second epoch True True"], (proc.stdout, proc.stderr[-3000:])
     assert proc.returncode == 0, proc.stderr[-3000:]
 

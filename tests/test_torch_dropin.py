@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import collections
 import multiprocessing
-import subprocess
-import sys
 import warnings
 
+import fresh_python
 import numpy as np
 import pytest
 from conftest import start_methods
@@ -180,7 +179,8 @@ def test_global_torch_seed_fixes_the_shuffle():
 
 def test_importing_mxload_never_imports_torch():
     code = "import sys, mxload; mxload.DataLoader([1, 2], batch_size=2); assert 'torch' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    out = fresh_python.run_args("-c", code)
+    assert out.returncode == 0, out.stderr[-3000:]
 
 
 # ------------------------------------------------------------ torch datasets and samplers work unchanged

@@ -10,9 +10,9 @@ import itertools
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 
+import fresh_python
 import pytest
 from conftest import assert_gone
 
@@ -98,8 +98,7 @@ def test_proper_exit(tmp_path, iterable, workers, pin, persistent, hold, exit_me
     program = _PROGRAM.format(tests=TESTS_DIR, iterable=iterable, workers=workers, pin=pin,
                               persistent=persistent, hold=hold, exit=exit_method,
                               flag=str(tmp_path / "fail-now"))
-    proc = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = fresh_python.start_args("-c", program)
     try:
         out, err = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:

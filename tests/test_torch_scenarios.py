@@ -7,6 +7,7 @@ DataLoader[...] in an annotation must work at run time, as with torch."""
 import multiprocessing
 import warnings
 
+import fresh_python
 import pytest
 from extras import deferred
 
@@ -342,8 +343,6 @@ def test_seed_given_draws_nothing_and_state_dict_fixes_a_drawn_seed():
 
 # ------------------------------------------------------------ 8. a spawn worker that cannot start says why
 
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 
 _LOCAL_CLASS_PROGRAM = """
 import torch
@@ -387,7 +386,7 @@ print(list(DataLoader(Squares(), batch_size=2, num_workers=1, multiprocessing_co
 def _run_program(args, cwd):
     """The program's stdout: what it printed of the error raised in it (a
     worker's own stderr goes to stderr, so it cannot satisfy the test)."""
-    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=90, cwd=cwd)
+    out = fresh_python.run_args(*args, timeout=90, cwd=cwd)
     return out.stdout
 
 

@@ -4,9 +4,8 @@ back to torch's import it runs the same way (nothing else needed changing)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
+import fresh_python
 import pytest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
@@ -18,8 +17,7 @@ TORCH_IMPORT = "from torch.utils.data import DataLoader"
 
 
 def _train(path):
-    out = subprocess.run([sys.executable, path, "--epochs", "2", "--workers", "2", "--samples", "1024"],
-                         capture_output=True, text=True, timeout=300)
+    out = fresh_python.run_args(path, "--epochs", "2", "--workers", "2", "--samples", "1024", timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     accuracy = [float(line.rsplit(None, 1)[1]) for line in out.stdout.splitlines() if "accuracy" in line]
     assert len(accuracy) == 2, out.stdout

@@ -11,7 +11,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 import warnings
@@ -476,8 +475,7 @@ def test_parent_killed_while_spawn_workers_still_import_ends_them(tmp_path):
     process takes them with it at once, not once they have finished."""
     script = tmp_path / "train.py"
     script.write_text(SLOW_MAIN_MODULE.format(tests=TESTS_DIR))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = fresh_python.start_args(str(script))
     pids: list[int] = []
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
