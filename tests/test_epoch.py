@@ -69,6 +69,19 @@ def test_an_epoch_whose_batches_were_all_taken_is_empty_and_complete():
     assert handed(plan) == [] and progress.complete and done == [True]
 
 
+def test_batches_taken_in_order_out_of_order_or_twice_count_once_and_complete_the_epoch_once():
+    done = []
+    progress = EpochProgress(0, None, None)
+    progress.on_complete = lambda: done.append(True)
+    plan_of(batches(5), progress)   # the epoch's count (5), known before
+    for idx in (0, 1, 3, 1, 3, 2):
+        progress.taken(idx)
+    assert (progress.prefix, progress.count, progress.done(), done) == (4, 4, (4, []), [])
+    progress.taken(4)
+    progress.taken(4)
+    assert (progress.count, progress.complete, done) == (5, True, [True])
+
+
 MODES = [dict(num_workers=0), dict(num_workers=2, thread_pool=True), dict(num_workers=2)]
 
 

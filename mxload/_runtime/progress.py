@@ -120,12 +120,18 @@ class EpochProgress:
             self.handover.settle()
 
     def taken(self, idx: int) -> None:
-        if idx < self.prefix or idx in self.extra:
-            return
-        self.extra.add(idx)   # counted from here on
-        while self.prefix in self.extra:
-            self.prefix += 1   # (cut short here: prefix - 1 stays in extra, ignored)
-            self.extra.discard(self.prefix - 1)
+        """Count batch `idx` taken (again: nothing changes).  Handover.settle calls it once a
+        batch, in the training loop's thread."""
+        extra = self.extra
+        if idx == self.prefix and not extra:
+            self.prefix = idx + 1   # (the batches in order: counted by this one store)
+        else:
+            if idx < self.prefix or idx in extra:
+                return
+            extra.add(idx)   # counted from here on
+            while self.prefix in extra:
+                self.prefix += 1   # (cut short here: prefix - 1 stays in extra, ignored)
+                extra.discard(self.prefix - 1)
         supply = self.supply   # (its compiled field, not the property: this runs once a batch)
         total = supply.total if supply is not None else None
         # (prefix + len(extra) bounds the count from above: the count's walk only near the end)
