@@ -160,6 +160,9 @@ cdef object _claim_batch(RawBatch raw, list handles, release, BatchLender lender
 # every other step between the wait and the loop is retry-safe.
 # Tests: tests/test_interrupts.py lands signals at each step; tests/test_handoff.py holds the
 # Handover's contract; the races tier repeats both.
+# Cost: settle() and handing() are C calls (settle's EpochProgress.taken one Python call a
+# batch); bench/instructions.py counts the whole next() at 37.4k instructions a batch (median
+# of 5 runs, 35.8-40.1k), where the hand-over spread over Python frames made it 46.6-47.4k.
 
 
 @cython.final
