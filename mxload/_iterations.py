@@ -8,6 +8,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ._collate.plan import ReusedBuffers
 from ._cpus import usable_cores
 from ._runtime.autotune import AutoTuner
 from ._runtime.engine import Engine
@@ -23,6 +24,9 @@ class Iterations:
         self.engine: Engine | None = None          # persistent workers' engine
         # max_worker_restarts is a budget per loader: every epoch's engine spends from this one.
         self.restarts = {"worker_restarts": 0}
+        # The private buffers of the batches it collates in this process (no workers), reused
+        # from epoch to epoch: a new epoch's first batches fault no fresh pages in.
+        self.buffers = ReusedBuffers()
         # num_workers="auto": picks the workers and window of every epoch (its counters join stats).
         self.tuner = AutoTuner(options.workers.num_workers, usable_cores(), options.workers.auto_window,
                                options.workers.prefetch) if options.workers.autotune else None

@@ -505,7 +505,7 @@ class DataLoader(_Lifetime, Generic[_T_co]):
         it = start_epoch(EpochRequest(
             options=self._options, epoch=self.epoch, batches=None if self.iterable else self._epoch_batches,
             progress=progress, profiler=self.profiler, engine=runs.engine, persistent=self.persistent_workers,
-            length=self.__len__, restarts=runs.restarts, tuner=runs.tuner,
+            length=self.__len__, restarts=runs.restarts, tuner=runs.tuner, buffers=runs.buffers,
             on_engine=functools.partial(runs.use_engine, persistent=self.persistent_workers)))
         self.epoch += 1
         runs.started(it)

@@ -455,6 +455,40 @@ def allocate(nbytes: int) -> NDArray[np.uint8]:
     return raw[start:start + nbytes]
 
 
+class ReusedBuffers:
+    """Private buffers for the batches one loader collates in its own process (no workers,
+    thread workers), each reused once every view of the batch in it is gone, as a worker's
+    slab is.  A fresh buffer per batch had its pages faulted in again by every large batch:
+    numpy maps 4 MiB and more afresh (and asks for huge pages), so a batch of 32 images of
+    3x128x128 float32 took 505 minor faults and 2.1 ms to collate, against torch's 0.2-0.3 ms
+    (torch.stack's allocation is reused by malloc).  At most `keep` free buffers are kept; a
+    batch the loop keeps simply keeps its own.  Thread-safe: a buffer comes back from
+    whichever thread drops the batch's last view."""
+
+    __slots__ = ("_free", "_keep")
+
+    GRANULE = 64 * 1024   # sizes are multiples: batches of nearby sizes share buffers
+
+    def __init__(self, keep: int = 4):
+        self._free: list[_core.Slab] = []
+        self._keep = keep
+
+    def take(self, nbytes: int) -> _core.BatchOwner:
+        """A buffer of `nbytes` bytes: a free one that holds them, else a new one."""
+        free = self._free
+        for i in range(len(free)):   # a buffer given back meanwhile is appended: i stays right
+            if free[i].size >= nbytes:
+                slab = free.pop(i)
+                break
+        else:
+            slab = _core.Slab(-1, max(self.GRANULE, -(-nbytes // self.GRANULE) * self.GRANULE), private=True)
+        return _core.BatchOwner(slab, 0, nbytes, self._give_back)
+
+    def _give_back(self, slab: _core.Slab) -> None:
+        if len(self._free) < self._keep:
+            self._free.append(slab)
+
+
 # ---------------------------------------------------------------------------
 # Kernel fields, as the built-in batchify functions plan them
 
@@ -742,7 +776,8 @@ def plan_batch(batchify_fn: Callable[..., Any], samples: Sequence[Any],
                      planner._tensors)
 
 
-def collate(batchify_fn: Callable[..., Any], samples: Sequence[Any], batch_index: int | None = None) -> Any:
+def collate(batchify_fn: Callable[..., Any], samples: Sequence[Any], batch_index: int | None = None,
+            buffers: ReusedBuffers | None = None) -> Any:
     """Collate `samples` into one batch held in a single private buffer
     (what the loader does in-process; workers fill a shared-memory slab).
 
@@ -750,6 +785,8 @@ def collate(batchify_fn: Callable[..., Any], samples: Sequence[Any], batch_index
         batchify_fn (callable): a :class:`Batchify` or any function of the samples.
         samples (Sequence): the batch's samples.
         batch_index (int | None): named in error messages.
+        buffers (ReusedBuffers | None): where the buffer comes from (a loader's own: the
+            buffer of a batch no longer referenced is reused); None: a new one.
 
     Returns:
         the batch: numpy arrays in the samples' structure.
@@ -767,12 +804,16 @@ def collate(batchify_fn: Callable[..., Any], samples: Sequence[Any], batch_index
     if not isinstance(batchify_fn, Batchify):
         return batchify_fn(as_given(samples))
     plan = plan_batch(batchify_fn, samples, batch_index)
-    views, _ = plan.fill(allocate(plan.nbytes))
+    views, _ = plan.fill(_buffer(plan.nbytes, buffers))
     return layout.assemble(plan.root, plan.in_process(views) if plan.tensors else views)
 
 
-def collate_profiled(batchify_fn: Callable[..., Any], samples: Sequence[Any],
-                     batch_index: int | None = None) -> tuple[Any, list[tuple[Any, ...]], list[int]]:
+def _buffer(nbytes: int, buffers: ReusedBuffers | None) -> Any:
+    return buffers.take(nbytes) if buffers is not None and nbytes else allocate(nbytes)
+
+
+def collate_profiled(batchify_fn: Callable[..., Any], samples: Sequence[Any], batch_index: int | None = None,
+                     buffers: ReusedBuffers | None = None) -> tuple[Any, list[tuple[Any, ...]], list[int]]:
     """collate() that also returns the per-field (stats, ns) for the profiler.
     A plain-callable batchify_fn is one opaque field (its own path)."""
     if not isinstance(batchify_fn, Batchify):
@@ -782,6 +823,6 @@ def collate_profiled(batchify_fn: Callable[..., Any], samples: Sequence[Any],
         return batch, [(f"{name}(samples)", "custom", 0, (), type(batch).__name__)], \
             [time.perf_counter_ns() - t0]
     plan = plan_batch(batchify_fn, samples, batch_index)
-    views, fill_ns = plan.fill(allocate(plan.nbytes))
+    views, fill_ns = plan.fill(_buffer(plan.nbytes, buffers))
     stats, times = plan.field_stats(fill_ns)
     return layout.assemble(plan.root, plan.in_process(views)), stats, times

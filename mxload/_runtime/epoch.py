@@ -74,7 +74,7 @@ class InProcessBatches:
     """num_workers=0: fetch and collate in the calling thread."""
 
     def __init__(self, options: LoaderOptions, epoch: int, plan: EpochPlan, profiler: Profiler | None,
-                 handover: Handover):
+                 handover: Handover, buffers: _plan.ReusedBuffers | None = None):
         self.profiler = profiler
         self.handover = handover   # the epoch's: its `ready` holds the batch on its way to the loop
         self._batchify = options.batching.batchify_fn
@@ -82,6 +82,7 @@ class InProcessBatches:
         self._plan = plan
         self._position = 0                   # batches handed out
         self._discard = plan.discard
+        self._buffers = buffers if buffers is not None else _plan.ReusedBuffers()
         derived = options.derived
         self._source = SampleSource(options.dataset, derived.iterable, derived.fetch_batch_size,
                                     options.batching.drop_last, options.seeds.seed,
@@ -112,7 +113,7 @@ class InProcessBatches:
             if samples is None:
                 return END
             if self.profiler is None:
-                batch = _plan.collate(self._batchify, samples, idx)
+                batch = _plan.collate(self._batchify, samples, idx, self._buffers)
             else:
                 batch = self._collate_profiled(idx, samples, t0)
         except BaseException as e:
@@ -149,7 +150,7 @@ class InProcessBatches:
         profiler = self.profiler
         assert profiler is not None
         t1 = time.monotonic_ns()
-        batch, stats, field_ns = _plan.collate_profiled(self._batchify, samples, idx)
+        batch, stats, field_ns = _plan.collate_profiled(self._batchify, samples, idx, self._buffers)
         t2 = time.monotonic_ns()
         profiler.worker_batch(-1, os.getpid(), idx, t0, t1 - t0, t2 - t1, t2, stats, field_ns,
                               transported=False)
@@ -384,6 +385,7 @@ class EpochRequest:
             engine's owner must learn of it, whatever happens next).
         restarts: the loader's max_worker_restarts spent so far (see Engine).
         tuner: num_workers="auto" (autotune/).
+        buffers: the loader's buffers for batches collated in this process (a new pool if None).
     """
     options: LoaderOptions
     epoch: int
@@ -396,6 +398,7 @@ class EpochRequest:
     on_engine: Callable[[Engine], None]
     restarts: dict[str, int]
     tuner: AutoTuner | None = None
+    buffers: _plan.ReusedBuffers | None = None
 
 
 def start_epoch(request: EpochRequest) -> EpochIterator:
@@ -419,8 +422,8 @@ def start_epoch(request: EpochRequest) -> EpochIterator:
             profiler.epoch_started(time.monotonic_ns() - t0, 0)
         return EpochIterator(auto, request.progress, request.length, handover)
     if request.options.workers.num_workers == 0 or tuner is not None:
-        it = EpochIterator(InProcessBatches(request.options, request.epoch, plan, profiler, handover),
-                           request.progress, request.length, handover)
+        batches = InProcessBatches(request.options, request.epoch, plan, profiler, handover, request.buffers)
+        it = EpochIterator(batches, request.progress, request.length, handover)
         if profiler is not None:
             profiler.epoch_started(time.monotonic_ns() - t0, 0)
         return it
@@ -485,7 +488,8 @@ class _AutoStarts:
 
     def inprocess(self, part: EpochPlan) -> InProcessBatches:
         request = self.request
-        return InProcessBatches(request.options, request.epoch, part, request.profiler, self.handover)
+        return InProcessBatches(request.options, request.epoch, part, request.profiler, self.handover,
+                                request.buffers)
 
     def engine(self, auto: AutoBatches, rest: EpochPlan, workers: int,
                adopt: Callable[[_EngineBatches], None]) -> bool:

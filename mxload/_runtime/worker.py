@@ -229,6 +229,7 @@ class _ThreadLink(WorkerLink[m.Loaded]):
         self._worker_id = worker_id
         self._tasks = tasks
         self._deliver = deliver
+        self._buffers = _plan.ReusedBuffers()
 
     def next_task(self) -> m.Task | None:
         # A task is put as (epoch, batch index, indices, profiling): one
@@ -243,8 +244,8 @@ class _ThreadLink(WorkerLink[m.Loaded]):
                 t0: int, t1: int) -> m.Loaded:
         epoch, idx = task.epoch, task.batch_index
         if not task.profiling:
-            return m.Loaded(epoch, idx, _plan.collate(batchify_fn, samples, idx), None)
-        batch, stats, field_ns = _plan.collate_profiled(batchify_fn, samples, idx)
+            return m.Loaded(epoch, idx, _plan.collate(batchify_fn, samples, idx, self._buffers), None)
+        batch, stats, field_ns = _plan.collate_profiled(batchify_fn, samples, idx, self._buffers)
         t2 = time.monotonic_ns()
         return m.Loaded(epoch, idx, batch, m.Timings(t0, t1 - t0, t2 - t1, t2, stats, field_ns))
 
