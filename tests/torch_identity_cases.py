@@ -7,22 +7,17 @@ import os
 
 import torch
 import torch.utils.data as tdata
+from torch_dropin_cases import CountingDataset
 
 from mxload.torch import DataLoader
 
 N = 23
 
-class Counting(tdata.Dataset):
-    """Sample i is i (a torch-style map dataset)."""
+class Counting(CountingDataset):
+    """Sample i is i (a torch-style map dataset), N of them by default."""
 
     def __init__(self, n=N):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        return i
+        super().__init__(n)
 
 
 class Stream(tdata.IterableDataset):
