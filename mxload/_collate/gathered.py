@@ -11,7 +11,7 @@ nothing of the batchify functions; users still import it as
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -19,11 +19,12 @@ from numpy.typing import NDArray
 
 from .layout import Node
 from .plan import Planner, gather_columns
+from .rows import SamplesLater
 
 __all__ = ["GatheredSamples"]
 
 
-class GatheredSamples(Sequence[Any]):
+class GatheredSamples(SamplesLater):
     """Samples fetched by a vectorised ``__getitems__`` (see ArrayDataset).
 
     Behaves as the list of samples, but default collation sees the source
@@ -60,7 +61,8 @@ class GatheredSamples(Sequence[Any]):
             self._columns = tuple(a[self.indices] for a in self.sources)
         return self._columns
 
-    def _materialise(self) -> list[Any]:
+    def rows(self) -> list[Any]:
+        """The samples, as ``dataset[i]`` gives each."""
         if self._samples is None:
             if self.single:
                 self._samples = list(self.columns[0])
@@ -70,22 +72,6 @@ class GatheredSamples(Sequence[Any]):
 
     def __len__(self) -> int:
         return len(self.indices)
-
-    def __getitem__(self, i: Any) -> Any:
-        return self._materialise()[i]
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._materialise())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, (list, GatheredSamples)):
-            return self._materialise() == list(other)
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"GatheredSamples({self._materialise()!r})"
 
     def plan_columns(self, path: str, planner: Planner) -> Node | None:
         """Plan the columns as gathers, or None if one is not plainly numeric."""

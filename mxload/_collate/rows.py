@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-__all__ = ["RowsOfColumns", "fetches_columns"]
+__all__ = ["RowsOfColumns", "SamplesLater", "fetches_columns"]
 
 # (module, qualified name) of the __getitems__ that RowsOfColumns.fetch reproduces, and of the
 # __getitem__ that gives a contiguous run of rows for a slice exactly as for the list of them.
@@ -47,14 +47,41 @@ def _same_rows_as_slice(dataset: Any, keys: list[int]) -> slice | None:
     return slice(keys[0], keys[-1] + 1)
 
 
-class RowsOfColumns(Sequence[Any]):
+class SamplesLater(Sequence[Any]):
+    """A batch's samples that a dataset handed over in another form (columns), read as the
+    list :meth:`rows` makes on first need; equal to a list of the same samples, unhashable as
+    a list.  Subclasses: RowsOfColumns, and GatheredSamples (gathered.py)."""
+
+    __slots__ = ()
+
+    def rows(self) -> list[Any]:
+        raise NotImplementedError
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.rows()[i]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.rows())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (list, type(self))):
+            return self.rows() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.rows()!r})"
+
+
+class RowsOfColumns(SamplesLater):
     """Reads as the list of row dicts the dataset's ``__getitems__`` returns; holds the dict of
     columns (`batch`) it splits them from.  A function that is not one of mxload's planned
     batchify functions (a user's ``collate_fn``) gets that list itself (:meth:`rows`)."""
 
     __slots__ = ("batch", "n", "_rows")
 
-    def __init__(self, batch: dict[Any, Any], n: int):
+    def __init__(self, batch: Any, n: int):
         self.batch = batch
         self.n = n
         self._rows: list[Any] | None = None
@@ -64,10 +91,8 @@ class RowsOfColumns(Sequence[Any]):
         """What ``dataset.__getitems__(keys)`` returns, fetched as its code does (the same
         calls, so the same values and the same exceptions), its rows left unsplit."""
         batch = dataset.__getitem__(_same_rows_as_slice(dataset, keys) or keys)
-        n = len(batch[next(iter(batch))])
-        if type(batch) is not dict:
-            return [{col: array[i] for col, array in batch.items()} for i in range(n)]
-        return cls(batch, n)
+        kept = cls(batch, len(batch[next(iter(batch))]))
+        return kept if type(batch) is dict else kept.rows()   # only a dict's columns are planned
 
     def rows(self) -> list[Any]:
         """The list of row dicts, as the dataset's own ``__getitems__`` builds it."""
@@ -77,19 +102,3 @@ class RowsOfColumns(Sequence[Any]):
 
     def __len__(self) -> int:
         return self.n
-
-    def __getitem__(self, i: Any) -> Any:
-        return self.rows()[i]
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.rows())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, (list, RowsOfColumns)):
-            return self.rows() == list(other)
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"RowsOfColumns({self.rows()!r})"
