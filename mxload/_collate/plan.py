@@ -455,6 +455,17 @@ def allocate(nbytes: int) -> NDArray[np.uint8]:
     return raw[start:start + nbytes]
 
 
+SLAB_GRANULE = 64 * 1024   # buffer sizes are multiples: batches of nearby sizes share buffers
+
+
+def slab_size_for(nbytes: int, current: int = 0) -> int:
+    """Size of a new buffer (a worker's shared slab, an in-process batch's) that must hold
+    `nbytes`: rounded up, and grown by at least 1/8 over one found too small so ragged batches
+    settle quickly."""
+    want = max(nbytes, current + current // 8)
+    return max(SLAB_GRANULE, -(-want // SLAB_GRANULE) * SLAB_GRANULE)
+
+
 class ReusedBuffers:
     """Private buffers for the batches one loader collates in its own process (no workers,
     thread workers), each reused once every view of the batch in it is gone, as a worker's
@@ -466,8 +477,6 @@ class ReusedBuffers:
     whichever thread drops the batch's last view."""
 
     __slots__ = ("_free", "_keep")
-
-    GRANULE = 64 * 1024   # sizes are multiples: batches of nearby sizes share buffers
 
     def __init__(self, keep: int = 4):
         self._free: list[_core.Slab] = []
@@ -481,7 +490,7 @@ class ReusedBuffers:
                 slab = free.pop(i)
                 break
         else:
-            slab = _core.Slab(-1, max(self.GRANULE, -(-nbytes // self.GRANULE) * self.GRANULE), private=True)
+            slab = _core.Slab(-1, slab_size_for(nbytes), private=True)
         return _core.BatchOwner(slab, 0, nbytes, self._give_back)
 
     def _give_back(self, slab: _core.Slab) -> None:

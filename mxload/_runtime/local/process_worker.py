@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..._collate import plan as _plan
+from ..._collate.plan import slab_size_for
 from ..._core import Slab, watch_main_process
 from .. import messages as m
 from ..messages import WorkerConfig
@@ -23,7 +24,7 @@ from ..worker import WorkerLink, enter_process, reseed_process, serve
 from . import wire
 from .heap import freeze_inherited_objects, keep_freed_memory
 from .inherit import unpickle_payload
-from .slabs import create_shared_fd, map_slab, slab_size_for
+from .slabs import create_shared_fd, map_slab
 
 __all__ = ["worker_process_main", "report_start_failure", "ProcessLink", "Layouts", "MAX_NAMED_LAYOUTS"]
 

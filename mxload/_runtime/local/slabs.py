@@ -12,12 +12,12 @@ import os
 import secrets
 from collections.abc import Callable
 
+from ..._collate.plan import SLAB_GRANULE
 from ..._core import BatchLender, FreeSlabs, Slab
 from ...errors import SHARED_MEMORY_ADVICE, SharedMemoryError, WorkerError
 from . import fds as _fds
 
 _PAGE = 4096
-_GRANULE = 64 * 1024
 
 # A training loop that keeps this many batches alive (their slabs lent to it) keeps batches, not
 # just the one in hand and a few in flight to an accelerator: from then on, a batch of at most
@@ -25,14 +25,7 @@ _GRANULE = 64 * 1024
 # once (see BatchLender).  Larger batches keep their slab (a copy's cost grows with the batch,
 # what a slab wastes does not).
 COPY_KEPT_FROM = 32
-COPY_KEPT_MAX_BYTES = _GRANULE
-
-
-def slab_size_for(nbytes: int, current: int = 0) -> int:
-    """Size of a new slab that must hold `nbytes`: rounded up, and grown by at
-    least 1/8 over a slab found too small so ragged batches settle quickly."""
-    want = max(nbytes, current + current // 8)
-    return max(_GRANULE, -(-want // _GRANULE) * _GRANULE)
+COPY_KEPT_MAX_BYTES = SLAB_GRANULE
 
 
 def create_shared_fd(size: int) -> int:
