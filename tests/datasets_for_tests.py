@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import faulthandler
+import gc
 import os
 import signal
 import sys
@@ -538,3 +539,52 @@ class _Counter:
 
 def unprintable_init(worker_id: int) -> None:
     raise UnprintableError(f"init of worker {worker_id}")
+
+
+_GC_PROBE_ARMED = False
+
+
+def _probe_sample(kind: str, i: int):
+    if kind == "tuple":
+        return np.full((4, 3), i, np.float32), i, float(i) / 2
+    if kind == "dict":
+        return {"x": np.arange(3.0) + i, "nested": (np.zeros(2, np.int64), [i, 1.5]), "name": f"s{i}"}
+    if kind == "ragged":
+        return {"seq": np.arange(i % 5 + 1, dtype=np.int64), "label": i}
+    if kind == "tensor":
+        import torch
+        return torch.full((3, 4), float(i)), i
+    if kind == "tensor-dict":
+        import torch
+        return {"x": torch.full((5,), float(i)), "y": torch.tensor(i), "name": f"s{i}"}
+    raise ValueError(f"unknown sample kind {kind!r}")
+
+
+class GcProbe(mxload.Dataset):
+    """Samples of `kind`, each with the field `unreachable`: 0, except in the last sample,
+    where it is how many objects the cyclic collector found unreachable in the process that
+    fetched it since that process fetched its first sample (the collector is off meanwhile).
+    A loader whose per-batch work makes no reference cycle frees every batch's samples, plan
+    and buffer when the batch goes, and the count is 0."""
+
+    def __init__(self, kind: str, n: int = 96):
+        self.kind, self.n = kind, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        global _GC_PROBE_ARMED
+        if not _GC_PROBE_ARMED:
+            _GC_PROBE_ARMED = True
+            gc.collect()
+            gc.disable()
+        unreachable = 0
+        if i == self.n - 1:
+            unreachable = gc.collect()
+            gc.enable()
+            _GC_PROBE_ARMED = False
+        sample = _probe_sample(self.kind, i)
+        if isinstance(sample, dict):
+            return {**sample, "unreachable": unreachable}
+        return (*sample, unreachable)

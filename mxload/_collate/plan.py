@@ -638,26 +638,30 @@ class _TreeShape:
         """The layout node of the whole structure, calling add_array or
         add_other (with its path) at each leaf, in preorder: the checked
         path's order of fields and errors."""
-        nodes = self.nodes
+        return _walk_tree(self.nodes, 0, path, add_array, add_other)[0]
 
-        def walk(k: int, path: str) -> tuple[Node, int]:
-            kind, nchildren, _ = nodes[k]
-            if kind == _core.TREE_ARRAY:
-                return add_array(path), k + 1
-            if kind == _core.TREE_OTHER:
-                return add_other(path), k + 1
-            children, keys = [], []
-            c = k + 1
-            for i in range(nchildren):
-                key = nodes[c][2]
-                child, c = walk(c, f"{path}[{key!r}]" if kind == _core.TREE_DICT else f"{path}[{i}]")
-                children.append(child)
-                keys.append(key)
-            if kind == _core.TREE_DICT:
-                return layout.dict_node(tuple(keys), children), c
-            return layout.tuple_node(None if kind == _core.TREE_TUPLE else list, children), c
 
-        return walk(0, path)[0]
+def _walk_tree(nodes: Any, k: int, path: str, add_array: Callable[[str], Node],
+               add_other: Callable[[str], Node]) -> tuple[Node, int]:
+    """(node of tree node k, the index after its subtree).  A function of the module, not a
+    closure that calls itself: such a closure is a reference cycle, and it held every batch's
+    planner (its samples and its buffer) until the cyclic collector ran."""
+    kind, nchildren, _ = nodes[k]
+    if kind == _core.TREE_ARRAY:
+        return add_array(path), k + 1
+    if kind == _core.TREE_OTHER:
+        return add_other(path), k + 1
+    children, keys = [], []
+    c = k + 1
+    for i in range(nchildren):
+        key = nodes[c][2]
+        child_path = f"{path}[{key!r}]" if kind == _core.TREE_DICT else f"{path}[{i}]"
+        child, c = _walk_tree(nodes, c, child_path, add_array, add_other)
+        children.append(child)
+        keys.append(key)
+    if kind == _core.TREE_DICT:
+        return layout.dict_node(tuple(keys), children), c
+    return layout.tuple_node(None if kind == _core.TREE_TUPLE else list, children), c
 
 
 class TreeCache:
