@@ -30,7 +30,13 @@ from ._torch_compat import (
     torch_module,
 )
 from .backends import Backend, RayBackend, resolve_backend
-from .batchify import _Unbatched, default_batchify, default_convert
+from .batchify import (
+    _Unbatched,
+    default_batchify,
+    default_convert,
+    torch_default_collate,
+    torch_default_convert,
+)
 from .dataset import IterableDataset
 
 __all__ = ["LoaderOptions", "START_METHODS", "SEEDINGS", "MAX_AUTO_WORKERS", "is_iterable_dataset"]
@@ -248,8 +254,7 @@ class LoaderOptions:
         if num_workers == 0:
             _check_no_worker_options(persistent_workers, thread_pool, max_worker_restarts,
                                      multiprocessing_context, start_method, ray_backend is not None)
-        collate = batchify_fn if batchify_fn is not None else (
-            default_batchify if auto_batching else default_convert)
+        collate = batchify_fn if batchify_fn is not None else _default_collate(auto_batching, torch_switches)
         return cls(
             dataset=dataset,
             batching=BatchingOptions(
@@ -328,6 +333,13 @@ _GROUPS: dict[str, Any] = {"batching": BatchingOptions, "workers": WorkerOptions
 _GROUP_OF = {f.name: group for group, kind in _GROUPS.items() for f in dataclasses.fields(kind)}
 
 
+def _default_collate(auto_batching: bool, torch_face: bool) -> Any:
+    """The collate function of a loader given none: mxload.torch's gives torch's containers."""
+    if torch_face:
+        return torch_default_collate if auto_batching else torch_default_convert
+    return default_batchify if auto_batching else default_convert
+
+
 def _native_collate(fn: Any, torch_face: bool) -> Any:
     """In mxload.torch, torch's default_collate and default_convert are mxload's (which give the
     same batches, collated natively): passed explicitly, as code that rebuilds a loader from its
@@ -335,9 +347,9 @@ def _native_collate(fn: Any, torch_face: bool) -> Any:
     data = sys.modules.get("torch.utils.data") if torch_face else None
     if data is not None:
         if fn is getattr(data, "default_collate", None):
-            return default_batchify
+            return torch_default_collate
         if fn is getattr(data, "default_convert", None):
-            return default_convert
+            return torch_default_convert
     return fn
 
 

@@ -317,8 +317,11 @@ class _DefaultBatchify(Batchify):
         ((2, 2), [1, 2])
     """
 
-    def __init__(self) -> None:
-        self._trees = TreeCache()
+    def __init__(self, tuples_as_lists: bool = False) -> None:
+        # torch's default_collate makes a list of a tuple's fields ("backwards compatibility" in
+        # torch's words); mxload's default keeps the tuple.  mxload.torch collates with the former.
+        self._tuples: type | None = list if tuples_as_lists else None
+        self._trees = TreeCache(self._tuples)
 
     def plan(self, samples: Sequence[Any], path: str, planner: Planner) -> Node:
         if type(samples) is list and type(samples[0]) in _TREE_TYPES:
@@ -329,7 +332,7 @@ class _DefaultBatchify(Batchify):
             if node is not None:
                 return node
         elif isinstance(samples, GatheredSamples):
-            node = samples.plan_columns(path, planner)
+            node = samples.plan_columns(path, planner, self._tuples)
             if node is not None:
                 return node
         elif isinstance(samples, RowsOfColumns) and len(samples):
@@ -364,7 +367,7 @@ class _DefaultBatchify(Batchify):
                                                    for name, c in zip(first._fields, columns)])
         if type(first) in (tuple, list):
             columns = _columns(samples, len(first), path, planner)
-            return layout.tuple_node(None if isinstance(first, tuple) else list,
+            return layout.tuple_node(self._tuples if isinstance(first, tuple) else list,
                                      [self._plan_checked(c, f"{path}[{i}]", planner)
                                       for i, c in enumerate(columns)])
         if type(first) is dict:
@@ -383,7 +386,8 @@ class _DefaultBatchify(Batchify):
         if isinstance(first, Sequence):   # range, user sequences, list/tuple subclasses
             columns = _columns(samples, len(first), path, planner, kinds=(Sequence,))
             children = [self._plan_checked(c, f"{path}[{i}]", planner) for i, c in enumerate(columns)]
-            template = _sequence_template(first)
+            tuple_to_list = self._tuples is list and isinstance(first, tuple)
+            template = None if tuple_to_list else _sequence_template(first)
             if template is None:
                 return layout.tuple_node(list, children)
             return layout.sequence_node(template, children)
@@ -402,7 +406,7 @@ class _DefaultBatchify(Batchify):
         return stack_column(planner, [np.asarray(s) for s in samples], path)
 
     def __repr__(self) -> str:
-        return "default_batchify"
+        return "default_batchify" if self._tuples is None else "torch_default_collate"
 
 
 _TREE_TYPES = (dict, tuple, list)
@@ -464,29 +468,33 @@ class _Convert(Batchify):
         {'x': array([0, 1]), 'label': 3}
     """
 
+    def __init__(self, tuples_as_lists: bool = False) -> None:
+        self._tuples_as_lists = tuples_as_lists   # torch's default_convert: a tuple becomes a list
+
     def plan(self, samples: Sequence[Any], path: str, planner: Planner) -> Node:
         # CPU tensors go to the planner as they are: torch copies each into
         # the batch buffer (any dtype; a bfloat16 one stays a tensor).
-        return planner.add_value(path, _convert(samples[0], keep_tensors=True))
+        return planner.add_value(path, _convert(samples[0], self._tuples_as_lists, keep_tensors=True))
 
     def __call__(self, sample: Any) -> Any:   # one sample, as torch's
-        return _convert(sample)
+        return _convert(sample, self._tuples_as_lists)
 
     def __repr__(self) -> str:
-        return "default_convert"
+        return "torch_default_convert" if self._tuples_as_lists else "default_convert"
 
 
-def _convert(x: Any, keep_tensors: bool = False) -> Any:
+def _convert(x: Any, tuples_as_lists: bool, keep_tensors: bool = False) -> Any:
     if isinstance(x, np.ndarray):
         return x
     if is_tensor(x):
         return x if keep_tensors and collatable_tensor(x) else tensor_to_numpy(x)
     if isinstance(x, tuple) and hasattr(x, "_fields"):
-        return type(x)(*(_convert(v, keep_tensors) for v in x))
+        return type(x)(*(_convert(v, tuples_as_lists, keep_tensors) for v in x))
     if type(x) in (tuple, list):
-        return type(x)(_convert(v, keep_tensors) for v in x)
+        items = [_convert(v, tuples_as_lists, keep_tensors) for v in x]
+        return items if type(x) is list or tuples_as_lists else tuple(items)
     if type(x) is dict:
-        return {k: _convert(v, keep_tensors) for k, v in x.items()}
+        return {k: _convert(v, tuples_as_lists, keep_tensors) for k, v in x.items()}
     return x
 
 
@@ -498,8 +506,8 @@ class _Unbatched(Batchify):
         self.fn = fn
 
     def plan(self, samples: Sequence[Any], path: str, planner: Planner) -> Node:
-        if self.fn is default_convert:
-            return default_convert.plan(samples, path, planner)
+        if isinstance(self.fn, _Convert):
+            return self.fn.plan(samples, path, planner)
         return planner.add_value("batch", self.fn(samples[0]))
 
     def __repr__(self) -> str:
@@ -508,6 +516,10 @@ class _Unbatched(Batchify):
 
 default_batchify = _DefaultBatchify()
 default_convert = _Convert()
+# mxload.torch's natives for torch's default_collate and default_convert: the same, with a tuple's
+# fields collated into a list, as torch's functions give them.
+torch_default_collate = _DefaultBatchify(tuples_as_lists=True)
+torch_default_convert = _Convert(tuples_as_lists=True)
 
 
 def _as_sample_array(x: Any, i: int, what: str) -> Any:

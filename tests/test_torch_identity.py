@@ -405,3 +405,27 @@ def test_an_iter_datapipe_takes_shuffle_as_torch():
     assert [b.tolist() for b in mxtorch.DataLoader(pipe, batch_size=8, shuffle=False)][0] == list(range(8))
     with pytest.raises(ValueError, match="expected unspecified shuffle"):
         mxtorch.DataLoader(cases.Stream(), shuffle=True)
+
+
+def _structure(x):
+    """The container types and leaves' kinds of a batch, for comparing two loaders' batches."""
+    if isinstance(x, torch.Tensor):
+        return ("tensor", x.dtype, tuple(x.shape), x.tolist())
+    if isinstance(x, dict):
+        return (type(x).__name__, {k: _structure(v) for k, v in x.items()})
+    if isinstance(x, (list, tuple)):
+        return (type(x).__name__, [_structure(v) for v in x])
+    return (type(x).__name__, x)
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize("batch_size", [2, None])
+def test_batches_have_torchs_containers_tuples_collated_into_lists(batch_size, num_workers):
+    """torch's default_collate and default_convert make a list of a tuple's fields (at every
+    depth; a namedtuple stays one): mxload.torch gave tuples, so `batch[0] = batch[0].to(device)`
+    raised TypeError where torch's loader let it run.  TensorDataset's gathered batches too."""
+    for dataset in (cases.Containers(), tdata.TensorDataset(torch.arange(6.0), torch.arange(6))):
+        want, got = (list(loader(dataset, batch_size=batch_size, num_workers=num_workers))
+                     for loader in (tdata.DataLoader, mxtorch.DataLoader))
+        assert [_structure(b) for b in got] == [_structure(b) for b in want]
+        got[0][0] = got[0][0] * 2   # torch's batches take an assignment

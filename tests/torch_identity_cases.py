@@ -3,6 +3,7 @@ of their own: the test module imports torch only when a test first uses it (NOTE
 in conftest.py)."""
 from __future__ import annotations
 
+import collections
 import os
 
 import torch
@@ -84,3 +85,18 @@ class WorkerPids(tdata.Dataset):
 
     def __getitem__(self, i):
         return torch.tensor([tdata.get_worker_info().id, os.getpid()])
+
+
+Pair = collections.namedtuple("Pair", "x y")
+
+
+class Containers(tdata.Dataset):
+    """Samples nesting every container default_collate treats on its own: a tuple (collated into
+    a list), a list, a namedtuple, a dict, a tuple of a tuple."""
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int):
+        t = torch.full((2,), float(i))
+        return (t, [i, t], Pair(t, i), {"a": (i, (t, 1.5)), "s": "x"})

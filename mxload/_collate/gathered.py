@@ -73,6 +73,7 @@ class GatheredSamples(SamplesLater):
     def __len__(self) -> int:
         return len(self.indices)
 
-    def plan_columns(self, path: str, planner: Planner) -> Node | None:
-        """Plan the columns as gathers, or None if one is not plainly numeric."""
-        return gather_columns(planner, self.sources, self.indices, self.single, path)
+    def plan_columns(self, path: str, planner: Planner, tuples: type | None = None) -> Node | None:
+        """Plan the columns as gathers (a sample's fields collated into a tuple, or into
+        `tuples`), or None if one is not plainly numeric."""
+        return gather_columns(planner, self.sources, self.indices, self.single, path, tuples)

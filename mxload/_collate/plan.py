@@ -576,7 +576,7 @@ def pad_column(planner: Planner, arrays: list[NDArray[Any]], path: str, axis: in
 
 
 def gather_columns(planner: Planner, sources: Sequence[Any], indices: NDArray[np.int64], single: bool,
-                   path: str) -> Node | None:
+                   path: str, tuples: type | None = None) -> Node | None:
     """A batch gathered from columns (GatheredSamples): each column's rows
     at `indices` taken straight into the batch buffer; None if a column is
     not plainly numeric (the caller then collates sample by sample)."""
@@ -588,7 +588,7 @@ def gather_columns(planner: Planner, sources: Sequence[Any], indices: NDArray[np
         return None
     nodes = [planner._add(TakeField(path if single else f"{path}[{i}]", a, indices))
              for i, a in enumerate(sources)]
-    return nodes[0] if single else layout.tuple_node(None, nodes)
+    return nodes[0] if single else layout.tuple_node(tuples, nodes)
 
 
 class _TreeShape:
@@ -597,11 +597,12 @@ class _TreeShape:
     batch's layout root for a batch with no other leaf planned at field 0
     on, and the array fields made for the batch sizes seen."""
 
-    __slots__ = ("tree", "path", "nodes", "arrays", "root0", "_fields", "_placed")
+    __slots__ = ("tree", "path", "tuples", "nodes", "arrays", "root0", "_fields", "_placed")
 
-    def __init__(self, first: Any, path: str):
+    def __init__(self, first: Any, path: str, tuples: type | None):
         self.tree = _core.SampleTree(first)
         self.path = path
+        self.tuples = tuples
         self.nodes = self.tree.nodes
         self.arrays: list[tuple[str, tuple[int, ...], np.dtype[Any]]] = []
         leaves = self.tree.leaves
@@ -638,11 +639,11 @@ class _TreeShape:
         """The layout node of the whole structure, calling add_array or
         add_other (with its path) at each leaf, in preorder: the checked
         path's order of fields and errors."""
-        return _walk_tree(self.nodes, 0, path, add_array, add_other)[0]
+        return _walk_tree(self.nodes, 0, path, add_array, add_other, self.tuples)[0]
 
 
 def _walk_tree(nodes: Any, k: int, path: str, add_array: Callable[[str], Node],
-               add_other: Callable[[str], Node]) -> tuple[Node, int]:
+               add_other: Callable[[str], Node], tuples: type | None) -> tuple[Node, int]:
     """(node of tree node k, the index after its subtree).  A function of the module, not a
     closure that calls itself: such a closure is a reference cycle, and it held every batch's
     planner (its samples and its buffer) until the cyclic collector ran."""
@@ -656,12 +657,12 @@ def _walk_tree(nodes: Any, k: int, path: str, add_array: Callable[[str], Node],
     for i in range(nchildren):
         key = nodes[c][2]
         child_path = f"{path}[{key!r}]" if kind == _core.TREE_DICT else f"{path}[{i}]"
-        child, c = _walk_tree(nodes, c, child_path, add_array, add_other)
+        child, c = _walk_tree(nodes, c, child_path, add_array, add_other, tuples)
         children.append(child)
         keys.append(key)
     if kind == _core.TREE_DICT:
         return layout.dict_node(tuple(keys), children), c
-    return layout.tuple_node(None if kind == _core.TREE_TUPLE else list, children), c
+    return layout.tuple_node(tuples if kind == _core.TREE_TUPLE else list, children), c
 
 
 class TreeCache:
@@ -680,13 +681,14 @@ class TreeCache:
     the field and the sample.  The cache does not travel (pickling or copying
     a batchify function starts it empty)."""
 
-    __slots__ = ("_shape",)
+    __slots__ = ("_shape", "_tuples")
 
-    def __init__(self) -> None:
+    def __init__(self, tuples: type | None = None) -> None:
         self._shape: _TreeShape | None = None
+        self._tuples = tuples   # what a tuple's fields are collated into: a tuple (None) or a list
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (TreeCache, ())
+        return (TreeCache, (self._tuples,))
 
     def plan(self, planner: Planner, samples: Sequence[Any], path: str,
              plan_other: Callable[[Sequence[Any], str, Planner], Node]) -> Node | None:
@@ -698,7 +700,7 @@ class TreeCache:
             got = shape.tree.gather(samples)
         if shape is None or got == 0:
             # No tree yet, or sample 0 differs from the cached one: its own.
-            shape = self._shape = _TreeShape(samples[0], path)
+            shape = self._shape = _TreeShape(samples[0], path, self._tuples)
             got = shape.tree.gather(samples)
         if isinstance(got, int):
             return None
