@@ -171,3 +171,49 @@ def test_a_contiguous_run_of_rows_is_fetched_as_a_slice_and_gives_the_same_batch
 
     mine = Mine(hf_dataset.data).with_format("torch")
     assert len(list(mxtorch.DataLoader(mine, batch_size=8))) == 5
+
+
+def _equal_rows(got, want):
+    assert type(got) is type(want) and len(got) == len(want)
+    for g, w in zip(got, want):
+        assert type(g) is type(w) and list(g) == list(w)
+        for key in w:
+            a, b = g[key], w[key]
+            assert type(a) is type(b), key
+            if isinstance(b, torch.Tensor):
+                assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), key
+            elif isinstance(b, np.ndarray):
+                assert (a.dtype, a.shape, a.tobytes()) == (b.dtype, b.shape, b.tobytes()), key
+            else:
+                assert a == b, key
+
+
+def test_shuffled_rows_are_gathered_in_one_chunk_and_read_as_the_datasets_own(hf_dataset, monkeypatch):
+    """A shuffled batch's rows are gathered as datasets' own _getitem gathers them, then joined
+    into one Arrow chunk before datasets formats them (it formats a column chunk by chunk, one
+    chunk per gathered row): the rows are the dataset's own __getitems__'s, bit for bit, in every
+    format, with an indices mapping, a column subset, a transform and a fixed-shape array feature."""
+    import datasets
+    import datasets.formatting
+
+    formatted = []   # (rows, chunks) of each table mxload has datasets format
+    real = datasets.formatting.format_table
+    monkeypatch.setattr(datasets.formatting, "format_table", lambda table, *a, **k: formatted.append(
+        (table.num_rows, table.column(0).num_chunks)) or real(table, *a, **k))
+    grid = datasets.Dataset.from_dict(
+        {"m": np.arange(N * 6, dtype=np.float32).reshape(N, 2, 3), "k": list(range(N))},
+        features=datasets.Features({"m": datasets.Array2D((2, 3), "float32"), "k": datasets.Value("int32")}))
+    variants = {
+        "torch": hf_dataset, "numpy": hf_dataset.with_format("numpy"), "python": hf_dataset.with_format(None),
+        "indices mapping": hf_dataset.shuffle(seed=0),
+        "columns": hf_dataset.with_format("torch", columns=["x", "label"], output_all_columns=True),
+        "transform": hf_dataset.with_transform(lambda b: {"twice": [2 * v for v in b["label"]]}),
+        "array2d": grid.with_format("torch")}
+    keys = [5, 30, 2, 2, 17, 0, 36]
+    for name, ds in variants.items():
+        formatted.clear()
+        got = RowsOfColumns.fetch(ds, keys)
+        assert formatted == [(len(keys), 1)], name   # gathered, then formatted in one chunk
+        _equal_rows(got.rows() if isinstance(got, RowsOfColumns) else got, ds.__getitems__(keys))
+    with pytest.raises(IndexError):   # datasets' own error for a row out of range
+        RowsOfColumns.fetch(hf_dataset, [1, N])
