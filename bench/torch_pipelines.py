@@ -43,7 +43,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import header, median, table  # noqa: E402
+from _common import compile_mxload, header, median, table  # noqa: E402
 
 WORKLOADS = ("imagefolder", "timm", "hf", "hf-shuffled", "tensor")
 HF = ("hf", "hf-shuffled")
@@ -168,6 +168,11 @@ class EvalTransform:
 
 def build_dataset(workload: str, images: str) -> Any:
     import torch
+    if workload in ("imagefolder", "timm"):
+        # torchvision imports PIL when it is imported (its datasets and transforms modules): the
+        # training process has it before any worker starts.  Imported only in __getitem__, every
+        # worker of every epoch imported it afresh (~30-50 ms), for both loaders alike.
+        import PIL.Image  # noqa: F401
     if workload == "imagefolder":
         return ImageFolderLike(images, TrainTransform())
     if workload == "timm":
@@ -283,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     if set(HF) & set(workloads):
         versions += f", datasets {hf_version}"
     print(versions + f"; {args.repeats} fresh processes per cell, {args.epochs} epochs each")
+    # The measured processes import mxload from this checkout (run_child): its bytecode first.
+    compile_mxload(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mxload"))
     print(f"# before: {uptime()}", flush=True)
     rows = [(w, c) for w in workloads for c in args.configs]
     times: dict[tuple[str, str, str], list[float]] = {(w, c, impl): [] for w, c in rows
