@@ -244,11 +244,16 @@ def test_gil_time_is_counted_between_waits(chan):
     assert rcv.stats()["gil_ns"] == before
 
 
+# Each round is the whole behaviour; the many rounds that try the race are the `races` tier's.
+ROUNDS = [pytest.param(None, id="once"), pytest.param(50, marks=pytest.mark.races, id="race")]
+
+
+@pytest.mark.parametrize("rounds", ROUNDS)
 @pytest.mark.parametrize("senders", [1, 2])
-def test_concurrent_batches_reach_a_waiting_consumer(senders):
+def test_concurrent_batches_reach_a_waiting_consumer(senders, rounds):
     """A receiver thread storing while the consumer waits in get(): every
-    batch arrives once, none is lost between a look and a sleep (50 rounds)."""
-    for _ in range(50):
+    batch arrives once, none is lost between a look and a sleep (50 rounds in the races tier)."""
+    for _ in range(race_rounds(rounds) if rounds else 1):
         _concurrent_round(senders, 200, lambda rcv: rcv.wait(0.01), lambda rcv, rb, i: rb.get(i, timeout=10))
 
 
@@ -413,11 +418,12 @@ def test_watch_reports_an_ended_worker_once_with_its_frames_read(ended_worker):
     assert rcv.drain(1, 9) is False and 1 in rb
 
 
+@pytest.mark.parametrize("rounds", ROUNDS)
 @pytest.mark.parametrize("senders", [1, 3])
-def test_a_consumer_receiving_beside_a_watcher_loses_nothing(senders):
+def test_a_consumer_receiving_beside_a_watcher_loses_nothing(senders, rounds):
     """The consumer reads in get() while the watcher sleeps in watch() and
-    senders write at once: every batch arrives exactly once (50 rounds)."""
-    for _ in range(50):
+    senders write at once: every batch arrives exactly once (50 rounds in the races tier)."""
+    for _ in range(race_rounds(rounds) if rounds else 1):
         _concurrent_round(senders, 200, lambda rcv: rcv.watch(0.01), _consumer_take)
 
 

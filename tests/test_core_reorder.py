@@ -563,6 +563,7 @@ def _start_all(threads):
         t.start()
 
 
+@pytest.mark.races   # 100k items through 4 putters and 4 takers: the buffer's races, tried at length
 def test_stress_get_disjoint_indices():
     buf = ReorderBuffer()
     items = [Item(i) for i in range(N_STRESS)]
@@ -627,6 +628,7 @@ def test_stress_get_disjoint_indices():
 POP_WINDOW = 256
 
 
+@pytest.mark.races   # 100k items through 4 putters and 4 takers: the buffer's races, tried at length
 def test_stress_pop_next():
     buf = ReorderBuffer()
     window = threading.Semaphore(POP_WINDOW)
@@ -952,6 +954,8 @@ print(round(time.monotonic() - t0, 3), flush=True)
 """
 
 
+# slow: it builds a C shim and times waits in a fresh interpreter (~1.2 s on 2 cores)
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD_PRELOAD shim, Linux")
 def test_a_wall_clock_step_does_not_stretch_waits(tmp_path):
     import shutil

@@ -7,6 +7,7 @@ import resource
 
 import numpy as np
 import pytest
+from conftest import start_methods
 
 import mxload
 from mxload._runtime.local import heap
@@ -95,7 +96,7 @@ class _CollectorView(mxload.Dataset):
 INHERITED_OBJECTS = 200_000
 
 
-@pytest.mark.parametrize("start_method", ["fork", "forkserver", "spawn"])
+@pytest.mark.parametrize("start_method", start_methods("fork", "forkserver", "spawn"))
 def test_a_worker_s_collector_never_walks_what_it_inherited(start_method):
     """A forked worker inherits the training process's heap (hundreds of
     thousands of objects once torch is imported): its full collections
