@@ -542,7 +542,6 @@ def unprintable_init(worker_id: int) -> None:
 
 
 _GC_PROBE_ARMED = False
-_GC_PROBE_FROZE = False   # whether GcProbe froze the collector's objects (and must thaw them)
 
 
 def _probe_sample(kind: str, i: int):
@@ -575,24 +574,14 @@ class GcProbe(mxload.Dataset):
         return self.n
 
     def __getitem__(self, i: int):
-        global _GC_PROBE_ARMED, _GC_PROBE_FROZE
+        global _GC_PROBE_ARMED
         if not _GC_PROBE_ARMED:
             _GC_PROBE_ARMED = True
+            gc.collect()
             gc.disable()
-            if gc.get_freeze_count():
-                gc.collect()   # a worker: it froze what it inherited, so this walks little
-            else:
-                # The training process: freezing what exists now leaves it out of the count
-                # and out of the final collection's walk (with torch imported, a full
-                # collection walks ~200k objects: 0.1-0.2 s).  Thawed below.
-                _GC_PROBE_FROZE = True
-                gc.freeze()
         unreachable = 0
         if i == self.n - 1:
             unreachable = gc.collect()
-            if _GC_PROBE_FROZE:
-                gc.unfreeze()
-                _GC_PROBE_FROZE = False
             gc.enable()
             _GC_PROBE_ARMED = False
         sample = _probe_sample(self.kind, i)
