@@ -308,7 +308,10 @@ def slab_mappings(pid: int | str = "self") -> set:
     """Address ranges where this process (or process `pid`) maps an mxload slab:
     a slab still mapped after the test is memory the test leaked."""
     with open(f"/proc/{pid}/maps") as f:
-        return {line.split(None, 1)[0] for line in f if is_slab_mapping(line)}
+        maps = f.read()
+    # Read at each test's start and end: only the lines that can name a slab are parsed.
+    return {line.split(None, 1)[0] for line in maps.splitlines()
+            if "mxload-" in line and is_slab_mapping(line)}
 
 
 def thread_idents() -> set:

@@ -114,6 +114,10 @@ def test_pickled_field_is_named_with_a_hint():
         assert "pickled fallback" in report.verdict and "numpy array" in report.verdict
 
 
+# slow: 40 batches of 30 ms in the loop, so that the workers' start stays under the verdict's
+# share on a loaded machine (1.3 s).  The fast tier measures the consumer-bound stages
+# (test_stages_add_up_to_the_wall_time) and words the verdict (tests/test_profile_report.py).
+@pytest.mark.slow
 def test_slow_consumer_gets_the_consumer_bound_verdict():
     # 40 batches: on a loaded machine the wait for the workers' start and first
     # batch must not reach the loader-bound share (20%) of a short epoch.
