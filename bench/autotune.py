@@ -41,7 +41,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import busy_s, header, median, table  # noqa: E402
-from loader import ALL, QUICK_SCALE, build_datasets, close_iter, touch  # noqa: E402
+from _workloads import ALL, QUICK_SCALE, build_datasets, close_iter, touch  # noqa: E402
 
 import mxload  # noqa: E402
 from mxload._cpus import usable_cores  # noqa: E402

@@ -36,29 +36,16 @@ import time
 import warnings
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import busy_s, header, median, optional_torch, table  # noqa: E402
+from _workloads import ALL, BATCHES, QUICK_SCALE, build_datasets, close_iter, own_cpu_s, touch  # noqa: E402
 
 import mxload  # noqa: E402
-from mxload import synthetic as D  # noqa: E402
 
 torch, TorchDataLoader, _TORCH_ERROR = optional_torch()
 
 warnings.filterwarnings("ignore", message=".*worker processes in total.*")
-
-# Batches per repeat (full run, quick run); capped by the loader's length.
-BATCHES = {
-    "images": (150, 60),
-    "tabular": (190, 60),
-    "tabular-getitems": (190, 60),
-    "dict16": (75, 35),
-    "augment": (60, 16),
-    "jpeg": (40, 12),
-}
-QUICK_SCALE = 0.5
 
 # Targets: minimum mxload/torch b/s ratio with 2 workers.
 TARGETS = {"images": 8.0, "tabular": 5.0, "tabular-getitems": 3.0, "dict16": 8.0, "augment": 1.2}
@@ -66,57 +53,6 @@ TARGETS = {"images": 8.0, "tabular": 5.0, "tabular-getitems": 3.0, "dict16": 8.0
 # workers must never lose to in-process loading; a vectorised gather must gain
 # 1.3x, and a decode-bound dataset on 2 cores 90% of the ideal 2x.
 W_TARGETS = {"tabular-getitems": 1.3, "jpeg": 1.8}
-
-
-def _available_workloads() -> dict[str, Any]:
-    """Every workload this environment can build (jpeg needs pillow)."""
-    out = dict(D.WORKLOADS)
-    try:
-        import PIL  # noqa: F401
-        out.update(D.EXTRA_WORKLOADS)
-    except ImportError:
-        pass
-    return out
-
-
-ALL = _available_workloads()
-
-
-# ---------------------------------------------------------------- batch walking
-
-def _leaves(batch: Any):
-    if isinstance(batch, (tuple, list)):
-        for x in batch:
-            yield from _leaves(x)
-    elif isinstance(batch, dict):
-        for x in batch.values():
-            yield from _leaves(x)
-    else:
-        yield batch
-
-
-def _as_numpy(x: Any) -> np.ndarray | None:
-    if isinstance(x, np.ndarray):
-        return x
-    if torch is not None and isinstance(x, torch.Tensor):
-        return x.numpy()
-    return None
-
-
-def touch(batch: Any, pages: bool) -> int:
-    """Read one element (or one byte per page) of every array; return the
-    batch's bytes."""
-    total = 0
-    for leaf in _leaves(batch):
-        a = _as_numpy(leaf)
-        if a is None or a.size == 0:
-            continue
-        total += a.nbytes
-        if pages and a.flags.c_contiguous:
-            a.reshape(-1).view(np.uint8)[::4096].sum()
-        else:
-            a.reshape(-1)[0]
-    return total
 
 
 # ---------------------------------------------------------------- one run
@@ -127,27 +63,13 @@ def make_loader(impl: str, ds: Any, batch_size: int, workers: int) -> Any:
     return TorchDataLoader(ds, batch_size=batch_size, num_workers=workers)
 
 
-def close_iter(it: Any) -> None:
-    for name in ("close", "_shutdown_workers"):
-        fn = getattr(it, name, None)
-        if fn is not None:
-            fn()
-            return
-
-
-def _own_s() -> float:
-    """CPU seconds this process and its reaped children have used."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
-
-
 def run_once(impl: str, ds: Any, batch_size: int, workers: int, n_batches: int,
              pages: bool) -> tuple[float, float, float, float]:
     """(seconds to first batch, steady batches/s, steady bytes/s, foreign
     load in cores: CPU used by other processes on the machine meanwhile)."""
     loader = make_loader(impl, ds, batch_size, workers)
     clock = time.perf_counter
-    busy0, own0 = busy_s(), _own_s()
+    busy0, own0 = busy_s(), own_cpu_s()
     t0 = clock()
     it = iter(loader)
     batch = next(it)
@@ -162,7 +84,7 @@ def run_once(impl: str, ds: Any, batch_size: int, workers: int, n_batches: int,
     close_iter(it)
     del it, loader
     t3 = clock()
-    foreign = max(0.0, ((busy_s() - busy0) - (_own_s() - own0)) / (t3 - t0))
+    foreign = max(0.0, ((busy_s() - busy0) - (own_cpu_s() - own0)) / (t3 - t0))
     steady = max(t2 - t1, 1e-9)
     return t1 - t0, (n_batches - 1) / steady, nbytes / steady, foreign
 
@@ -175,9 +97,9 @@ def wait_quiet(limit_s: float, threshold: float = 0.2) -> float:
     deadline = time.perf_counter() + limit_s
     load = float("nan")
     while True:
-        b0, o0, t0 = busy_s(), _own_s(), time.perf_counter()
+        b0, o0, t0 = busy_s(), own_cpu_s(), time.perf_counter()
         time.sleep(1.0)
-        load = ((busy_s() - b0) - (_own_s() - o0)) / (time.perf_counter() - t0)
+        load = ((busy_s() - b0) - (own_cpu_s() - o0)) / (time.perf_counter() - t0)
         if load < threshold or time.perf_counter() > deadline:
             return load
 
@@ -195,19 +117,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
                    help="first wait up to S seconds for other processes to leave the CPUs idle")
     return p.parse_args(argv)
-
-
-def build_datasets(names: list[str], scale: float) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    tab = None
-    for name in names:
-        if name in ("tabular", "tabular-getitems"):
-            if tab is None:   # one 200 MB matrix shared by both rows
-                tab = D.make("tabular", scale)
-            out[name] = tab if name == "tabular" else D.tabular_getitems(tab)
-        else:
-            out[name] = ALL[name].make(scale)
-    return out
 
 
 def fmt_ratio(x: float | None) -> str:
