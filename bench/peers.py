@@ -37,12 +37,19 @@ skipped with the reason printed:
   output in input order, a sink of 3; with 0 workers it is one background thread.
 * spdl-processes: the same stage given a ProcessPoolExecutor of `workers` processes
   (SPDL's MP model; a batch crosses back pickled); needs >= 1 worker.
+* spdl-subprocess: the spdl-threads pipeline with `workers` threads run whole in one
+  subprocess by run_pipeline_in_subprocess (SPDL's MTP model; batches cross back
+  pickled); needs >= 1 worker.
+* spdl-subprocess-arena: the same with its batches handed back through shared memory
+  (arena=SharedMemorySegmentPool: a segment of one batch + 1 MiB, 5 segments: the sink's
+  3 and 2 held by the loop), zero-copy views on the main side.
 * spdl-torch: spdl.dataloader.get_pytorch_dataloader (SPDL's drop-in for torch's loader:
   the dataset in shared memory, shared queues); needs torch and >= 1 worker.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -139,20 +146,44 @@ def _share(ds: Any) -> None:
     _DATASET = ds
 
 
+def _fetch_from(ds: Any, indices: list[int]) -> Any:
+    return stack_samples([ds[i] for i in indices])
+
+
 def _fetch_batch(indices: list[int]) -> Any:
-    return stack_samples([_DATASET[i] for i in indices])
+    """_fetch_from the dataset of this process: a process pool pickles its callable with
+    every task, so its workers hold the dataset (_share) and the task names only indices."""
+    return _fetch_from(_DATASET, indices)
 
 
-def _spdl(processes: bool) -> Callable[[Any, int, int], Opened]:
+def _spdl(where: str) -> Callable[[Any, int, int], Opened]:
+    """SPDL's pipeline with its stage on threads (MT), on a process pool (MP), or whole in
+    one subprocess on threads (MTP: run_pipeline_in_subprocess), its batches pickled back
+    or (subprocess-arena) handed back in shared memory."""
     def open_spdl(ds: Any, bs: int, workers: int) -> Opened:
         from concurrent.futures import ProcessPoolExecutor
 
-        from spdl.pipeline import PipelineBuilder
-        _share(ds)
+        from spdl.pipeline import PipelineBuilder, run_pipeline_in_subprocess
         concurrency = max(1, workers)
+        # A list, not a generator: the subprocess model pickles the source.
+        batches = [list(range(i, i + bs)) for i in range(0, len(ds) - bs + 1, bs)]
+        if where.startswith("subprocess"):
+            config = (PipelineBuilder().add_source(batches)
+                      .pipe(functools.partial(_fetch_from, ds), concurrency=concurrency, output_order="input")
+                      .add_sink(3).get_config())
+            arena = {}
+            if where == "subprocess-arena":
+                from spdl.pipeline import SharedMemorySegmentPool
+
+                # A segment holds one batch (its arrays' bytes, measured on batch 0, and
+                # slack for what travels beside them); the sink's 3 and the 2 the loop may
+                # hold: the segment count SharedMemorySegmentPool's docs advise.
+                one_batch = touch(_fetch_from(ds, batches[0]), False)
+                arena["arena"] = SharedMemorySegmentPool(one_batch + (1 << 20), 3 + 2)
+            return _iterate(run_pipeline_in_subprocess(config, num_threads=concurrency, **arena))
+        _share(ds)
         executor = (ProcessPoolExecutor(workers, initializer=_share, initargs=(ds,))
-                    if processes else None)
-        batches = (list(range(i, i + bs)) for i in range(0, len(ds) - bs + 1, bs))
+                    if where == "processes" else None)
         pipeline = (PipelineBuilder().add_source(batches)
                     .pipe(_fetch_batch, concurrency=concurrency, executor=executor, output_order="input")
                     .add_sink(3).build(num_threads=concurrency))
@@ -181,8 +212,13 @@ PEERS: dict[str, Peer] = {p.name: p for p in [
          "prefetch_buffer_size=2 batches), on jpeg and augment only", _grain(2),
          workloads=("jpeg", "augment")),
     Peer("spdl-threads", ("spdl",), "PipelineBuilder: index batches -> pipe(fetch+stack, "
-         "concurrency=max(1,workers)) -> sink(3), build(num_threads=max(1,workers))", _spdl(False)),
-    Peer("spdl-processes", ("spdl",), "the same stage on ProcessPoolExecutor(workers)", _spdl(True),
+         "concurrency=max(1,workers)) -> sink(3), build(num_threads=max(1,workers))", _spdl("threads")),
+    Peer("spdl-processes", ("spdl",), "the same stage on ProcessPoolExecutor(workers)",
+         _spdl("processes"), min_workers=1),
+    Peer("spdl-subprocess", ("spdl",), "the same pipeline, `workers` threads, in one subprocess "
+         "(run_pipeline_in_subprocess)", _spdl("subprocess"), min_workers=1),
+    Peer("spdl-subprocess-arena", ("spdl",), "the same, batches handed back in a "
+         "SharedMemorySegmentPool(one batch + 1 MiB, 5 segments)", _spdl("subprocess-arena"),
          min_workers=1),
     Peer("spdl-torch", ("spdl", "torch"), "spdl.dataloader.get_pytorch_dataloader(ds, batch_size, "
          "num_workers, drop_last=True)", _open_spdl_torch, min_workers=1),

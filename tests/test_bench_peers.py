@@ -42,13 +42,17 @@ def peers():
 
 
 def test_help_names_every_peer_and_imports_none_of_them():
-    out = fresh_python.run_args("-c", "import runpy, sys; sys.argv = [sys.argv[0], '--help'];"
-                                f"runpy.run_path({PEERS_PY!r}, run_name='__main__');",
-                                timeout=30)
+    code = (f"import runpy, sys\nsys.argv = ['peers.py', '--help']\ntry:\n"
+            f"    runpy.run_path({PEERS_PY!r}, run_name='__main__')\n"
+            f"except SystemExit as e:\n    assert e.code == 0, e.code\n"
+            f"print('imported:', sorted(m for m in ('grain', 'spdl', 'torch') if m in sys.modules))")
+    out = fresh_python.run_args("-c", code, timeout=30)
     assert out.returncode == 0, out.stderr
-    for name in ("mxload", "torch", "grain", "grain-threads", "spdl-threads", "spdl-processes", "spdl-torch"):
+    for name in ("mxload", "torch", "grain", "grain-threads", "spdl-threads", "spdl-processes",
+                 "spdl-subprocess", "spdl-torch"):
         assert name in out.stdout
     assert "--quick" in out.stdout and "--repeats" in out.stdout
+    assert out.stdout.rstrip().endswith("imported: []")
 
 
 def test_importing_mxload_imports_no_peer():
