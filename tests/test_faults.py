@@ -173,8 +173,11 @@ def test_shutdown_within_one_second_with_workers_stuck_and_ignoring_sigterm(star
                                timeout=None)
     it = iter(loader)
     next(it)           # batch 0 (samples 0, 1) is fine; every other batch hangs
-    time.sleep(0.3)    # let the workers enter time.sleep(1000) with SIGTERM ignored
     pids = worker_pids(it)
+    # Workers 1-3 loading batches 1-3 asleep in time.sleep(1000), SIGTERM ignored (worker 0's
+    # next task may still be held for a pair).
+    wait_until(lambda: sum("nanosleep" in asleep_in(p) for p in pids) >= len(pids) - 1,
+               what="the workers asleep in their stuck samples")
     t0 = time.monotonic()
     it.close()
     elapsed = time.monotonic() - t0
@@ -186,7 +189,9 @@ def test_shutdown_of_idle_workers_is_fast():
     loader = mxload.DataLoader(TupleDataset(100), batch_size=4, num_workers=4)
     it = iter(loader)
     next(it)
-    time.sleep(0.2)    # workers idle, prefetch buffer full
+    pids = worker_pids(it)
+    # Workers idle, prefetch buffer full: none of them runs.
+    wait_until(lambda: all(asleep_in(p) for p in pids), what="the workers idle")
     t0 = time.monotonic()
     it.close()
     assert time.monotonic() - t0 < 0.5  # typically ~10 ms; generous slack for a loaded machine

@@ -47,6 +47,14 @@ def children():
     return found
 
 
+def settle(left, within):
+    '''Wait (bounded: `within` s) until left() is empty; then left(): what is still there.'''
+    deadline = time.monotonic() + within
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return left()
+
+
 def interrupt_self():
     '''A Ctrl-C landing exactly here.'''
     os.kill(os.getpid(), signal.SIGINT)
@@ -846,8 +854,7 @@ def test_a_raising_handler_inside_the_shutdown_reaches_the_loop_once(start_metho
         except Checkpoint as e:
             caught.append(str(e))
         print("caught", caught, flush=True)
-        time.sleep(1.5)
-        print("left", sorted(set(children()) - helpers), flush=True)
+        print("left", sorted(settle(lambda: set(children()) - helpers, 1.5)), flush=True)
     """))
     assert out.split("\n")[:2] == [f"caught ['{signum}']", "left []"], (out, err)
     assert "Exception ignored" not in err and "Traceback" not in err, err
@@ -895,7 +902,7 @@ def test_a_raising_handler_during_start_up_reaches_the_loop_once(where, signum):
         except Checkpoint as e:
             caught.append(str(e))
         print("caught", caught, flush=True)
-        time.sleep(1.5)
+        settle(lambda: children() or set(os.listdir("/proc/self/fd")) - fds, 1.5)
         print("children", children(), flush=True)
         print("fds", sorted(set(os.listdir("/proc/self/fd")) - fds, key=int), flush=True)
     """))
