@@ -709,10 +709,13 @@ def test_stress_close_while_busy():
         except BaseException as e:  # noqa: BLE001
             unexpected.append(e)
 
+    taken = [0]
+
     def getter(start):
         try:
             for i in range(start, n, 2):
                 assert buf.get(i, timeout=30) == i
+                taken[0] += 1
         except BufferClosedError as e:
             errors.append(e)
         except BaseException as e:  # noqa: BLE001
@@ -721,7 +724,8 @@ def test_stress_close_while_busy():
     threads = [threading.Thread(target=f, args=(s,), daemon=True)
                for f in (putter, getter) for s in (0, 1)]
     _start_all(threads)
-    time.sleep(0.05)
+    # Closed once the hammering is under way (a sleep of 50 ms could close after all 20k items).
+    wait_until(lambda: taken[0] > 0, what="the getters taking items")
     buf.close("abort")
     for t in threads:
         t.join(10)

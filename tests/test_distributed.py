@@ -236,7 +236,9 @@ def test_sampler_bad_rank_from_group_names_source(monkeypatch):
 
 
 def test_import_mxload_does_not_import_torch():
+    """Nor does a loader over a plain list, or a distributed one, built and iterated."""
     code = ("import sys, numpy as np, mxload\n"
+            "list(mxload.DataLoader([1, 2], batch_size=2))\n"
             "s = mxload.sampler.DistributedSampler(10)\n"
             "l = mxload.DataLoader(mxload.ArrayDataset(np.arange(10)), batch_size=4, distributed=True)\n"
             "list(l)\n"

@@ -138,9 +138,7 @@ class PlannedBatches(ListedBatches):
         return list(self.batches)
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-@pytest.mark.parametrize("sampler_type", [ListedBatches, PlannedBatches])
-@pytest.mark.parametrize("bad,match", [
+BAD_BATCHES = [
     (np.arange(8).reshape(2, 4), r"batch 1 .*1-D.*shape \(2, 4\)"),
     (np.array([True, False, True]), r"batch 1 .*integer.*dtype bool"),
     (np.array([1.0, 2.5]), r"batch 1 .*integer.*dtype float64"),
@@ -151,7 +149,15 @@ class PlannedBatches(ListedBatches):
     ([2**64 - 1], r"batch 1 holds index 18446744073709551615, beyond int64"),
     (np.array([3, 2**63 + 5], np.uint64), r"batch 1 holds index 9223372036854775813, beyond int64"),
     ([1, 2**63], r"batch 1 holds an index beyond int64"),
-])
+]
+
+
+# Every bad batch in process; with workers, those that broke a worker's stream or wrapped in its
+# task (2-D, a mask, beyond int64): the check runs where the batch is drawn, in the training
+# process, whatever the workers, and each case with workers starts two worker processes.
+@pytest.mark.parametrize("num_workers,bad,match", [(0, *b) for b in BAD_BATCHES]
+                         + [(2, *BAD_BATCHES[i]) for i in (0, 1, 7, 8)])
+@pytest.mark.parametrize("sampler_type", [ListedBatches, PlannedBatches])
 def test_a_batch_sampler_batch_that_is_not_1d_integers_is_named_before_it_reaches_a_worker(
         num_workers, sampler_type, bad, match):
     # Sent to a worker as it was, a 2-D batch desynchronised the worker's
