@@ -5,9 +5,11 @@ Gluon's are NDArrays (docs/migration.md lists this divergence)."""
 from __future__ import annotations
 
 import gc
+import threading
 
 import numpy as np
 import pytest
+from conftest import wait_until
 
 import mxload
 from mxload import batchify
@@ -331,12 +333,11 @@ def test_conflicting_arguments_raise_value_error_as_gluon(kwargs):
 
 
 class Late(mxload.Dataset):
-    """Its samples come only once `released` is set: never in a forked worker, after the test's
-    checks in a thread, so only the loader's timeout can end a wait for a batch, however slow
+    """Its samples come only once `released` is set: never in a forked worker, in a thread once
+    the epoch is closed, so only the loader's timeout can end a wait for a batch, however slow
     the machine (a sample that slept 0.6 s against a 0.5 s bound depended on its speed)."""
 
     def __init__(self):
-        import threading
         self.released = threading.Event()
 
     def __len__(self):
@@ -354,6 +355,21 @@ def test_timeout_raises_when_a_batch_is_late_as_gluon(thread_pool):
     dataset = Late()
     loader = mxload.DataLoader(dataset, batch_size=1, num_workers=1, thread_pool=thread_pool, timeout=0.2)
     it = iter(loader)
+    # A thread cannot be killed: its epoch ends once its current sample returns (its queued
+    # batch is dropped, not loaded), which the shutdown waits for up to its 1 s bound.  Released
+    # once the timeout has closed the epoch's buffer (no batch can reach the loop any more), it
+    # returns at once.  (test_epoch's close from another thread keeps a thread busy through the
+    # whole bound.)  A worker process is ended still waiting.
+    buffer = it.engine.buffer
+
+    def release_once_closed():
+        try:
+            wait_until(lambda: buffer.closed, what="the epoch's buffer closed")
+        finally:
+            dataset.released.set()
+    releaser = threading.Thread(target=release_once_closed)
+    if thread_pool:
+        releaser.start()
     start = time.monotonic()
     # Gluon 1.9 raises multiprocessing's TimeoutError from its pool's get(timeout); torch a
     # RuntimeError "DataLoader timed out after N seconds": LoaderTimeoutError is both.
@@ -362,9 +378,9 @@ def test_timeout_raises_when_a_batch_is_late_as_gluon(thread_pool):
             next(it)
         waited = time.monotonic() - start
     finally:
-        # A thread cannot be killed: its epoch ends once its current sample returns (its queued
-        # batch is dropped, not loaded).  A worker process is ended still waiting.
         dataset.released.set()
+        if thread_pool:
+            releaser.join()
     # When the batch's wait exceeds timeout (no batch ever comes here), never sooner.
     assert 0.2 <= waited, waited
     error = info.value
