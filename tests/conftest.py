@@ -150,6 +150,17 @@ def race_rounds(default: int) -> int:
     return int(os.environ.get("MXLOAD_RACE_ROUNDS", default))
 
 
+def once_and_as_race(rounds: int) -> list:
+    """The `rounds` parameter of a test that repeats a race: one round in the default tier (the
+    behaviour), `rounds` (race_rounds) in the races tier.  The test runs tries(rounds) rounds."""
+    return [pytest.param(None, id="once"), pytest.param(rounds, marks=pytest.mark.races, id="race")]
+
+
+def tries(rounds: int | None) -> int:
+    """How many rounds a once_and_as_race case runs."""
+    return 1 if rounds is None else race_rounds(rounds)
+
+
 @pytest.fixture
 def seed(request) -> int:
     """A random test's seed: MXLOAD_TEST_SEED when set (to replay a failure), otherwise

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import race_rounds
+from conftest import once_and_as_race, race_rounds, tries
 
 from mxload import _core
 from mxload._runtime import messages as m
@@ -244,16 +244,12 @@ def test_gil_time_is_counted_between_waits(chan):
     assert rcv.stats()["gil_ns"] == before
 
 
-# Each round is the whole behaviour; the many rounds that try the race are the `races` tier's.
-ROUNDS = [pytest.param(None, id="once"), pytest.param(50, marks=pytest.mark.races, id="race")]
-
-
-@pytest.mark.parametrize("rounds", ROUNDS)
+@pytest.mark.parametrize("rounds", once_and_as_race(50))
 @pytest.mark.parametrize("senders", [1, 2])
 def test_concurrent_batches_reach_a_waiting_consumer(senders, rounds):
     """A receiver thread storing while the consumer waits in get(): every
     batch arrives once, none is lost between a look and a sleep (50 rounds in the races tier)."""
-    for _ in range(race_rounds(rounds) if rounds else 1):
+    for _ in range(tries(rounds)):
         _concurrent_round(senders, 200, lambda rcv: rcv.wait(0.01), lambda rcv, rb, i: rb.get(i, timeout=10))
 
 
@@ -418,12 +414,12 @@ def test_watch_reports_an_ended_worker_once_with_its_frames_read(ended_worker):
     assert rcv.drain(1, 9) is False and 1 in rb
 
 
-@pytest.mark.parametrize("rounds", ROUNDS)
+@pytest.mark.parametrize("rounds", once_and_as_race(50))
 @pytest.mark.parametrize("senders", [1, 3])
 def test_a_consumer_receiving_beside_a_watcher_loses_nothing(senders, rounds):
     """The consumer reads in get() while the watcher sleeps in watch() and
     senders write at once: every batch arrives exactly once (50 rounds in the races tier)."""
-    for _ in range(race_rounds(rounds) if rounds else 1):
+    for _ in range(tries(rounds)):
         _concurrent_round(senders, 200, lambda rcv: rcv.watch(0.01), _consumer_take)
 
 

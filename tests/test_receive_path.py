@@ -13,7 +13,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import race_rounds
+from conftest import once_and_as_race, race_rounds, tries
 
 import mxload
 from mxload._runtime.local import process_worker as _worker
@@ -228,12 +228,13 @@ def _slab_fds() -> list[str]:
     return out
 
 
-def test_shutdown_closes_descriptors_the_receiver_holds():
+@pytest.mark.parametrize("rounds", once_and_as_race(20))
+def test_shutdown_closes_descriptors_the_receiver_holds(rounds):
     """A batch's error ends the loop while results carrying new slabs'
     descriptors wait in the receiver behind it: shutting down closes them,
-    even while something (a traceback) still holds the engine (20 rounds)."""
+    even while something (a traceback) still holds the engine (20 rounds in the races tier)."""
     from datasets_for_tests import RaisingDataset
-    for _ in range(20):
+    for _ in range(tries(rounds)):
         loader = mxload.DataLoader(RaisingDataset(at=4), batch_size=2, num_workers=2, prefetch=12)
         it = iter(loader)
         engine = it.engine
