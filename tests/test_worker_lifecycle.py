@@ -18,7 +18,14 @@ import warnings
 import fresh_python
 import numpy as np
 import pytest
-from conftest import assert_gone, end_child, kill_and_expect_workers_gone, process_alive
+from conftest import (
+    asleep_in,
+    assert_gone,
+    end_child,
+    kill_and_expect_workers_gone,
+    process_alive,
+    wait_until,
+)
 from datasets_for_tests import PayloadDataset, SlowDataset, TupleDataset
 
 import mxload
@@ -419,7 +426,8 @@ def test_parent_killed_busy_workers_die_within_two_seconds(start_method, from_th
             else:
                 pids = [int(p) for p in line.split()]
                 assert len(pids) == 3, line
-        time.sleep(0.3)
+        wait_until(lambda: all("nanosleep" in asleep_in(p) for p in pids),
+                   what="the workers asleep in their samples")
         kill_and_expect_workers_gone(proc, pids, within=2.0)
     finally:
         end_child(proc, pids)
@@ -480,7 +488,8 @@ def test_parent_killed_while_spawn_workers_still_import_ends_them(tmp_path):
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
         assert len(pids) == 2, proc.stderr.read()
-        time.sleep(0.5)   # they are importing the main module
+        wait_until(lambda: all("nanosleep" in asleep_in(p) for p in pids),
+                   what="the workers importing the main module (its time.sleep(60))")
         kill_and_expect_workers_gone(proc, pids, within=3.0)
     finally:
         end_child(proc, pids)
