@@ -52,6 +52,7 @@ include "task.pxi"
 include "handoff.pxi"
 include "books.pxi"
 include "supply.pxi"
+include "sample.pxi"
 include "window.pxi"
 include "watchdog.pxi"
 

@@ -475,6 +475,22 @@ def handing_next(fn: Callable[[_I], _R]) -> Callable[[_I], _R]:
     """A HandingIterator's __next__, compiled: `fn(it)` under its Handover's lock,
     between settle() and handing()."""
 
+# ---------------------------------------------------------------- sample.pxi
+
+class SampleContext:
+    """The sample loading in this thread, for mxload.sample_rng()."""
+    @property
+    def seed(self) -> int: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def index(self) -> int | None: ...
+    @property
+    def load(self) -> int: ...
+    def __new__(cls, seed: int, epoch: int, index: int | None = None) -> Self: ...
+    def fetch_each(self, getitem: Callable[[int], _T], indices: list[int],
+                   seed_each: Callable[[int], object] | None = None) -> list[_T]: ...
+
 # ---------------------------------------------------------------- interrupt.pxi
 
 _F = TypeVar("_F", bound=Callable[..., Any])

@@ -9,6 +9,7 @@ on first use, so datasets that never ask pay one attribute store per sample.
 """
 from __future__ import annotations
 
+import functools
 import random
 import sys
 import threading
@@ -18,10 +19,12 @@ from typing import Any
 
 import numpy as np
 
+from ._core import SampleContext
+
 __all__ = ["sample_rng", "derived_seed"]
 
-# key: (seed, epoch, index) of the sample loading; rngs: the generators made
-# while the key `rngs_for` (the very tuple: every load gets a fresh one) loaded.
+# current: the SampleContext of the sample loading (None between loads); rngs: the generators
+# made during the load `rngs_for` ((context, its load count): a new load starts new streams).
 _context = threading.local()
 
 
@@ -64,44 +67,37 @@ def set_global_states(states: tuple[Any, ...]) -> None:
 def set_sample(seed: int, epoch: int, index: int | None) -> None:
     """The loader is about to load sample `index` of `epoch` (None: a whole
     batch through __getitems__)."""
-    _context.key = (seed, epoch, index)
+    _context.current = SampleContext(seed, epoch, index)
 
 
 def clear_sample() -> None:
-    _context.key = None
+    _context.current = None
     _context.rngs = {}
     _context.rngs_for = None
 
 
 def fetch_each(getitem: Callable[[int], Any], indices: list[int], seed: int, epoch: int,
                seed_each: bool = False) -> list[Any]:
-    """[getitem(i) for i in indices], each inside its sample's context: the
-    loader's per-sample loop, one attribute store a sample beyond torch's;
+    """[getitem(i) for i in indices], each inside its sample's context (the loop is compiled:
+    SampleContext.fetch_each, two C stores a sample beyond torch's list comprehension);
     `seed_each` (seeding="per_sample"): seed_globals(seed, epoch, i) first."""
-    context = _context
-    samples: list[Any] = []
-    append = samples.append
-    for i in indices:
-        context.key = (seed, epoch, i)
-        if seed_each:
-            seed_globals(seed, epoch, i)
-        append(getitem(i))
-    return samples
+    context = _context.current = SampleContext(seed, epoch)
+    seeding = functools.partial(seed_globals, seed, epoch) if seed_each else None
+    return context.fetch_each(getitem, indices, seeding)
 
 
 @contextmanager
 def sample_scope(index: int) -> Iterator[None]:
     """Inside a batch fetch, narrow the context to one sample (if a loader set one)."""
-    key = getattr(_context, "key", None)
-    if key is None:
+    current = getattr(_context, "current", None)
+    if current is None:
         yield
         return
-    saved = (key, getattr(_context, "rngs", {}), getattr(_context, "rngs_for", None))
-    _context.key = (key[0], key[1], int(index))
+    _context.current = SampleContext(current.seed, current.epoch, int(index))
     try:
         yield
     finally:
-        _context.key, _context.rngs, _context.rngs_for = saved
+        _context.current = current
 
 
 def sample_rng(index: int | None = None) -> np.random.Generator:
@@ -136,19 +132,20 @@ def sample_rng(index: int | None = None) -> np.random.Generator:
         >>> all(np.array_equal(x, y) for x, y in zip(a, b))
         True
     """
-    key = getattr(_context, "key", None)
-    if key is None:
+    context = getattr(_context, "current", None)
+    if context is None:
         raise RuntimeError("mxload.sample_rng() is only valid while a DataLoader loads a sample "
                            "(inside __getitem__, __getitems__ or a transform)")
-    seed, epoch, current = key
+    seed, epoch = context.seed, context.epoch
     if index is None:
-        if current is None:
+        if context.index is None:
             raise RuntimeError("inside __getitems__, call mxload.sample_rng(index) with the sample's index")
-        index = current
+        index = context.index
     index = int(index)
-    if getattr(_context, "rngs_for", None) is not key:   # the first draw of this load
+    load = (context, context.load)
+    if getattr(_context, "rngs_for", None) != load:   # the first draw of this load
         _context.rngs = {}
-        _context.rngs_for = key
+        _context.rngs_for = load
     rng: np.random.Generator | None = _context.rngs.get(index)
     if rng is None:
         rng = _context.rngs[index] = np.random.default_rng([seed, epoch, index])

@@ -751,3 +751,26 @@ def test_streams_that_end_apart_interleave_in_one_order_whenever_their_ends_are_
         got = [b.tolist() for b in loader]
         assert got == expected, (f"round {r}: counts {counts}, batch_size {batch_size}, prefetch {prefetch}, "
                                  f"jitter {jitter}")
+
+
+class _TwoDraws(mxload.Dataset):
+    """Each load of a sample draws twice from sample_rng(): the second draw continues the load's
+    stream, and a second load of the same sample starts it afresh."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        return np.array([mxload.sample_rng().random(), mxload.sample_rng().random()])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_sample_loaded_twice_starts_its_stream_afresh_each_time(num_workers):
+    """A sampler that repeats an index (with replacement, or a batch sampler naming it twice) loads
+    the sample twice: the same numbers both times, as two workers loading it once each draw."""
+    loader = mxload.DataLoader(_TwoDraws(), batch_sampler=[[1, 1, 2], [1]], num_workers=num_workers, seed=5)
+    first, second = list(loader)
+    assert first[0][0] != first[0][1]                # two draws of one load continue its stream
+    np.testing.assert_array_equal(first[0], first[1])   # the second load starts afresh
+    np.testing.assert_array_equal(first[0], second[0])  # and in another batch (another worker)
+    assert not np.array_equal(first[0], first[2])
