@@ -93,11 +93,12 @@ def sample_scope(index: int) -> Iterator[None]:
     if current is None:
         yield
         return
+    saved = (current, getattr(_context, "rngs", {}), getattr(_context, "rngs_for", None))
     _context.current = SampleContext(current.seed, current.epoch, int(index))
     try:
         yield
-    finally:
-        _context.current = current
+    finally:   # the enclosing load's streams go on where they were
+        _context.current, _context.rngs, _context.rngs_for = saved
 
 
 def sample_rng(index: int | None = None) -> np.random.Generator:

@@ -774,3 +774,23 @@ def test_a_sample_loaded_twice_starts_its_stream_afresh_each_time(num_workers):
     np.testing.assert_array_equal(first[0], first[1])   # the second load starts afresh
     np.testing.assert_array_equal(first[0], second[0])  # and in another batch (another worker)
     assert not np.array_equal(first[0], first[2])
+
+
+def test_a_narrowed_sample_scope_leaves_the_enclosing_loads_streams_going_on():
+    """Inside __getitems__, a transform narrowed to one sample (sample_scope, as lazy transforms
+    over a batch fetch do) draws from that sample's stream; the batch's own streams then go on
+    where they were, as if the narrowed draw had not happened."""
+    from mxload import _rng
+
+    def draws(narrow):
+        _rng.set_sample(7, 0, None)   # a whole batch through __getitems__
+        try:
+            first = mxload.sample_rng(3).random()
+            if narrow:
+                with _rng.sample_scope(5):
+                    mxload.sample_rng().random()
+            return first, mxload.sample_rng(3).random()
+        finally:
+            _rng.clear_sample()
+
+    assert draws(narrow=True) == draws(narrow=False)
