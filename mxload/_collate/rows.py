@@ -38,16 +38,25 @@ def fetches_columns(dataset: Any) -> bool:
     return _is_one_of(getattr(type(dataset), "__getitems__", None), _COLUMNAR_GETITEMS)
 
 
+def _fetch_rows(dataset: Any, keys: list[int]) -> Any:
+    """``dataset.__getitem__(keys)``, where the dataset's own ``__getitem__`` is Hugging Face's,
+    asked for the cheapest way to the same rows: a contiguous run as its slice, a gather formatted
+    in one chunk (_gather_in_one_chunk); any other ``__getitem__`` gets the list itself."""
+    if _is_one_of(getattr(type(dataset), "__getitem__", None), _SLICING_GETITEM):
+        run = _same_rows_as_slice(dataset, keys)
+        batch = dataset.__getitem__(run) if run is not None else _gather_in_one_chunk(dataset, keys)
+        if batch is not None:
+            return batch
+    return dataset.__getitem__(keys)
+
+
 def _same_rows_as_slice(dataset: Any, keys: list[int]) -> slice | None:
-    """`keys` as a slice where they are a contiguous ascending run of valid row numbers and the
-    dataset's own ``__getitem__`` (Hugging Face's: the same rows through the same formatting,
-    with or without an indices mapping) takes both: an unshuffled batch of 256 rows then costs
-    0.5 ms instead of 2.8 (a slice of the Arrow table against a gather of each row).  None
-    otherwise, the list then going as the dataset's ``__getitems__`` passes it."""
+    """`keys` as a slice where they are a contiguous ascending run of valid row numbers (Hugging
+    Face's ``__getitem__`` gives the same rows through the same formatting for both, with or
+    without an indices mapping): an unshuffled batch of 256 rows then costs 0.5 ms instead of
+    2.8 (a slice of the Arrow table against a gather of each row).  None otherwise."""
     n = len(keys)
     if n < 2 or keys[0] < 0 or keys[-1] - keys[0] != n - 1:
-        return None
-    if not _is_one_of(getattr(type(dataset), "__getitem__", None), _SLICING_GETITEM):
         return None
     if keys[-1] >= len(dataset) or keys != list(range(keys[0], keys[-1] + 1)):
         return None   # out of range: the list's IndexError, where a slice would stop short
@@ -60,12 +69,10 @@ def _gather_in_one_chunk(dataset: Any, keys: list[int]) -> Any:
     datasets gathers a list of rows as one chunk per row, and its formatter converts a column
     chunk by chunk before joining them (a batch of 256 shuffled rows of 64 floats: 2.2-4.7 ms,
     against 0.9-2.1 ms in one chunk); the values and their order are the same either way, and
-    so are the formatted tensors (checked bit for bit in tests/test_columnar_fetch.py).  None
-    where the dataset's own ``__getitem__``/``_getitem`` are not datasets' or datasets lacks
-    what this reads: the caller then asks the dataset itself."""
-    cls = type(dataset)
-    if not (_is_one_of(getattr(cls, "__getitem__", None), _SLICING_GETITEM)
-            and _is_one_of(getattr(cls, "_getitem", None), _GATHERING_GETITEM)):
+    so are the formatted tensors (checked bit for bit in tests/test_columnar_fetch.py).  For a
+    dataset whose ``__getitem__`` is datasets' own; None where its ``_getitem`` is not, or
+    datasets lacks what this reads: the caller then asks the dataset itself."""
+    if not _is_one_of(getattr(type(dataset), "_getitem", None), _GATHERING_GETITEM):
         return None
     formatting = sys.modules.get("datasets.formatting")
     if (formatting is None or not all(hasattr(formatting, name) for name in _FORMATTING)
@@ -123,10 +130,7 @@ class RowsOfColumns(SamplesLater):
     def fetch(cls, dataset: Any, keys: list[int]) -> RowsOfColumns | list[Any]:
         """What ``dataset.__getitems__(keys)`` returns, fetched as its code does (the same
         calls, so the same values and the same exceptions), its rows left unsplit."""
-        run = _same_rows_as_slice(dataset, keys)
-        batch = dataset.__getitem__(run) if run is not None else _gather_in_one_chunk(dataset, keys)
-        if batch is None:
-            batch = dataset.__getitem__(keys)
+        batch = _fetch_rows(dataset, keys)
         kept = cls(batch, len(batch[next(iter(batch))]))
         return kept if type(batch) is dict else kept.rows()   # only a dict's columns are planned
 
