@@ -173,21 +173,6 @@ def test_a_contiguous_run_of_rows_is_fetched_as_a_slice_and_gives_the_same_batch
     assert len(list(mxtorch.DataLoader(mine, batch_size=8))) == 5
 
 
-def _equal_rows(got, want):
-    assert type(got) is type(want) and len(got) == len(want)
-    for g, w in zip(got, want):
-        assert type(g) is type(w) and list(g) == list(w)
-        for key in w:
-            a, b = g[key], w[key]
-            assert type(a) is type(b), key
-            if isinstance(b, torch.Tensor):
-                assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), key
-            elif isinstance(b, np.ndarray):
-                assert (a.dtype, a.shape, a.tobytes()) == (b.dtype, b.shape, b.tobytes()), key
-            else:
-                assert a == b, key
-
-
 def test_shuffled_rows_are_gathered_in_one_chunk_and_read_as_the_datasets_own(hf_dataset, monkeypatch):
     """A shuffled batch's rows are gathered as datasets' own _getitem gathers them, then joined
     into one Arrow chunk before datasets formats them (it formats a column chunk by chunk, one
@@ -214,6 +199,6 @@ def test_shuffled_rows_are_gathered_in_one_chunk_and_read_as_the_datasets_own(hf
         formatted.clear()
         got = RowsOfColumns.fetch(ds, keys)
         assert formatted == [(len(keys), 1)], name   # gathered, then formatted in one chunk
-        _equal_rows(got.rows() if isinstance(got, RowsOfColumns) else got, ds.__getitems__(keys))
+        _same(got.rows() if isinstance(got, RowsOfColumns) else got, ds.__getitems__(keys), name)
     with pytest.raises(IndexError):   # datasets' own error for a row out of range
         RowsOfColumns.fetch(hf_dataset, [1, N])

@@ -31,10 +31,10 @@ def _unreachable(batch) -> int:
     return int(column[-1])
 
 
-def count_cycles(loader) -> tuple[int, int]:
-    """(unreachable objects the collector found in the training process over MEASURED_BATCHES
-    batches taken mid-epoch, those the dataset's last sample reports from the process that
-    fetched it, over the whole epoch)."""
+def assert_no_cycles(loader) -> None:
+    """Neither the training process over MEASURED_BATCHES batches taken mid-epoch, nor the process
+    that fetched the samples over the whole epoch (the dataset's last sample reports it), left
+    an object for the cyclic collector."""
     it = iter(loader)
     try:
         next(it)
@@ -49,18 +49,17 @@ def count_cycles(loader) -> tuple[int, int]:
         gc.enable()
     rest = list(it)
     assert rest, "the epoch ended before its last batch"
-    return in_loop, _unreachable(rest[-1])
+    where_fetched = _unreachable(rest[-1])
+    assert in_loop == 0, f"{in_loop} objects in reference cycles from {MEASURED_BATCHES} batches in the loop"
+    assert where_fetched == 0, f"{where_fetched} objects in reference cycles where the samples were fetched"
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("kind", KINDS)
 def test_batches_make_no_reference_cycle(kind, mode):
     batchify = mxload.batchify.Dict(seq=mxload.batchify.Pad()) if kind == "ragged" else None
-    kwargs = dict(mode, batchify_fn=batchify) if batchify is not None else dict(mode)
-    with mxload.DataLoader(GcProbe(kind), batch_size=BATCH, **kwargs) as loader:
-        in_loop, where_fetched = count_cycles(loader)
-    assert in_loop == 0, f"{in_loop} objects in reference cycles from {MEASURED_BATCHES} batches in the loop"
-    assert where_fetched == 0, f"{where_fetched} objects in reference cycles where the samples were fetched"
+    with mxload.DataLoader(GcProbe(kind), batch_size=BATCH, batchify_fn=batchify, **mode) as loader:
+        assert_no_cycles(loader)
 
 
 @pytest.mark.torch
@@ -68,10 +67,5 @@ def test_batches_make_no_reference_cycle(kind, mode):
 @pytest.mark.parametrize("kind", ["tensor", "tensor-dict"])
 def test_tensor_batches_make_no_reference_cycle(kind, mode):
     from mxload.torch import DataLoader
-    loader = DataLoader(GcProbe(kind), batch_size=BATCH, **mode)
-    try:
-        in_loop, where_fetched = count_cycles(loader)
-    finally:
-        loader.close()
-    assert in_loop == 0, f"{in_loop} objects in reference cycles from {MEASURED_BATCHES} batches in the loop"
-    assert where_fetched == 0, f"{where_fetched} objects in reference cycles where the samples were fetched"
+    with DataLoader(GcProbe(kind), batch_size=BATCH, **mode) as loader:
+        assert_no_cycles(loader)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from conftest import end_child, race_rounds, start_methods
 from extras import deferred
+from test_torch_tensors import _same
 
 import mxload
 
@@ -407,17 +408,6 @@ def test_an_iter_datapipe_takes_shuffle_as_torch():
         mxtorch.DataLoader(cases.Stream(), shuffle=True)
 
 
-def _structure(x):
-    """The container types and leaves' kinds of a batch, for comparing two loaders' batches."""
-    if isinstance(x, torch.Tensor):
-        return ("tensor", x.dtype, tuple(x.shape), x.tolist())
-    if isinstance(x, dict):
-        return (type(x).__name__, {k: _structure(v) for k, v in x.items()})
-    if isinstance(x, (list, tuple)):
-        return (type(x).__name__, [_structure(v) for v in x])
-    return (type(x).__name__, x)
-
-
 @pytest.mark.parametrize("num_workers", [0, 1])
 @pytest.mark.parametrize("batch_size", [2, None])
 def test_batches_have_torchs_containers_tuples_collated_into_lists(batch_size, num_workers):
@@ -427,5 +417,7 @@ def test_batches_have_torchs_containers_tuples_collated_into_lists(batch_size, n
     for dataset in (cases.Containers(), tdata.TensorDataset(torch.arange(6.0), torch.arange(6))):
         want, got = (list(loader(dataset, batch_size=batch_size, num_workers=num_workers))
                      for loader in (tdata.DataLoader, mxtorch.DataLoader))
-        assert [_structure(b) for b in got] == [_structure(b) for b in want]
+        assert len(got) == len(want)
+        for k, (g, w) in enumerate(zip(got, want)):
+            _same(g, w, f"batch {k}")
         got[0][0] = got[0][0] * 2   # torch's batches take an assignment

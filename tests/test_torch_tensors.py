@@ -7,6 +7,7 @@ field, into the batch's buffer)."""
 from __future__ import annotations
 
 import fresh_python
+import numpy as np
 import pytest
 from extras import deferred
 
@@ -23,6 +24,12 @@ pytestmark = [pytest.mark.torch, pytest.mark.timeout(60)]
 
 def _same(got, want, path="batch"):
     """`got` is `want` as default_collate made it: types, dtypes, shapes, bytes."""
+    if isinstance(want, np.ndarray):
+        assert isinstance(got, np.ndarray), f"{path}: {type(got).__name__}, expected an array"
+        assert (got.dtype, got.shape) == (want.dtype, want.shape), \
+            f"{path}: {got.dtype} {got.shape}, expected {want.dtype} {want.shape}"
+        assert got.tobytes() == want.tobytes(), f"{path}: values differ"
+        return
     if isinstance(want, torch.Tensor):
         assert isinstance(got, torch.Tensor), f"{path}: {type(got).__name__}, expected a tensor"
         assert got.dtype == want.dtype, f"{path}: dtype {got.dtype}, expected {want.dtype}"
@@ -33,10 +40,7 @@ def _same(got, want, path="batch"):
         assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), \
             f"{path}: values differ"
         return
-    if type(want) is list and type(got) is tuple:
-        pass   # tuples stay tuples (docs/migration.md: default_collate makes them lists)
-    else:
-        assert type(got) is type(want), f"{path}: {type(got).__name__}, expected {type(want).__name__}"
+    assert type(got) is type(want), f"{path}: {type(got).__name__}, expected {type(want).__name__}"
     if isinstance(want, dict):
         assert list(got) == list(want), path
         for k in want:
