@@ -118,13 +118,10 @@ def optional_torch() -> tuple:
     return torch, DataLoader, ""
 
 
-def compile_mxload(package_dir: str | None = None) -> None:
+def compile_mxload(package_dir: str) -> None:
     """Write mxload's bytecode beside its sources, as pip does when it installs the wheel (torch,
     numpy and PIL come compiled so).  A source checkout under PYTHONDONTWRITEBYTECODE=1 (as on
     these machines) otherwise compiles every mxload module again in each fresh process a bench
     starts: 20-25 ms of the first epoch of a torch_pipelines run, charged to mxload alone."""
     import compileall
-    if package_dir is None:
-        import mxload
-        package_dir = os.path.dirname(os.path.abspath(mxload.__file__))
     compileall.compile_dir(package_dir, quiet=2)
