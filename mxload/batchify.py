@@ -40,7 +40,7 @@ from ._collate.plan import (
     stack_column,
 )
 from ._collate.rows import RowsOfColumns
-from ._torch_compat import collatable_tensor, is_tensor, tensor_to_numpy
+from ._torch_compat import collatable_tensor, is_tensor, stack_rows, tensor_to_numpy
 
 __all__ = [
     "Batchify", "Stack", "Pad", "Tuple", "Group", "Dict", "List", "AsList", "Append",
@@ -338,6 +338,13 @@ class _DefaultBatchify(Batchify):
         elif isinstance(samples, RowsOfColumns) and len(samples):
             return self._plan_columns(samples, path, planner)
         return self._plan_checked(samples, path, planner)
+
+    def collate_here(self, samples: Sequence[Any]) -> Any:
+        """mxload.torch's (tuples made lists): samples of CPU tensors and numbers stacked by
+        torch, as its default_collate does in the main process (stack_rows); None: planned."""
+        if self._tuples is list and type(samples) is list:
+            return stack_rows(samples)
+        return None
 
     def _plan_columns(self, samples: RowsOfColumns, path: str, planner: Planner) -> Node:
         """Rows of one dict as the rows themselves would plan: a tensor column copied once (its

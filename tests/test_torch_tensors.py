@@ -6,6 +6,8 @@ without a per-sample conversion to numpy on the way (one torch.stack per
 field, into the batch's buffer)."""
 from __future__ import annotations
 
+import collections
+
 import fresh_python
 import numpy as np
 import pytest
@@ -133,6 +135,84 @@ def test_mixed_dtypes_take_sample_0s_as_torchs_workers_do():
     assert out.dtype == "float32" and out[1, 0] == mxload.batchify.np.float32(1 / 3)
     with pytest.raises(TypeError, match=r"field sample.*Long|field sample.*int64"):
         mxload.batchify.default_batchify([torch.ones(2, dtype=torch.int64), torch.ones(2) / 3])
+
+
+class _Rows:
+    """Rows as torch users write them: a tuple of tensors (one bfloat16, one a
+    transposed view), an int label, a float weight and a dict of tensors."""
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        image = torch.arange(12.0).reshape(3, 4).T + i
+        return (image, torch.full((2,), i, dtype=torch.bfloat16), i, i / 3,
+                {"mask": torch.tensor([i % 2 == 0, True]), "ids": torch.arange(3) * i})
+
+
+@pytest.mark.parametrize("kw", MODES[:2])
+def test_batches_kept_in_process_are_torch_stacks_without_a_plan(kw, monkeypatch):
+    """Where the batch stays in the training process (no workers, thread workers), rows of
+    CPU tensors and numbers are stacked by torch field by field, as default_collate does
+    there: no plan, no buffer (planning is made to raise), torch's batches bit for bit."""
+
+    def refuse(*_):
+        raise AssertionError("a batch of tensor rows was planned")
+
+    monkeypatch.setattr(mxload._collate.plan, "plan_batch", refuse)
+    ds = _Rows()
+    with mxtorch.DataLoader(ds, batch_size=4, **kw) as loader:
+        batches = list(loader)
+    assert len(batches) == 3
+    for b, batch in enumerate(batches):
+        _same(batch, torch_collate.default_collate([ds[i] for i in range(4 * b, min(4 * b + 4, 10))]))
+
+
+Row = collections.namedtuple("Row", "x y")
+
+
+def _stacked_by_the_plan(case):
+    one = torch.ones(2)
+    return {
+        "shapes differ": lambda: [torch.zeros(3), torch.zeros(4)],
+        "dtypes differ": lambda: [one, torch.ones(2, dtype=torch.float64)],
+        "a numpy field": lambda: [(one, np.zeros(2))] * 2,
+        "a namedtuple": lambda: [Row(one, 1)] * 2,
+        "lengths differ": lambda: [(one, 1), (one, 1, 2)],
+        "a tuple among lists": lambda: [[one, 1], (one, 1)],
+        "a key missing": lambda: [{"x": one, "y": 1}, {"x": one, "z": 1}],
+        "bools": lambda: [(one, True), (one, False)],
+        "an int among floats": lambda: [(one, 1.5), (one, 2)],
+        "an int too large": lambda: [(one, 2 ** 64), (one, 1)],
+        "a Parameter": lambda: [torch.nn.Parameter(torch.ones(2))] * 2,
+        "a string": lambda: [(one, "a"), (one, "b")],
+    }[case]()
+
+
+STACKED_BY_THE_PLAN = ["shapes differ", "dtypes differ", "a numpy field", "a namedtuple", "lengths differ",
+                       "a tuple among lists", "a key missing", "bools", "an int among floats",
+                       "an int too large", "a Parameter", "a string"]
+
+
+@pytest.mark.parametrize("case", STACKED_BY_THE_PLAN)
+def test_what_torch_alone_cannot_stack_is_planned(case):
+    """stack_rows leaves a batch to the planned path where a row differs from row 0, a field
+    is not a plain CPU tensor or a number, or torch would promote a dtype; the planned path
+    then gives the batch it always gave (or names the field: shapes)."""
+    samples = _stacked_by_the_plan(case)
+    assert mxload._torch_compat.stack_rows(samples) is None
+    collate = mxload.batchify.torch_default_collate
+    if case == "shapes differ":
+        with pytest.raises(ValueError, match=r"batch 3, field sample.*Pad\(\)"):
+            mxload.batchify.collate(collate, samples, 3)
+        return
+    try:
+        batch = mxload.batchify.collate(collate, samples, 3)
+    except (ValueError, TypeError, OverflowError) as e:
+        assert "batch 3, field sample" in str(e), e
+        return
+    if case == "dtypes differ":   # sample 0's, as torch's workers stack into its storage
+        assert batch.dtype == np.float32 and batch.shape == (2, 2)
 
 
 def _clone_each(batch):

@@ -347,6 +347,12 @@ class Batchify:
     def __call__(self, samples: Sequence[Any]) -> Any:
         return collate(self, samples)
 
+    def collate_here(self, samples: Sequence[Any]) -> Any:
+        """The batch made without a plan, for the process that collates it and keeps it
+        (no workers, thread workers), where this function can make it more cheaply so; None
+        (the default): plan it."""
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
@@ -818,6 +824,9 @@ def collate(batchify_fn: Callable[..., Any], samples: Sequence[Any], batch_index
     """
     if not isinstance(batchify_fn, Batchify):
         return batchify_fn(as_given(samples))
+    here = batchify_fn.collate_here(samples)
+    if here is not None:
+        return here
     plan = plan_batch(batchify_fn, samples, batch_index)
     views, _ = plan.fill(_buffer(plan.nbytes, buffers))
     return layout.assemble(plan.root, plan.in_process(views) if plan.tensors else views)
