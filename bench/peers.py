@@ -89,6 +89,7 @@ class Peer:
     open: Callable[[Any, int, int], Opened]
     min_workers: int = 0
     workloads: tuple[str, ...] = ()    # the only workloads it runs (all when empty)
+    max_workers: int | None = None     # the most workers it runs with (None: any)
 
     def missing(self) -> str:
         """Why this peer cannot run here ("" when it can)."""
@@ -106,6 +107,11 @@ def _iterate(loader: Any) -> Opened:
 def _open_mxload(ds: Any, bs: int, workers: int) -> Opened:
     import mxload
     return _iterate(mxload.DataLoader(ds, batch_size=bs, num_workers=workers))
+
+
+def _open_mxload_threads(ds: Any, bs: int, workers: int) -> Opened:
+    import mxload
+    return _iterate(mxload.DataLoader(ds, batch_size=bs, num_workers=2, thread_pool=True))
 
 
 def _open_torch(ds: Any, bs: int, workers: int) -> Opened:
@@ -204,6 +210,9 @@ def _open_spdl_torch(ds: Any, bs: int, workers: int) -> Opened:
 
 PEERS: dict[str, Peer] = {p.name: p for p in [
     Peer("mxload", (), "mxload.DataLoader(ds, batch_size, num_workers), its defaults", _open_mxload),
+    Peer("mxload-threads", (), "mxload.DataLoader(ds, batch_size, num_workers=2, thread_pool=True): "
+         "two loading threads in the training process, no worker process (the 0-worker rows only, "
+         "beside grain-threads)", _open_mxload_threads, max_workers=0),
     Peer("torch", ("torch",), "torch.utils.data.DataLoader(ds, batch_size, num_workers), its defaults",
          _open_torch),
     Peer("grain", ("grain",), "grain.python.DataLoader: IndexSampler, Batch, worker_count=workers, "
@@ -363,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in loaders:
             for w in args.workers:
                 peer = PEERS[name]
-                if w < peer.min_workers or (peer.workloads and workload not in peer.workloads):
+                if w < peer.min_workers or (peer.max_workers is not None and w > peer.max_workers) \
+                        or (peer.workloads and workload not in peer.workloads):
                     continue
                 key = (workload, name, w)
                 spec = {"loader": name, "workload": workload, "workers": w, "batches": batches,

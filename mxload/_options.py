@@ -358,8 +358,8 @@ def _resolve_auto(num_workers: object, prefetch: object, prefetch_factor: object
     """(num_workers, prefetch, autotune, auto_window) with "auto" resolved and num_workers checked
     (an int from 0; torch's words for a negative one): num_workers="auto" is
     the most workers the tuner may use (this process's usable cores, capped), for map-style
-    datasets and local worker processes; prefetch="auto" (the default with it) lets it move the
-    window."""
+    datasets and local workers (processes, or threads with thread_pool); prefetch="auto" (the
+    default with it) lets it move the window."""
     auto_window = isinstance(prefetch, str) and prefetch == "auto"
     if auto_window:
         prefetch = None
@@ -369,9 +369,9 @@ def _resolve_auto(num_workers: object, prefetch: object, prefetch_factor: object
     if iterable:
         raise ValueError("num_workers='auto' needs a map-style dataset: an IterableDataset's stream is split "
                          "among a fixed number of workers (get_worker_info()), so pass an int")
-    if thread_pool or backend is not None:
-        raise ValueError("num_workers='auto' tunes local worker processes: pass an int num_workers with "
-                         "thread_pool=True or backend=...")
+    if backend is not None:
+        raise ValueError("num_workers='auto' tunes local workers (processes, or threads with "
+                         "thread_pool=True): pass an int num_workers with backend=...")
     return (min(usable_cores(), MAX_AUTO_WORKERS), prefetch, True,
             prefetch is None and prefetch_factor is None)
 

@@ -301,7 +301,8 @@ class DataLoader(_Lifetime, Generic[_T_co]):
         batchify_fn (callable | None): turns a list of samples into a batch; default
             :data:`mxload.batchify.default_batchify`.
         num_workers (int | str): worker processes (threads with `thread_pool`); ``0`` (default) loads
-            in the calling thread; ``"auto"``: measured and adjusted while loading (``loader.autotune``).
+            in the calling thread; ``"auto"``: measured and adjusted while loading (``loader.autotune``),
+            processes or, with `thread_pool`, threads.
         pin_memory (bool): hand out batches in page-locked memory (still numpy arrays) when torch
             has an accelerator; without one, warn once as torch does. Default ``False``.
         pin_device_id (int): Gluon's pinned-memory device; accepted (torch pins for its current

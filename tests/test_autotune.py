@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
 import time
 from types import SimpleNamespace
 
@@ -43,6 +44,10 @@ def flat(loader, limit=None):
     return out
 
 
+# num_workers="auto" tunes worker processes, or worker threads with thread_pool=True.
+KINDS = [pytest.param({}, id="processes"), pytest.param({"thread_pool": True}, id="threads")]
+
+
 @pytest.fixture
 def three_cores(monkeypatch):
     """The tuner sees 3 usable cores (whatever this machine has), so it has room to move."""
@@ -72,10 +77,12 @@ def restless(monkeypatch):
     monkeypatch.setattr(policy, "TRY_UNDO_LOSS", 1.0)   # never undone in the switch's window
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("persistent", [False, True])
-def test_auto_batches_equal_a_fixed_worker_counts_bit_for_bit(three_cores, workers_win, persistent):
-    kw = dict(batch_size=4, shuffle=True, seed=11)
-    reference = [flat(mxload.DataLoader(Augmented(), **kw, num_workers=0).__iter__()) for _ in range(1)]
+def test_auto_batches_equal_a_fixed_worker_counts_bit_for_bit(three_cores, workers_win, persistent, kind):
+    base = dict(batch_size=4, shuffle=True, seed=11)
+    kw = dict(base, **kind)
+    reference = [flat(mxload.DataLoader(Augmented(), **base, num_workers=0).__iter__()) for _ in range(1)]
     fixed = mxload.DataLoader(Augmented(), **kw, num_workers=2)
     with mxload.DataLoader(Augmented(), **kw, num_workers="auto", persistent_workers=persistent) as auto:
         epochs = [flat(auto) for _ in range(2)]
@@ -86,10 +93,11 @@ def test_auto_batches_equal_a_fixed_worker_counts_bit_for_bit(three_cores, worke
     assert epochs[1] == fixed_epochs[1] and epochs[1] != epochs[0]   # a new shuffle, the same for both
 
 
+@pytest.mark.parametrize("kind", KINDS)
 def test_workers_added_and_retired_mid_epoch_lose_repeat_and_reorder_nothing(three_cores, workers_win,
-                                                                             restless):
-    kw = dict(batch_size=2, seed=3)
-    reference = flat(mxload.DataLoader(Augmented(1600), **kw))
+                                                                             restless, kind):
+    reference = flat(mxload.DataLoader(Augmented(1600), batch_size=2, seed=3))
+    kw = dict(batch_size=2, seed=3, **kind)
     loader = mxload.DataLoader(Augmented(1600), **kw, num_workers="auto")
     assert flat(loader) == reference
     changes = loader.autotune["changes"]
@@ -99,15 +107,17 @@ def test_workers_added_and_retired_mid_epoch_lose_repeat_and_reorder_nothing(thr
     assert loader.stats["auto_changes"] == len(changes)
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("persistent", [False, True])
 def test_workers_that_lose_to_in_process_hand_back_mid_epoch_and_the_next_epoch_stays_in_process(
-        three_cores, monkeypatch, persistent):
+        three_cores, monkeypatch, persistent, kind):
     monkeypatch.setattr(policy, "predict_ns", lambda k, *_: 1e6 / (k + 1))
     monkeypatch.setattr(autotune.AutoTuner, "losing_to_inprocess", lambda self, rate: True)
     monkeypatch.setattr(producer, "WINDOW_BATCHES", 3)
     monkeypatch.setattr(producer, "WINDOW_MIN_S", 0.0)
-    kw = dict(batch_size=2, shuffle=True, seed=9)
-    reference = [flat(r) for r in [mxload.DataLoader(Augmented(), **kw)] * 2]
+    base = dict(batch_size=2, shuffle=True, seed=9)
+    kw = dict(base, **kind)
+    reference = [flat(r) for r in [mxload.DataLoader(Augmented(), **base)] * 2]
     with mxload.DataLoader(Augmented(), **kw, num_workers="auto", persistent_workers=persistent) as loader:
         it = iter(loader)
         first = flat(it)
@@ -139,9 +149,10 @@ def test_in_order_false_with_auto_delivers_every_batch_once(three_cores, workers
     assert got == list(range(0, 600, 2))
 
 
-def test_resume_mid_epoch_after_the_switch_to_workers(three_cores, workers_win):
-    kw = dict(batch_size=4, shuffle=True, seed=7)
-    whole = flat(mxload.DataLoader(Augmented(), **kw))
+@pytest.mark.parametrize("kind", KINDS)
+def test_resume_mid_epoch_after_the_switch_to_workers(three_cores, workers_win, kind):
+    whole = flat(mxload.DataLoader(Augmented(), batch_size=4, shuffle=True, seed=7))
+    kw = dict(batch_size=4, shuffle=True, seed=7, **kind)
     loader = mxload.DataLoader(Augmented(), **kw, num_workers="auto")
     it = iter(loader)
     first = [(x.tobytes(), y.tobytes()) for x, y in itertools.islice(it, 40)]
@@ -153,17 +164,51 @@ def test_resume_mid_epoch_after_the_switch_to_workers(three_cores, workers_win):
     assert first + flat(resumed) == whole
 
 
-def test_break_after_the_switch_ends_the_workers(three_cores, workers_win):
-    loader = mxload.DataLoader(Augmented(), batch_size=4, num_workers="auto")
+@pytest.mark.parametrize("kind", KINDS)
+def test_break_after_the_switch_ends_the_workers(three_cores, workers_win, kind):
+    loader = mxload.DataLoader(Augmented(), batch_size=4, num_workers="auto", **kind)
     it = iter(loader)
     for n, _ in enumerate(it):
         if n == 30:
             break
     engine = it.engine
     assert engine is not None
-    pids = [p for p in engine.worker_pids() if p is not None]
-    assert len(pids) == 3
-    del it   # the conftest leak check proves the workers, slabs and descriptors are gone
+    if kind:
+        assert engine.worker_pids() == [None] * 3
+        assert len([t for t in threading.enumerate() if t.name.startswith("mxload-worker-thread")]) == 3
+    else:
+        assert len([p for p in engine.worker_pids() if p is not None]) == 3
+    del it, engine   # the conftest leak check proves the workers, threads, slabs and descriptors are gone
+
+
+class FailsAt(Augmented):
+    def __getitem__(self, i: int):
+        if i == 150:
+            raise KeyError(f"sample {i} is corrupt")
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_dataset_error_after_the_switch_arrives_as_itself_and_the_epoch_goes_on(three_cores, workers_win,
+                                                                                   kind):
+    """An error raised by the dataset in a worker (process or thread) that auto started is the
+    loop's, as itself and for its batch only (as torch: the loop may catch it and go on)."""
+    loader = mxload.DataLoader(FailsAt(), batch_size=4, num_workers="auto", **kind)
+    it = iter(loader)
+    got, errors = [], []
+    while True:
+        try:
+            x, y = next(it)
+        except StopIteration:
+            break
+        except KeyError as e:
+            errors.append(str(e))
+            continue
+        got.append(int(y[0]))
+    assert it.engine is not None
+    assert len(errors) == 1 and "sample 150 is corrupt" in errors[0], errors
+    assert got == [i for i in range(0, 400, 4) if i != 148]
+    del it
 
 
 def test_a_short_epoch_stays_in_process():
@@ -301,7 +346,7 @@ def test_one_core_affinity_picks_zero_or_one_worker():
 @pytest.mark.parametrize("kw, words", [
     (dict(num_workers="fast"), "num_workers"),
     (dict(num_workers="auto", prefetch="deep"), "prefetch"),
-    (dict(num_workers="auto", thread_pool=True), "num_workers='auto' tunes local worker processes"),
+    (dict(num_workers="auto", backend="ray"), "num_workers='auto' tunes local workers"),
 ])
 def test_bad_auto_arguments_name_what_was_wrong(kw, words):
     with pytest.raises(ValueError, match=words):

@@ -297,6 +297,7 @@ CONFIGS = [
     dict(start_method="forkserver", stuck=True), dict(thread_pool=True),
     dict(start_method="spawn", stuck=True), dict(start_method="fork"),
     dict(start_method="fork", persistent_workers=True), dict(start_method="forkserver"),
+    dict(thread_pool=True, num_workers="auto"),
 ]
 
 
@@ -328,9 +329,10 @@ def train(config):
     config = dict(config)
     stuck = config.pop("stuck", False)
     persistent = config.get("persistent_workers", False)
+    config.setdefault("num_workers", 2)
     while True:
         dataset = StuckDataset() if stuck else SlowDataset(0.002, n=24)
-        loader = mxload.DataLoader(dataset, batch_size=2, num_workers=2, **config)
+        loader = mxload.DataLoader(dataset, batch_size=2, **config)
         try:
             for epoch in range(2):
                 for i, batch in enumerate(loader):
