@@ -1,10 +1,12 @@
-"""A worker process keeps the memory it frees (mxload/_runtime/local/heap.py)."""
+"""A worker process keeps the memory it frees (mxload/_runtime/local/heap.py), and so does the
+training process where mxload loads batches in it (mxload/_runtime/os_malloc.py)."""
 from __future__ import annotations
 
 import gc
 import os
 import resource
 
+import fresh_python
 import numpy as np
 import pytest
 from conftest import start_methods
@@ -66,15 +68,76 @@ def test_nothing_is_done_on_request_or_without_glibc(monkeypatch):
     assert heap.keep_freed_memory() is False
 
 
-def test_thread_workers_leave_the_main_process_policy_alone(monkeypatch):
-    """Thread workers share the training process's heap: its policy is the
-    program's, never changed by mxload."""
-    from mxload._runtime.local import process_worker
-    calls = []
-    monkeypatch.setattr(process_worker, "keep_freed_memory", lambda: calls.append(1) or True)
-    with mxload.DataLoader(_FaultsPerSample(), batch_size=1, num_workers=2, thread_pool=True) as loader:
-        assert len(list(loader)) == 8
-    assert calls == []
+IN_THE_TRAINING_PROCESS = """
+    import resource
+    from mxload._runtime import os_malloc
+
+    class FaultsPerSample(mxload.Dataset):   # as _FaultsPerSample, in this process's heap
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            blocks = [np.ones({block} // 8) for _ in range({blocks})]
+            del blocks
+            return np.int64(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+
+    kwargs = {kwargs}
+    with mxload.DataLoader(FaultsPerSample(), batch_size=1, **kwargs) as loader:
+        faults = [int(b[0]) for b in loader]
+    print(os_malloc.keep_freed_memory_in_training_process(), faults)
+"""
+
+
+def _faults_in_the_training_process(kwargs: str, env: dict[str, str]) -> tuple[str, list[int]]:
+    result = fresh_python.run(IN_THE_TRAINING_PROCESS.format(block=BLOCK_BYTES, blocks=BLOCKS, kwargs=kwargs),
+                              env={**os.environ, **env}, timeout=50)
+    assert result.returncode == 0, result.stderr
+    fixed, faults = result.stdout.strip().split(" ", 1)
+    return fixed, [int(f) for f in faults.strip("[]").split(",")]
+
+
+CLEAN = {"MXLOAD_MALLOC": "", "MXLOAD_WORKER_MALLOC": "", "GLIBC_TUNABLES": ""}
+
+
+@glibc
+@pytest.mark.parametrize("kwargs", ["{}", "{'num_workers': 2, 'thread_pool': True}",
+                                    "{'num_workers': 'auto'}"])
+def test_the_training_process_reuses_what_it_freed_when_it_loads_batches(kwargs):
+    """Loading in the training process (no workers, thread workers, auto's probe), the
+    samples' freed blocks are kept for the next ones (os_malloc.py: glibc's thresholds fixed
+    at its own largest values); under glibc's moving thresholds every sample faulted its
+    16 MiB in again (the next test)."""
+    fixed, faults = _faults_in_the_training_process(kwargs, CLEAN)
+    assert fixed == "True"
+    # In process: 0-20 a sample.  A worker thread's heap (glibc gives each thread an arena of its
+    # own) warms on its first samples and settles at 0-800: against 4,064 a sample under glibc's
+    # policy (16 MiB in 4 KiB pages, the next test), 556-8,482 with the threads.
+    assert max(faults[4:]) < BLOCKS * BLOCK_BYTES // 4096 // 4, faults
+
+
+@glibc
+@pytest.mark.parametrize("env", [{"MXLOAD_MALLOC": "system"},
+                                 {"MALLOC_TRIM_THRESHOLD_": str(1 << 20)},
+                                 {"GLIBC_TUNABLES": f"glibc.malloc.trim_threshold={1 << 20}"}],
+                         ids=["MXLOAD_MALLOC=system", "the program's MALLOC_*", "its GLIBC_TUNABLES"])
+def test_the_training_process_keeps_its_own_policy_on_request_or_where_it_set_one(env):
+    fixed, faults = _faults_in_the_training_process("{}", {**CLEAN, **env})
+    assert fixed == "False"
+    assert min(faults[2:]) > BLOCKS * BLOCK_BYTES // 4096 // 2, faults
+
+
+def test_the_training_process_is_left_alone_until_it_loads_a_batch():
+    """Importing mxload, building a loader and loading with worker processes change nothing in
+    the training process's malloc."""
+    result = fresh_python.run("""
+        from mxload._runtime import os_malloc
+        loader = mxload.DataLoader(list(range(8)), batch_size=2, num_workers=1)
+        assert len(list(loader)) == 4
+        print(os_malloc._training_process_done)
+    """, timeout=50)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["None"]
 
 
 class _CollectorView(mxload.Dataset):

@@ -51,7 +51,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("leaves", ("mxload.errors", "mxload._rng", "mxload._cpus", "mxload._trace", "mxload._checks",
                 "mxload._core", "mxload._version", "mxload._words", "mxload._missing_core",
                 "mxload._torch_compat", "mxload._keys", "mxload._runtime.os_threads",
-                "mxload._runtime.os_signals")),
+                "mxload._runtime.os_signals", "mxload._runtime.os_malloc")),
 )
 
 # The transports: no module of one imports a module of another.

@@ -22,6 +22,7 @@ layout) define a format that crosses processes.
     shutdown.py    the numbered shutdown sequence and its one deadline
     os_signals.py  signals and /proc for every kind of worker (neutral: imports no mxload)
     os_threads.py  mxload's threads as the kernel sees them (a fork after them warns not)
+    os_malloc.py   glibc's malloc thresholds fixed where batches are loaded (page faults)
     transports.py  the one module naming the transports: the transport a backend
                    (mxload/backends.py, configuration) asks for; a new kind of worker is
                    one module and its backend class

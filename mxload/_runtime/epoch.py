@@ -21,6 +21,7 @@ from .autotune import AutoBatches, AutoTuner
 from .batch_errors import as_loop_error
 from .engine import Engine
 from .engine_errors import aborted_error, ended_error, superseded_error
+from .os_malloc import keep_freed_memory_in_training_process
 from .os_signals import raised_by_signal_handler
 from .plan import EpochPlan
 from .progress import EpochProgress
@@ -83,6 +84,7 @@ class InProcessBatches:
         self._position = 0                   # batches handed out
         self._discard = plan.discard
         self._buffers = buffers if buffers is not None else _plan.ReusedBuffers()
+        keep_freed_memory_in_training_process()   # once per process (os_malloc.py: page faults per batch)
         derived = options.derived
         self._source = SampleSource(options.dataset, derived.iterable, derived.fetch_batch_size,
                                     options.batching.drop_last, options.seeds.seed,

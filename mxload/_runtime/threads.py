@@ -13,6 +13,7 @@ import numpy as np
 from .._core import QueuePut
 from . import messages as m
 from . import os_threads
+from .os_malloc import keep_freed_memory_in_training_process
 from .transport import Transport, TransportSetup, WorkerLoss
 from .worker import thread_worker_main
 
@@ -37,6 +38,7 @@ class ThreadTransport(Transport):
             for c, q in zip(configs, self._queues)]
 
     def start(self) -> None:
+        keep_freed_memory_in_training_process()   # the threads load in this process (os_malloc.py)
         for wid in range(len(self._threads)):
             self.start_thread(wid)
 
