@@ -80,6 +80,8 @@ loader = mxload.DataLoader(ds, batch_size=bs, num_workers=0)
 it = iter(loader)
 for _ in range(3):
     next(it)
+print("ready", flush=True)
+sys.stdin.readline()   # every copy starts its window at once: the windows overlap whole
 t0 = time.perf_counter(); n = 0
 while time.perf_counter() - t0 < float(sys.argv[2]):
     try:
@@ -93,14 +95,31 @@ print(n / (time.perf_counter() - t0))
 
 
 def in_process_bps(workload: str, seconds: float, copies: int) -> float:
-    """Summed batches/s of `copies` processes loading `workload` at once with 0 workers."""
-    procs = [subprocess.Popen([sys.executable, "-c", _LOAD, workload, str(seconds)],
+    """Summed batches/s of `copies` processes loading `workload` at once with 0 workers.  Each
+    builds its dataset and warms up first; then all start their timed window together (a
+    process still building its dataset while another measured left the other one's window
+    partly alone on the machine: the sum came out above what two loaders at once can reach)."""
+    procs = [subprocess.Popen([sys.executable, "-c", _LOAD, workload, str(seconds)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True) for _ in range(copies)]
-    total = 0.0
-    for p in procs:
-        out, _ = p.communicate(timeout=seconds + 120)
-        total += float(out.strip())
-    return total
+    try:
+        for p in procs:
+            assert p.stdout is not None
+            if p.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"a {workload} limit process failed before its window")
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        total = 0.0
+        for p in procs:
+            out, _ = p.communicate(timeout=seconds + 120)
+            total += float(out.strip())
+        return total
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
 
 def _default_workloads() -> list[str]:
