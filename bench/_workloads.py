@@ -14,14 +14,16 @@ from mxload import synthetic as D
 
 __all__ = ["ALL", "BATCHES", "QUICK_SCALE", "build_datasets", "touch", "close_iter", "own_cpu_s"]
 
-# Batches per repeat (full run, quick run); capped by the loader's length.
+# Batches per repeat (full run, quick run); capped by the loader's length.  jpeg and augment take
+# 1.5-2 s at 2 workers: with 40 and 60 (0.5 s) the workers' first batches (their heaps warming)
+# weighed on the rate, 69 b/s for augment against 91-112 in steady windows.
 BATCHES = {
     "images": (150, 60),
     "tabular": (190, 60),
     "tabular-getitems": (190, 60),
     "dict16": (75, 35),
-    "augment": (60, 16),
-    "jpeg": (40, 12),
+    "augment": (150, 16),
+    "jpeg": (120, 12),
 }
 QUICK_SCALE = 0.5
 
