@@ -60,6 +60,22 @@ def test_the_system_policy_is_kept_on_request(monkeypatch):
     assert min(faults[2:]) > 1000, faults
 
 
+@glibc
+@pytest.mark.parametrize("env", [{"MALLOC_TRIM_THRESHOLD_": str(1 << 20)},
+                                 {"GLIBC_TUNABLES": f"glibc.malloc.trim_threshold={1 << 20}"}],
+                         ids=["the program's MALLOC_*", "its GLIBC_TUNABLES"])
+def test_a_worker_keeps_the_policy_the_program_set(monkeypatch, env):
+    """A program that set its own malloc policy in the environment keeps it in the workers
+    too (os_malloc.py: "nothing is changed where the program chose its own policy"): glibc
+    applies it at the spawned worker's start, and under it (a fixed trim threshold fixes
+    the mmap threshold at 128 KiB) every sample's 1 MiB blocks are mmapped and faulted in
+    again."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    faults = _faults(start_method="spawn")
+    assert min(faults[2:]) > 1000, faults
+
+
 def test_nothing_is_done_on_request_or_without_glibc(monkeypatch):
     monkeypatch.setenv("MXLOAD_WORKER_MALLOC", "System ")
     assert heap.keep_freed_memory() is False
