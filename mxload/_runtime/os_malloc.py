@@ -31,7 +31,7 @@ import sys
 import threading
 
 __all__ = ["GLIBC_LARGEST_MMAP_THRESHOLD", "TRAINING_TRIM_ABOVE_BYTES", "WORKER_TRIM_ABOVE_BYTES",
-           "fix_thresholds", "keep_freed_memory_in_training_process", "opted_out"]
+           "fix_thresholds", "keep_freed_memory_in_training_process", "opted_out", "program_chose_its_own"]
 
 # glibc's mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD = -1
@@ -52,7 +52,7 @@ def opted_out(*variables: str) -> bool:
     return any(os.environ.get(v, "").strip().lower() == "system" for v in (OPT_OUT, *variables))
 
 
-def _program_chose_its_own() -> bool:
+def program_chose_its_own() -> bool:
     """glibc reads these at start-up: a program (or its launcher) that set one chose its policy."""
     if "malloc" in os.environ.get("GLIBC_TUNABLES", ""):
         return True
@@ -85,7 +85,7 @@ def keep_freed_memory_in_training_process() -> bool:
     global _training_process_done
     with _training_lock:
         if _training_process_done is None:
-            _training_process_done = (not opted_out() and not _program_chose_its_own()
+            _training_process_done = (not opted_out() and not program_chose_its_own()
                                       and fix_thresholds(GLIBC_LARGEST_MMAP_THRESHOLD,
                                                          TRAINING_TRIM_ABOVE_BYTES))
         return _training_process_done

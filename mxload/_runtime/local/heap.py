@@ -17,13 +17,19 @@ The price is memory: a worker keeps what it freed, up to its largest batch's
 working set (and gives back what is above TRIM_ABOVE_BYTES at the heap's
 top); blocks of KEEP_BELOW_BYTES or more still come and go with mmap.
 MXLOAD_WORKER_MALLOC=system (or MXLOAD_MALLOC=system) in the environment leaves
-glibc's own policy.
+glibc's own policy, and so does a policy the program set (MALLOC_*_, GLIBC_TUNABLES).
 """
 from __future__ import annotations
 
 import gc
 
-from ..os_malloc import GLIBC_LARGEST_MMAP_THRESHOLD, WORKER_TRIM_ABOVE_BYTES, fix_thresholds, opted_out
+from ..os_malloc import (
+    GLIBC_LARGEST_MMAP_THRESHOLD,
+    WORKER_TRIM_ABOVE_BYTES,
+    fix_thresholds,
+    opted_out,
+    program_chose_its_own,
+)
 
 __all__ = ["KEEP_BELOW_BYTES", "TRIM_ABOVE_BYTES", "freeze_inherited_objects", "keep_freed_memory"]
 
@@ -35,8 +41,9 @@ _OPT_OUT = "MXLOAD_WORKER_MALLOC"
 
 def keep_freed_memory() -> bool:
     """Fix this worker process's malloc thresholds (see the module's docstring); True if done.
-    Nothing on another C library, or with MXLOAD_WORKER_MALLOC=system or MXLOAD_MALLOC=system."""
-    if opted_out(_OPT_OUT):
+    Nothing on another C library, with MXLOAD_WORKER_MALLOC=system or MXLOAD_MALLOC=system, or
+    where the program set its own policy (MALLOC_*_, GLIBC_TUNABLES: glibc applied it at start)."""
+    if opted_out(_OPT_OUT) or program_chose_its_own():
         return False
     return fix_thresholds(KEEP_BELOW_BYTES, TRIM_ABOVE_BYTES)
 
