@@ -11,7 +11,7 @@ Two settings, one per kind of process:
 
 * a worker process (local/heap.py): both thresholds fixed at its start, the trim one high
   (WORKER_TRIM_ABOVE_BYTES): the worker is mxload's and does nothing but load batches;
-* the training process, the first time mxload loads a batch there (no workers, auto's
+* the training process, when an epoch first starts loading there (no workers, auto's
   probe, thread workers): fixed at the largest values glibc's own policy reaches after one
   free of a 32 MiB block (TRAINING_TRIM_ABOVE_BYTES), so the program never keeps more freed
   memory than glibc itself would let it once it has freed one large tensor, as a training
@@ -43,7 +43,7 @@ WORKER_TRIM_ABOVE_BYTES = 256 << 20
 
 OPT_OUT = "MXLOAD_MALLOC"
 
-_training_process_done: bool | None = None   # once per process: the first batch loaded here decides
+_training_process_done: bool | None = None   # once per process: the first epoch loading here decides
 _training_lock = threading.Lock()
 
 
@@ -64,7 +64,7 @@ def fix_thresholds(mmap_below: int, trim_above: int) -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        if not os.confstr("CS_GNU_LIBC_VERSION"):   # "glibc 2.36"; musl has none
+        if not getattr(os, "confstr", lambda _: None)("CS_GNU_LIBC_VERSION"):   # "glibc 2.36"; musl: none
             return False
     except (ValueError, OSError):
         return False
@@ -81,7 +81,8 @@ def fix_thresholds(mmap_below: int, trim_above: int) -> bool:
 
 def keep_freed_memory_in_training_process() -> bool:
     """The training process's thresholds (see the module's docstring), fixed once per process,
-    before the first batch it loads; True if they are fixed (now or before)."""
+    when an epoch starts loading in it (iter() with 0 workers, auto's probe, thread workers
+    starting); True if they are fixed (now or before)."""
     global _training_process_done
     with _training_lock:
         if _training_process_done is None:
