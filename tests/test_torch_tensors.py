@@ -171,27 +171,21 @@ def test_batches_kept_in_process_are_torch_stacks_without_a_plan(kw, monkeypatch
 Row = collections.namedtuple("Row", "x y")
 
 
-def _stacked_by_the_plan(case):
-    one = torch.ones(2)
-    return {
-        "shapes differ": lambda: [torch.zeros(3), torch.zeros(4)],
-        "dtypes differ": lambda: [one, torch.ones(2, dtype=torch.float64)],
-        "a numpy field": lambda: [(one, np.zeros(2))] * 2,
-        "a namedtuple": lambda: [Row(one, 1)] * 2,
-        "lengths differ": lambda: [(one, 1), (one, 1, 2)],
-        "a tuple among lists": lambda: [[one, 1], (one, 1)],
-        "a key missing": lambda: [{"x": one, "y": 1}, {"x": one, "z": 1}],
-        "bools": lambda: [(one, True), (one, False)],
-        "an int among floats": lambda: [(one, 1.5), (one, 2)],
-        "an int too large": lambda: [(one, 2 ** 64), (one, 1)],
-        "a Parameter": lambda: [torch.nn.Parameter(torch.ones(2))] * 2,
-        "a string": lambda: [(one, "a"), (one, "b")],
-    }[case]()
-
-
-STACKED_BY_THE_PLAN = ["shapes differ", "dtypes differ", "a numpy field", "a namedtuple", "lengths differ",
-                       "a tuple among lists", "a key missing", "bools", "an int among floats",
-                       "an int too large", "a Parameter", "a string"]
+# Each case's samples, made when its test runs (torch is imported only then).
+STACKED_BY_THE_PLAN = {
+    "shapes differ": lambda: [torch.zeros(3), torch.zeros(4)],
+    "dtypes differ": lambda: [torch.ones(2), torch.ones(2, dtype=torch.float64)],
+    "a numpy field": lambda: [(torch.ones(2), np.zeros(2))] * 2,
+    "a namedtuple": lambda: [Row(torch.ones(2), 1)] * 2,
+    "lengths differ": lambda: [(torch.ones(2), 1), (torch.ones(2), 1, 2)],
+    "a tuple among lists": lambda: [[torch.ones(2), 1], (torch.ones(2), 1)],
+    "a key missing": lambda: [{"x": torch.ones(2), "y": 1}, {"x": torch.ones(2), "z": 1}],
+    "bools": lambda: [(torch.ones(2), True), (torch.ones(2), False)],
+    "an int among floats": lambda: [(torch.ones(2), 1.5), (torch.ones(2), 2)],
+    "an int too large": lambda: [(torch.ones(2), 2 ** 64), (torch.ones(2), 1)],
+    "a Parameter": lambda: [torch.nn.Parameter(torch.ones(2))] * 2,
+    "a string": lambda: [(torch.ones(2), "a"), (torch.ones(2), "b")],
+}
 
 
 @pytest.mark.parametrize("case", STACKED_BY_THE_PLAN)
@@ -199,7 +193,7 @@ def test_what_torch_alone_cannot_stack_is_planned(case):
     """stack_rows leaves a batch to the planned path where a row differs from row 0, a field
     is not a plain CPU tensor or a number, or torch would promote a dtype; the planned path
     then gives the batch it always gave (or names the field: shapes)."""
-    samples = _stacked_by_the_plan(case)
+    samples = STACKED_BY_THE_PLAN[case]()
     assert mxload._torch_compat.stack_rows(samples) is None
     collate = mxload.batchify.torch_default_collate
     if case == "shapes differ":
