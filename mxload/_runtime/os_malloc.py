@@ -10,7 +10,7 @@ hundred KiB: under those moving thresholds every batch faults its memory in agai
 Two settings, one per kind of process:
 
 * a worker process (local/heap.py): both thresholds fixed at its start, the trim one high
-  (WORKER_TRIM_ABOVE_BYTES): the worker is mxload's and does nothing but load batches;
+  (heap.TRIM_ABOVE_BYTES): the worker is mxload's and does nothing but load batches;
 * the training process, when an epoch first starts loading there (no workers, auto's
   probe, thread workers): fixed at the largest values glibc's own policy reaches after one
   free of a 32 MiB block (TRAINING_TRIM_ABOVE_BYTES), so the program never keeps more freed
@@ -22,7 +22,7 @@ Two settings, one per kind of process:
 Nothing is changed where the program chose its own policy (glibc's MALLOC_* or
 GLIBC_TUNABLES malloc settings in the environment), on another C library, or with
 MXLOAD_MALLOC=system in the environment (MXLOAD_WORKER_MALLOC=system: the workers only).
-A C library's function, imported by no mxload module but through this one: neutral, a leaf.
+It imports nothing of mxload: a leaf beside os_signals and os_threads.
 """
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ import os
 import sys
 import threading
 
-__all__ = ["GLIBC_LARGEST_MMAP_THRESHOLD", "TRAINING_TRIM_ABOVE_BYTES", "WORKER_TRIM_ABOVE_BYTES",
-           "fix_thresholds", "keep_freed_memory_in_training_process", "opted_out", "program_chose_its_own"]
+__all__ = ["GLIBC_LARGEST_MMAP_THRESHOLD", "TRAINING_TRIM_ABOVE_BYTES", "fix_thresholds", "keep_freed_memory",
+           "keep_freed_memory_in_training_process", "opted_out", "program_chose_its_own"]
 
 # glibc's mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD = -1
@@ -39,7 +39,6 @@ _M_MMAP_THRESHOLD = -3
 
 GLIBC_LARGEST_MMAP_THRESHOLD = 32 << 20    # blocks below come from the heap; above, mmap as always
 TRAINING_TRIM_ABOVE_BYTES = 2 * GLIBC_LARGEST_MMAP_THRESHOLD   # glibc's own largest trim threshold
-WORKER_TRIM_ABOVE_BYTES = 256 << 20
 
 OPT_OUT = "MXLOAD_MALLOC"
 
@@ -79,6 +78,14 @@ def fix_thresholds(mmap_below: int, trim_above: int) -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, mmap_below)) and bool(mallopt(_M_TRIM_THRESHOLD, trim_above))
 
 
+def keep_freed_memory(mmap_below: int, trim_above: int, *opt_outs: str) -> bool:
+    """fix_thresholds, unless MXLOAD_MALLOC or one of `opt_outs` says "system" or the program
+    chose its own policy; True if done."""
+    if opted_out(*opt_outs) or program_chose_its_own():
+        return False
+    return fix_thresholds(mmap_below, trim_above)
+
+
 def keep_freed_memory_in_training_process() -> bool:
     """The training process's thresholds (see the module's docstring), fixed once per process,
     when an epoch starts loading in it (iter() with 0 workers, auto's probe, thread workers
@@ -86,7 +93,6 @@ def keep_freed_memory_in_training_process() -> bool:
     global _training_process_done
     with _training_lock:
         if _training_process_done is None:
-            _training_process_done = (not opted_out() and not program_chose_its_own()
-                                      and fix_thresholds(GLIBC_LARGEST_MMAP_THRESHOLD,
-                                                         TRAINING_TRIM_ABOVE_BYTES))
+            _training_process_done = keep_freed_memory(GLIBC_LARGEST_MMAP_THRESHOLD,
+                                                       TRAINING_TRIM_ABOVE_BYTES)
         return _training_process_done

@@ -23,18 +23,12 @@ from __future__ import annotations
 
 import gc
 
-from ..os_malloc import (
-    GLIBC_LARGEST_MMAP_THRESHOLD,
-    WORKER_TRIM_ABOVE_BYTES,
-    fix_thresholds,
-    opted_out,
-    program_chose_its_own,
-)
+from .. import os_malloc
 
 __all__ = ["KEEP_BELOW_BYTES", "TRIM_ABOVE_BYTES", "freeze_inherited_objects", "keep_freed_memory"]
 
-KEEP_BELOW_BYTES = GLIBC_LARGEST_MMAP_THRESHOLD   # blocks below come from the heap
-TRIM_ABOVE_BYTES = WORKER_TRIM_ABOVE_BYTES        # free memory at the heap's top beyond this goes back
+KEEP_BELOW_BYTES = os_malloc.GLIBC_LARGEST_MMAP_THRESHOLD   # blocks below come from the heap
+TRIM_ABOVE_BYTES = 256 << 20   # free memory at the heap's top beyond this goes back to the kernel
 
 _OPT_OUT = "MXLOAD_WORKER_MALLOC"
 
@@ -43,9 +37,7 @@ def keep_freed_memory() -> bool:
     """Fix this worker process's malloc thresholds (see the module's docstring); True if done.
     Nothing on another C library, with MXLOAD_WORKER_MALLOC=system or MXLOAD_MALLOC=system, or
     where the program set its own policy (MALLOC_*_, GLIBC_TUNABLES: glibc applied it at start)."""
-    if opted_out(_OPT_OUT) or program_chose_its_own():
-        return False
-    return fix_thresholds(KEEP_BELOW_BYTES, TRIM_ABOVE_BYTES)
+    return os_malloc.keep_freed_memory(KEEP_BELOW_BYTES, TRIM_ABOVE_BYTES, _OPT_OUT)
 
 
 def freeze_inherited_objects() -> None:
