@@ -143,18 +143,31 @@ cdef class FreeSlabs:
         self._closed = False
         self._fewest = 0
 
-    def acquire(self):
-        """A free slab, or None (the worker then makes a new one)."""
+    def acquire(self, known=None):
+        """A free slab, or None (the worker then makes a new one): the oldest free one
+        whose id is in `known` (the slabs the worker it goes to has mapped: no descriptor
+        to send, no page to fault in there again), else the oldest free one."""
         cdef Slab slab
-        while self._free:
-            slab = <Slab>self._free.pop(0)
-            if slab.slab_id in self._pooled:
-                self._counts["slabs_reused"] += 1
-                if len(self._free) < self._fewest:
-                    self._fewest = len(self._free)
-                return slab
-        self._fewest = 0
-        return None
+        cdef Py_ssize_t i = 0, pick = -1
+        while i < len(self._free):
+            slab = <Slab>self._free[i]
+            if slab.slab_id not in self._pooled:
+                del self._free[i]     # retired meanwhile
+                continue
+            if pick < 0:
+                pick = i
+            if known is None or slab.slab_id in known:
+                pick = i
+                break
+            i += 1
+        if pick < 0:
+            self._fewest = 0
+            return None
+        slab = <Slab>self._free.pop(pick)
+        self._counts["slabs_reused"] += 1
+        if len(self._free) < self._fewest:
+            self._fewest = len(self._free)
+        return slab
 
     def release(self, Slab slab not None):
         """`slab` is free again (a batch's last view died)."""

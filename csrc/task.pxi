@@ -231,7 +231,7 @@ def send_tasks(WorkerChannel handle not None, pool, bytes prefix, list tasks not
                 if carried is not None:
                     slab, carried = carried, None
                 else:
-                    slab = pool.acquire()
+                    slab = pool.acquire(known)
                 slab_id, slab_size, frame_fd = -1, 0, -1
                 if slab is not None:
                     slab_id = (<Slab?>slab).slab_id

@@ -125,6 +125,23 @@ def test_a_lender_gives_views_of_the_slab_until_the_loop_keeps_many_then_copies_
     assert np.ndarray((4,), np.int64, buffer=lender.owner(slabs[0], 32)).base.slab.shared
 
 
+def test_a_worker_gets_a_free_slab_it_has_mapped_before_the_oldest_one_it_has_not():
+    """acquire(known): the oldest free slab among those the worker already maps
+    (no descriptor to send, no page to fault in again); else the oldest free one."""
+    pooled, counts = {}, {"slabs_reused": 0}
+    free = _core.FreeSlabs(pooled, counts)
+    slabs = [_slab(i) for i in range(4)]
+    for slab in slabs:
+        pooled[slab.slab_id] = slab
+        free.release(slab)
+    assert free.acquire({2, 3}) is slabs[2]
+    assert free.acquire({9}) is slabs[0]              # none known is free: the oldest
+    assert free.acquire() is slabs[1]                 # no worker named: the oldest
+    del pooled[3]                                     # retired: never handed out, known or not
+    assert free.acquire({3}) is None and len(free) == 0
+    assert counts["slabs_reused"] == 3
+
+
 def test_trimming_the_free_slabs_hands_out_those_free_since_the_last_trim_beyond_the_first_kept():
     """trim(keep): of the slabs no acquire needed since the last trim, those
     beyond the first `keep` still pooled (the last freed first)."""
@@ -246,8 +263,8 @@ def test_a_slab_new_to_the_worker_leads_a_message_with_its_descriptor(channel):
     assert (done, messages, unsent) == (3, 2, None)
     assert handle.known_slabs == {first.slab_id, second.slab_id, third.slab_id}
     got = [wire.recv(worker) for _ in range(3)]
-    assert [(t.batch_index, t.slab_id, len(fds)) for t, fds in got] == [
-        (1, first.slab_id, 0), (3, second.slab_id, 1), (5, third.slab_id, 0)]
+    assert [(t.batch_index, t.slab_id, len(fds)) for t, fds in got] == [   # the known ones first
+        (1, first.slab_id, 0), (3, third.slab_id, 0), (5, second.slab_id, 1)]
     for _, fds in got:
         for fd in fds:
             assert os.fstat(fd).st_size == second.size
@@ -271,7 +288,9 @@ def test_a_full_socket_leaves_the_rest_of_the_message_to_finish(channel):
     main, worker, pool = channel
     main.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     big = [(0, i, np.arange(i, i + 20_000, dtype=np.int64), False) for i in (1, 2)]
-    handle = _handle(sock=main, known_slabs={pool.slabs[1].slab_id})   # the first slab is new to it
+    for other in pool.slabs[1:]:   # only the first slab is free (new to the worker); the second task gets none
+        assert pool.pool.acquire({other.slab_id}) is other
+    handle = _handle(sock=main)
     done, messages, unsent = _core.send_tasks(handle, pool.pool, wire.TASK_PREFIX, big)
     assert (done, messages) == (2, 1) and unsent is not None
     rest, fd = unsent
@@ -301,8 +320,8 @@ def test_a_pool_closed_while_tasks_are_packed_is_an_oserror(channel):
     main, worker, pool = channel
 
     class ClosingPool:
-        def acquire(self):
-            slab = pool.pool.acquire()
+        def acquire(self, known=None):
+            slab = pool.pool.acquire(known)
             pool.pool.close()   # the other thread's close() lands here
             return slab
 

@@ -130,7 +130,9 @@ class ProcessLink(WorkerLink[_Encoded]):
         if fds:
             try:
                 assert task.slab_id is not None
-                self._slabs[task.slab_id] = map_slab(fds[0], task.slab_size, task.slab_id)
+                # Populated: its pages exist (another process wrote them); faulting them into this
+                # one page by page as the batch is copied in took 7 ms for 19 MiB, populating 3.
+                self._slabs[task.slab_id] = map_slab(fds[0], task.slab_size, task.slab_id, populate=True)
             finally:
                 os.close(fds[0])
         self._pending.append(task)
