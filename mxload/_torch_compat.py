@@ -24,7 +24,7 @@ __all__ = [
     "enter_worker", "stack_rows", "torch_numpy_seed", "pin_batch", "pinning_device", "to_tensors",
     "PIN_MEMORY_NO_ACCELERATOR", "shuffle_generator", "generator_state", "set_generator_state",
     "collatable_tensor", "batch_dtype", "TORCH_DTYPE_PREFIX", "viewing_dtype", "as_torch_dtype",
-    "stack_into", "copy_into",
+    "stack_into", "copy_into", "gather_tensor_dataset",
 ]
 
 # Word for word what torch 2.x warns (DataLoader iterator start) when
@@ -212,6 +212,38 @@ def _stack_column(column: Sequence[Any], torch: Any, tensor: type) -> Any:
             raise _NotStacked
         return torch.tensor(column, dtype=torch.float64 if kind is float else torch.int64)
     raise _NotStacked
+
+
+# torch's TensorDataset.__getitem__: ``tuple(tensor[index] for tensor in self.tensors)``.
+_TENSOR_DATASET_GETITEM = ("torch.utils.data.dataset", "TensorDataset.__getitem__")
+
+
+def gather_tensor_dataset(dataset: Any, indices: np.ndarray) -> tuple[Any, ...] | None:
+    """Each tensor of a torch ``TensorDataset`` at `indices`, gathered in one go: the tensors
+    ``torch.stack`` makes of the rows ``dataset[i]`` gives, value for value, dtype, shape and
+    strides alike.  None (the caller fetches per index, as torch does) unless the dataset's
+    ``__getitem__`` is torch's own (not a subclass's) and every tensor is a plain contiguous
+    CPU tensor without autograd history, conjugate or negative bit, or where torch refuses an
+    index (its IndexError then comes from ``dataset[i]`` itself)."""
+    torch = sys.modules.get("torch")
+    getitem = getattr(type(dataset), "__getitem__", None)
+    if torch is None or (getattr(getitem, "__module__", None),
+                         getattr(getitem, "__qualname__", None)) != _TENSOR_DATASET_GETITEM:
+        return None
+    tensors = getattr(dataset, "tensors", None)
+    if type(tensors) is not tuple or not tensors:
+        return None
+    tensor = torch.Tensor
+    for t in tensors:
+        if (type(t) is not tensor or t.layout is not torch.strided or t.is_nested or t.device.type != "cpu"
+                or t.ndim == 0 or t.requires_grad or t.is_quantized or t.is_conj() or t.is_neg()
+                or not t.is_contiguous()):
+            return None
+    index = torch.from_numpy(indices if indices.flags.writeable else indices.copy())
+    try:
+        return tuple(t[index] for t in tensors)
+    except (IndexError, RuntimeError):
+        return None
 
 
 def stack_into(tensors: list[Any], out: np.ndarray, dtype: Any) -> tuple[Any, bool]:

@@ -39,7 +39,7 @@ from ._collate.plan import (
     plan_batch,
     stack_column,
 )
-from ._collate.rows import RowsOfColumns
+from ._collate.rows import RowsOfColumns, TensorColumns
 from ._torch_compat import collatable_tensor, is_tensor, stack_rows, tensor_to_numpy
 
 __all__ = [
@@ -337,13 +337,18 @@ class _DefaultBatchify(Batchify):
                 return node
         elif isinstance(samples, RowsOfColumns) and len(samples):
             return self._plan_columns(samples, path, planner)
+        elif isinstance(samples, TensorColumns) and len(samples):
+            return self._plan_tensor_columns(samples, path, planner)
         return self._plan_checked(samples, path, planner)
 
     def collate_here(self, samples: Sequence[Any]) -> Any:
         """mxload.torch's (tuples made lists): samples of CPU tensors and numbers stacked by
         torch, as its default_collate does in the main process (stack_rows); None: planned."""
-        if self._tuples is list and type(samples) is list:
-            return stack_rows(samples)
+        if self._tuples is list:
+            if type(samples) is list:
+                return stack_rows(samples)
+            if isinstance(samples, TensorColumns):
+                return list(samples.columns)   # each the stack of its rows already
         return None
 
     def _plan_columns(self, samples: RowsOfColumns, path: str, planner: Planner) -> Node:
@@ -361,6 +366,18 @@ class _DefaultBatchify(Batchify):
                 rows = [column[i] for i in range(samples.n)]
                 children.append(self._plan_checked(rows, field_path, planner))
         return layout.dict_node(keys, children)
+
+    def _plan_tensor_columns(self, samples: TensorColumns, path: str, planner: Planner) -> Node:
+        """A TensorDataset's rows as the rows themselves would plan: each gathered column copied
+        once (its rows' stack, bit for bit)."""
+        if not all(column.ndim <= _core.MAX_DIMS for column in samples.columns):
+            return self._plan_checked(samples.rows(), path, planner)
+        children = []
+        for i, column in enumerate(samples.columns):
+            field_path = f"{path}[{i}]"
+            children.append(planner.add_tensor(field_path, TensorField(field_path, [column], False,
+                                                                       planner.batch_index)))
+        return layout.tuple_node(self._tuples, children)
 
     def _plan_checked(self, samples: Sequence[Any], path: str, planner: Planner) -> Node:
         """Plan field by field, checking every sample (with the errors that

@@ -7,6 +7,7 @@ field, into the batch's buffer)."""
 from __future__ import annotations
 
 import collections
+import functools
 
 import fresh_python
 import numpy as np
@@ -269,3 +270,76 @@ def test_a_worker_only_torch_dtype_reaches_a_main_process_without_torch():
     """, timeout=50)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["Tensor", "torch.bfloat16", "[[2.0,", "2.0],", "[3.0,", "3.0]]"]
+
+
+def _tensor_dataset(rows=50):
+    g = torch.Generator().manual_seed(0)
+    return torch.utils.data.TensorDataset(
+        torch.randn(rows, 3, 4, generator=g), torch.randint(0, 9, (rows,), generator=g),
+        (torch.randn(rows, 2, generator=g) * 4).to(torch.bfloat16), torch.rand(rows, generator=g) > 0.5,
+        torch.randn(rows, 2, dtype=torch.complex64, generator=g))
+
+
+@pytest.mark.parametrize("kw", MODES)
+def test_a_tensor_dataset_gives_torchs_batches_from_one_gather_per_tensor(kw, monkeypatch):
+    """torch's TensorDataset: each of its tensors' rows of a batch are gathered in one go (its
+    __getitem__, made to raise, is never called per index) and the batches are torch's
+    DataLoader's bit for bit, shuffled by the same generator, the last one short."""
+    ds = _tensor_dataset()
+    want = list(torch.utils.data.DataLoader(ds, batch_size=8, shuffle=True,
+                                            generator=torch.Generator().manual_seed(5)))
+    original = torch.utils.data.TensorDataset.__getitem__
+
+    @functools.wraps(original)   # the same name: still torch's own __getitem__ to mxload
+    def refuse(self, index):
+        raise AssertionError(f"TensorDataset.__getitem__({index}) was called")
+
+    monkeypatch.setattr(torch.utils.data.TensorDataset, "__getitem__", refuse)
+    with mxtorch.DataLoader(ds, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(5),
+                            **kw) as loader:
+        got = list(loader)
+    assert len(got) == len(want) == 7
+    for batch, expected in zip(got, want):
+        _same(batch, expected)
+
+
+def test_a_tensor_datasets_rows_are_fetched_per_index_where_a_gather_could_differ():
+    """The gather is taken only for torch's own TensorDataset over plain CPU tensors it gives
+    exactly: a subclass's __getitem__, a tensor with autograd history, a non-contiguous one and
+    an index out of range are fetched per index (the dataset's own rows, or its own error)."""
+    from mxload._collate.rows import TensorColumns
+    from mxload._runtime.source import fetch_samples
+    indices = np.array([4, 0, 7], dtype=np.int64)
+    ds = _tensor_dataset(10)
+    got = fetch_samples(ds, indices)
+    assert isinstance(got, TensorColumns) and len(got) == 3
+    for row, i in zip(got, indices.tolist()):   # read as rows: the dataset's own
+        _same(list(row), list(ds[i]))
+
+    class Doubled(torch.utils.data.TensorDataset):
+        def __getitem__(self, i):
+            return tuple(t[i] * 2 for t in self.tensors)
+
+    x = torch.arange(20.0).reshape(10, 2)
+    others = {"subclass": Doubled(x), "grad": torch.utils.data.TensorDataset(x.clone().requires_grad_()),
+              "non-contiguous": torch.utils.data.TensorDataset(x.t().contiguous().t())}
+    for name, other in others.items():
+        fetched = fetch_samples(other, indices)
+        assert type(fetched) is list, name
+        assert [tuple(t.tolist() for t in r) for r in fetched] == \
+            [tuple(t.tolist() for t in other[i]) for i in indices.tolist()], name
+    with pytest.raises(IndexError, match="index 10 is out of bounds for dimension 0 with size 10"):
+        fetch_samples(ds, np.array([1, 10], dtype=np.int64))
+
+
+@pytest.mark.parametrize("kw", MODES)
+def test_a_collate_fn_gets_a_tensor_datasets_rows_as_torch_passes_them(kw):
+    """A user's collate_fn receives the list of row tuples, each ``dataset[i]``, as from torch."""
+    ds = _tensor_dataset(12)
+
+    def describe(rows):
+        return [(type(rows).__name__, type(r).__name__, r[0].shape, int(r[1])) for r in rows]
+
+    want = list(torch.utils.data.DataLoader(ds, batch_size=5, collate_fn=describe))
+    with mxtorch.DataLoader(ds, batch_size=5, collate_fn=describe, **kw) as loader:
+        assert list(loader) == want

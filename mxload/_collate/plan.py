@@ -31,7 +31,7 @@ from .. import _torch_compat as _torch
 from .._torch_compat import is_tensor, tensor_to_numpy
 from . import layout
 from .layout import Layout, Node
-from .rows import RowsOfColumns
+from .rows import RowsOfColumns, TensorColumns
 
 __all__ = [
     "Field", "StackField", "PadField", "PadEveryAxisField", "CopyField", "TakeField", "TreeStackField",
@@ -757,8 +757,9 @@ class _FieldAt:
 
 def as_given(samples: Sequence[Any]) -> Sequence[Any]:
     """The samples as the dataset returned them, for a function that is not a planned
-    batchify function (a user's collate_fn): the list of rows a RowsOfColumns stands for."""
-    return samples.rows() if isinstance(samples, RowsOfColumns) else samples
+    batchify function (a user's collate_fn): the list of rows a RowsOfColumns or a TensorColumns
+    stands for."""
+    return samples.rows() if isinstance(samples, (RowsOfColumns, TensorColumns)) else samples
 
 
 def plan_batch(batchify_fn: Callable[..., Any], samples: Sequence[Any],

@@ -14,7 +14,9 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-__all__ = ["RowsOfColumns", "SamplesLater", "fetches_columns"]
+from .. import _torch_compat as _torch
+
+__all__ = ["RowsOfColumns", "SamplesLater", "TensorColumns", "fetches_columns"]
 
 # (module, qualified name) of the __getitems__ that RowsOfColumns.fetch reproduces, and of the
 # __getitem__ that gives a contiguous run of rows for a slice exactly as for the list of them.
@@ -142,3 +144,36 @@ class RowsOfColumns(SamplesLater):
 
     def __len__(self) -> int:
         return self.n
+
+
+class TensorColumns(SamplesLater):
+    """Reads as the list of rows a torch ``TensorDataset`` gives, ``dataset[i]`` for each index;
+    holds each of its tensors' rows at the batch's indices, gathered in one go (`columns`,
+    _torch_compat.gather_tensor_dataset): the default collation hands them out (in the training
+    process) or copies each once (in a worker), instead of a ``__getitem__`` per index and a
+    stack per field (a batch of 256 rows of two tensors: 1 ms of Python for 30 us of gather).
+    A function that is not one of mxload's planned batchify functions (a user's ``collate_fn``)
+    gets the rows themselves (:meth:`rows`)."""
+
+    __slots__ = ("columns", "_dataset", "_indices", "_rows")
+
+    def __init__(self, columns: tuple[Any, ...], dataset: Any, indices: Any):
+        self.columns = columns
+        self._dataset = dataset
+        self._indices = indices
+        self._rows: list[Any] | None = None
+
+    @classmethod
+    def fetch(cls, dataset: Any, indices: Any) -> TensorColumns | None:
+        """The batch's rows gathered, or None where the dataset is to be asked per index."""
+        columns = _torch.gather_tensor_dataset(dataset, indices)
+        return cls(columns, dataset, indices) if columns is not None else None
+
+    def rows(self) -> list[Any]:
+        """The list of row tuples, each ``dataset[i]`` (as torch's fetcher makes it)."""
+        if self._rows is None:
+            self._rows = [self._dataset[i] for i in self._indices.tolist()]
+        return self._rows
+
+    def __len__(self) -> int:
+        return len(self._indices)

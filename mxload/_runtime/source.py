@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from .. import _rng
-from .._collate.rows import RowsOfColumns, fetches_columns
+from .._collate.rows import RowsOfColumns, TensorColumns, fetches_columns
 from .._keys import decode_key
 from ..dataset import takes_index_arrays
 
@@ -53,6 +53,10 @@ def fetch_samples(dataset: Any, indices: np.ndarray, seed: int = 0, epoch: int =
             if fetches_columns(dataset):   # Hugging Face's: its batch of columns, unsplit
                 return RowsOfColumns.fetch(dataset, indices.tolist())
             return getitems(indices.tolist())
+        if not seed_globals:   # (per-sample seeding runs before each dataset[i]: it needs them)
+            gathered = TensorColumns.fetch(dataset, indices)   # torch's TensorDataset
+            if gathered is not None:
+                return gathered
         # dataset[i] exactly (the type's __getitem__), called from C
         return _rng.fetch_each(functools.partial(operator.getitem, dataset), indices.tolist(), seed, epoch,
                                seed_globals)
