@@ -343,3 +343,24 @@ def test_a_collate_fn_gets_a_tensor_datasets_rows_as_torch_passes_them(kw):
     want = list(torch.utils.data.DataLoader(ds, batch_size=5, collate_fn=describe))
     with mxtorch.DataLoader(ds, batch_size=5, collate_fn=describe, **kw) as loader:
         assert list(loader) == want
+
+
+@pytest.mark.parametrize("kw", MODES)
+def test_a_tensor_datasets_batch_of_any_index_array_is_torchs(kw):
+    """The indices a batch_sampler yields reach the gather as it gave them: a reversed numpy
+    array (negative strides, which torch.from_numpy refuses) gives torch's batch, as do
+    indices of any integer dtype (a byte array is indices, never torch's boolean-like mask)."""
+    from mxload._torch_compat import gather_tensor_dataset
+    ds = torch.utils.data.TensorDataset(torch.arange(12.0).reshape(6, 2), torch.arange(6))
+    batches = [np.arange(6)[::-1], np.arange(5)[::-2], np.array([2, 0], dtype=">i8")]
+    want = list(torch.utils.data.DataLoader(ds, batch_sampler=batches))
+    with mxtorch.DataLoader(ds, batch_sampler=batches, **kw) as loader:
+        got = list(loader)
+    assert len(got) == len(want) == 3
+    for batch, expected in zip(got, want):
+        _same(batch, expected)
+    for dtype in (np.uint8, np.int8, np.int16, np.uint16, np.int32, np.uint32, np.uint64):
+        indices = np.array([1, 0, 0, 0, 0, 1], dtype=dtype)
+        gathered = gather_tensor_dataset(ds, indices)
+        if gathered is not None:
+            assert gathered[1].tolist() == [1, 0, 0, 0, 0, 1], dtype
