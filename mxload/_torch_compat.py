@@ -239,7 +239,13 @@ def gather_tensor_dataset(dataset: Any, indices: np.ndarray) -> tuple[Any, ...] 
                 or t.ndim == 0 or t.requires_grad or t.is_quantized or t.is_conj() or t.is_neg()
                 or not t.is_contiguous()):
             return None
-    index = torch.from_numpy(indices if indices.flags.writeable else indices.copy())
+    kind, size = indices.dtype.kind, indices.dtype.itemsize
+    if kind not in "iu" or (kind == "u" and size == 8):
+        return None   # (not exactly int64: a byte tensor would index as a mask, a uint64 wrap)
+    if indices.dtype != np.int64 or not indices.flags.c_contiguous or not indices.flags.writeable:
+        # native int64, contiguous, writable: what torch.from_numpy takes (not negative strides)
+        indices = np.array(indices, dtype=np.int64)
+    index = torch.from_numpy(indices)
     try:
         return tuple(t[index] for t in tensors)
     except (IndexError, RuntimeError):
