@@ -288,7 +288,8 @@ def test_a_full_socket_leaves_the_rest_of_the_message_to_finish(channel):
     main, worker, pool = channel
     main.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     big = [(0, i, np.arange(i, i + 20_000, dtype=np.int64), False) for i in (1, 2)]
-    for other in pool.slabs[1:]:   # only the first slab is free (new to the worker); the second task gets none
+    # Only the first slab is free (new to the worker); the second task gets none.
+    for other in pool.slabs[1:]:
         assert pool.pool.acquire({other.slab_id}) is other
     handle = _handle(sock=main)
     done, messages, unsent = _core.send_tasks(handle, pool.pool, wire.TASK_PREFIX, big)

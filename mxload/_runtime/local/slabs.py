@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from ..._collate.plan import SLAB_GRANULE
 from ..._core import BatchLender, FreeSlabs, Slab
@@ -122,8 +122,9 @@ class SlabPool:
         self.max_fds = max_fds
         self.counts = {"slabs_created": 0, "slabs_reused": 0, "slabs_retired": 0, "batches_copied": 0}
         self._free = FreeSlabs(self._slabs, self.counts)
-        # A free slab, or None (the worker then makes a new one).
-        self.acquire: Callable[[], Slab | None] = self._free.acquire
+        # A free slab, or None (the worker then makes a new one): one of the ids the worker maps
+        # (its known_slabs) before any other.
+        self.acquire: Callable[[Collection[int] | None], Slab | None] = self._free.acquire
         # `slab` is free again (unused, or a batch's last view died).
         self.release: Callable[[Slab], None] = self._free.release
         # The owner of a batch handed to the training loop: its slab's, or a copy's where the loop
