@@ -408,6 +408,35 @@ def test_an_iter_datapipe_takes_shuffle_as_torch():
         mxtorch.DataLoader(cases.Stream(), shuffle=True)
 
 
+def _datapipe_epochs(loader_type, num_workers, persistent, context=None):
+    """Three epochs of a shuffled, sharded IterDataPipe under torch.manual_seed(7), and the
+    next number torch's global RNG gives after them."""
+    from torch.utils.data.datapipes.iter import IterableWrapper
+    pipe = IterableWrapper(range(60)).shuffle(buffer_size=16).sharding_filter()
+    loader = loader_type(pipe, batch_size=4, shuffle=True, num_workers=num_workers,
+                         persistent_workers=persistent, multiprocessing_context=context)
+    torch.manual_seed(7)
+    epochs = [[b.tolist() for b in loader] for _ in range(3)]
+    after = torch.rand(1).item()
+    if hasattr(loader, "close"):   # mxload's persistent workers end now
+        loader.close()
+    return epochs, after
+
+
+@pytest.mark.parametrize("num_workers,persistent,context", [
+    (0, False, None), (1, False, None), (2, False, None), (2, True, None), (2, True, "spawn")])
+def test_an_iter_datapipe_is_sharded_and_seeded_as_torch(num_workers, persistent, context):
+    """torch's DataLoader shards a DataPipe's sharding_filter across its workers and seeds its
+    shufflers with one seed per iter() drawn from torch's RNG before the base seed, persistent
+    workers too: every worker shuffles alike and each takes its shard.  The same batches as
+    torch's, epoch after epoch, and the same draws left to the program (before: with workers
+    each worker yielded the whole stream; persistent workers never reseeded the shufflers)."""
+    want = _datapipe_epochs(tdata.DataLoader, num_workers, persistent, context)
+    got = _datapipe_epochs(mxtorch.DataLoader, num_workers, persistent, context)
+    assert sorted(i for batch in got[0][0] for i in batch) == list(range(60))
+    assert got == want
+
+
 @pytest.mark.parametrize("num_workers", [0, 1])
 @pytest.mark.parametrize("batch_size", [2, None])
 def test_batches_have_torchs_containers_tuples_collated_into_lists(batch_size, num_workers):

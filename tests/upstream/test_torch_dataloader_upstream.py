@@ -25,7 +25,9 @@ mxload does not give) would be reported as not applicable: list them in
 """
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 import textwrap
@@ -81,6 +83,7 @@ def _load():
         pytest.skip(f"{ENV}={path!r} is not a file", allow_module_level=True)
     pytest.importorskip("torch")
     folder = tempfile.mkdtemp(prefix="mxload-upstream-")
+    atexit.register(shutil.rmtree, folder, True)   # the run's wrapper module, gone with the run
     with open(os.path.join(folder, MODULE + ".py"), "w") as f:
         f.write(_WRAPPER.format(path=os.path.abspath(path)))
     sys.path.insert(0, folder)
@@ -103,8 +106,9 @@ def _adopt(upstream) -> None:
     """Its unittest classes become this module's, for pytest to collect; the
     tests in NOT_APPLICABLE are skipped, saying why."""
     for name, obj in vars(upstream).items():
-        if (isinstance(obj, type) and issubclass(obj, unittest.TestCase) and name.startswith("Test")
-                and obj.__module__ == MODULE):
+        # (IntegrationTestDataLoaderDataPipe too: its DataPipe sharding and seeding.)
+        if (isinstance(obj, type) and issubclass(obj, unittest.TestCase)
+                and name.startswith(("Test", "IntegrationTest")) and obj.__module__ == MODULE):
             globals()[name] = obj
     for test, reason in NOT_APPLICABLE.items():
         class_name, method = test.split(".")
