@@ -61,6 +61,7 @@ cdef class EngineWindow:
     cdef public object state               # RUNNING, SHUTTING_DOWN, CLOSED (below)
     cdef public object epoch               # the epoch being served
     cdef public BatchSupply supply         # the epoch's batches of indices, drawn as needed; None: a stream
+    cdef public object stream_indices      # a stream's tasks' "indices": None, or the epoch's key (a DataPipe's seed)
     cdef public object due                 # a deque: the batch indices dispatched, not yet taken, in order
     cdef public bint in_order
     cdef public bint profiling             # a profiler times the epoch's tasks
@@ -326,7 +327,7 @@ cdef class EngineWindow:
                         return
                     idx, indices = <tuple>got
                 else:
-                    idx, indices = n, None
+                    idx, indices = n, self.stream_indices
                 # Round-robin by batch index: the roster's pick, from its cached takers
                 # while they stand; anything else (a stream's cycle) is the roster's to decide.
                 live = self.roster.takers

@@ -359,6 +359,7 @@ class EngineWindow:
     state: str
     epoch: int
     supply: BatchSupply | None
+    stream_indices: Any
     due: deque[int]
     in_order: bool
     profiling: bool

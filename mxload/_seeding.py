@@ -12,12 +12,26 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ._rng import derived_seed
-from ._torch_compat import seed_from_torch
+from ._torch_compat import (
+    datapipe_shards,
+    draw_datapipe_seed,
+    is_datapipe,
+    is_iter_datapipe,
+    seed_datapipe,
+    seed_from_torch,
+    shard_datapipe,
+)
 from .sampler import RandomSampler
 
 if TYPE_CHECKING:
     from ._options import LoaderOptions
+
+
+# Mixed into (seed, epoch) for an IterDataPipe's shared seed with seed= ("datapipe" in ASCII).
+_DATAPIPE_SEED_KEY = 0x6461746170697065
 
 
 class RunSeed:
@@ -36,6 +50,36 @@ class RunSeed:
         seed = seed_from_torch(generator)
         self._base_drawn = True
         return seed
+
+    def datapipe_epoch_starts(self, options: LoaderOptions, epoch: int, in_process: bool) -> Any:
+        """A torch DataPipe's iter(), before anything else is drawn, as torch's DataLoader
+        treats one: an IterDataPipe's shared seed drawn (from torch's RNGs where the run's seed
+        is torch's, before the base seed, at every iter(), persistent workers or not; from
+        (seed, epoch) with seed=) and its shufflers seeded with it here, in the training
+        process's copy; with 0 workers (`in_process`) its sharding filters set here for this
+        process's rank.  Returns the seed as the epoch's stream key, which every worker applies
+        to its own copy (EpochPlan.stream_key); None where the dataset is no IterDataPipe."""
+        dataset = options.dataset
+        if not is_datapipe(dataset):
+            return None
+        key = None
+        if is_iter_datapipe(dataset):
+            shared = (draw_datapipe_seed(options.seeds.generator) if options.derived.torch_seeded
+                      else derived_seed(options.seeds.seed, epoch, _DATAPIPE_SEED_KEY))
+            seed_datapipe(dataset, shared)
+            key = np.array([shared], dtype=np.int64)
+        if in_process:
+            shard_datapipe(dataset, 1, 0, *datapipe_shards())
+        return key
+
+    def datapipe_workers_start(self, options: LoaderOptions) -> None:
+        """Workers start for an IterDataPipe (a new iterator with workers: every iter() without
+        persistent workers, the first with them): torch's iterator then resets itself at once,
+        drawing a second shared seed after the base seed, which seeds the training process's
+        copy only (its workers took the first).  Drawn here as well, so the program's later
+        draws are the ones it gets with torch's loader."""
+        if is_iter_datapipe(options.dataset) and options.derived.torch_seeded:
+            seed_datapipe(options.dataset, draw_datapipe_seed(options.seeds.generator))
 
     def iteration_starts(self, options: LoaderOptions, epoch: int, keeps_workers: bool, generator: Any,
                          sampler: Any) -> tuple[int | None, int | None]:

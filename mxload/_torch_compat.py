@@ -24,7 +24,8 @@ __all__ = [
     "enter_worker", "stack_rows", "torch_numpy_seed", "pin_batch", "pinning_device", "to_tensors",
     "PIN_MEMORY_NO_ACCELERATOR", "shuffle_generator", "generator_state", "set_generator_state",
     "collatable_tensor", "batch_dtype", "TORCH_DTYPE_PREFIX", "viewing_dtype", "as_torch_dtype",
-    "stack_into", "copy_into", "gather_tensor_dataset",
+    "stack_into", "copy_into", "gather_tensor_dataset", "is_datapipe", "datapipe_shards",
+    "draw_datapipe_seed", "seed_datapipe", "shard_datapipe",
 ]
 
 # Word for word what torch 2.x warns (DataLoader iterator start) when
@@ -62,6 +63,46 @@ def apply_datapipe_shuffle(datapipe: Any, shuffle: object) -> Any:
     switched on or off (torch's graph_settings; the graph is returned)."""
     settings: Any = importlib.import_module("torch.utils.data.graph_settings")
     return settings.apply_shuffle_settings(datapipe, shuffle=bool(shuffle))
+
+
+def is_datapipe(dataset: Any) -> bool:
+    """Whether `dataset` is a torch IterDataPipe or MapDataPipe (torch's DataLoader shards one)."""
+    return any(name in ("IterDataPipe", "MapDataPipe") and module.startswith("torch.utils.data")
+               for module, name in _mro_names(dataset))
+
+
+def datapipe_shards() -> tuple[int, int]:
+    """(world size, rank) as torch's DataLoader reads them to shard a DataPipe: torch.distributed's
+    where its process group is initialised, else (1, 0)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+def draw_datapipe_seed(generator: Any) -> int:
+    """The shared seed torch's DataLoader draws for an IterDataPipe at each iter() (from the
+    loader's generator, else torch's global RNG), before its base seed: the same number."""
+    torch = sys.modules["torch"]
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+
+
+def seed_datapipe(datapipe: Any, shared_seed: int) -> Any:
+    """An IterDataPipe's random operations (its shufflers) seeded for an epoch from
+    `shared_seed`, as torch's DataLoader does in its training process and in every worker, so
+    that all workers shuffle alike and their shards partition the stream (torch's
+    graph_settings; the graph is returned)."""
+    torch = sys.modules["torch"]
+    settings: Any = importlib.import_module("torch.utils.data.graph_settings")
+    return settings.apply_random_seed(datapipe, torch.Generator().manual_seed(shared_seed))
+
+
+def shard_datapipe(datapipe: Any, num_workers: int, worker_id: int, world_size: int, rank: int) -> None:
+    """A DataPipe's sharding filters set for worker `worker_id` of `num_workers` (0 workers: the
+    training process, one of one) on rank `rank` of `world_size`, as torch's DataLoader sets
+    them (the ranks sharded first, then each rank's workers)."""
+    settings: Any = importlib.import_module("torch.utils.data.graph_settings")
+    settings.apply_sharding(datapipe, num_workers * world_size, worker_id * world_size + rank)
 
 
 def is_tensor(x: Any) -> bool:

@@ -484,6 +484,7 @@ class DataLoader(_Lifetime, Generic[_T_co]):
 
     def _start_iter(self) -> Any:
         self._position.before_draws(self)
+        stream_key = self._run_seed.datapipe_epoch_starts(self._options, self.epoch, not self.num_workers)
         drawn, base = self._run_seed.iteration_starts(self._options, self.epoch,
                                                       self.persistent_workers and bool(self.num_workers),
                                                       self.generator, self.sampler)
@@ -491,6 +492,8 @@ class DataLoader(_Lifetime, Generic[_T_co]):
             self._seeded(drawn)
         elif base is not None:
             self._options = self._options.replaced(base_seed=base)
+        if stream_key is not None and self.num_workers and base is not None:
+            self._run_seed.datapipe_workers_start(self._options)
         runs = self._iterations
         # Persistent workers already running were checked when they started; "auto" takes at most
         # the usable cores (and its epochs in-process paid 0.33 ms each for the cgroup reads).
@@ -507,7 +510,8 @@ class DataLoader(_Lifetime, Generic[_T_co]):
             options=self._options, epoch=self.epoch, batches=None if self.iterable else self._epoch_batches,
             progress=progress, profiler=self.profiler, engine=runs.engine, persistent=self.persistent_workers,
             length=self.__len__, restarts=runs.restarts, tuner=runs.tuner, buffers=runs.buffers,
-            on_engine=functools.partial(runs.use_engine, persistent=self.persistent_workers)))
+            on_engine=functools.partial(runs.use_engine, persistent=self.persistent_workers),
+            stream_key=stream_key))
         self.epoch += 1
         runs.started(it)
         if self._pin_device is not None or self.auto_reload or self.iterable or self._as_tensors:

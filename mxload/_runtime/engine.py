@@ -185,6 +185,7 @@ class Engine:
             self.roster.new_epoch()
             self._plan = plan
             window.supply, window.profiling = plan.supply, profiler is not None
+            window.stream_indices = plan.stream_key
             window.due.clear()
             window.handover = handover
             window.own_error = window.torn = None

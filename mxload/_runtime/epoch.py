@@ -388,6 +388,7 @@ class EpochRequest:
         restarts: the loader's max_worker_restarts spent so far (see Engine).
         tuner: num_workers="auto" (autotune/).
         buffers: the loader's buffers for batches collated in this process (a new pool if None).
+        stream_key: a stream's key of the epoch for its workers (EpochPlan.stream_key).
     """
     options: LoaderOptions
     epoch: int
@@ -401,6 +402,7 @@ class EpochRequest:
     restarts: dict[str, int]
     tuner: AutoTuner | None = None
     buffers: _plan.ReusedBuffers | None = None
+    stream_key: Any = None   # (a numpy array)
 
 
 def start_epoch(request: EpochRequest) -> EpochIterator:
@@ -408,7 +410,7 @@ def start_epoch(request: EpochRequest) -> EpochIterator:
     persistent engine if it is still usable, else on a new one, or (num_workers="auto") in the
     calling thread first, AutoBatches moving it onto an engine when it picks workers."""
     t0 = time.monotonic_ns()
-    plan = EpochPlan.of(request.batches, request.progress, request.epoch)
+    plan = EpochPlan.of(request.batches, request.progress, request.epoch, request.stream_key)
     # The epoch's hand-over, which every producer of the epoch stores into (NOTE [ Signal-safe
     # hand-over ], csrc/handoff.pxi); the progress reads the batch it handed out, not yet counted.
     handover = Handover(request.progress.taken)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from .._collate.layout import Layout
+from .._torch_compat import datapipe_shards, is_datapipe
 from .source import SampleSource
 
 if TYPE_CHECKING:
@@ -74,6 +75,9 @@ class WorkerConfig:
     # With a pickled payload, the descriptors its multiprocessing objects need (local/inherit.py):
     # a list in the worker; in a forkserver worker's arguments, a ForChild.
     payload_fds: Any = ()
+    # A torch DataPipe: (world size, rank) of the training process, which the worker shards it by
+    # (as torch's DataLoader does); None for any other dataset.
+    datapipe_shards: tuple[int, int] | None = None
 
     @classmethod
     def first(cls, options: LoaderOptions, epoch: int) -> WorkerConfig:
@@ -82,7 +86,8 @@ class WorkerConfig:
                    (options.dataset, options.batching.batchify_fn, options.workers.worker_init_fn),
                    options.derived.iterable, options.derived.fetch_batch_size, options.batching.drop_last,
                    zygote_child=False, keyed=not options.derived.auto_batching, seeding=options.seeds.seeding,
-                   base_seed=options.seeds.base_seed)
+                   base_seed=options.seeds.base_seed,
+                   datapipe_shards=datapipe_shards() if is_datapipe(options.dataset) else None)
 
     def source(self, dataset: Any) -> SampleSource:
         return SampleSource(dataset, self.iterable, self.batch_size, self.drop_last, self.seed, self.keyed,

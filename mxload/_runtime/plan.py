@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from .._core import BatchSupply
 from ..errors import EpochAbortedError
 from .os_signals import raised_by_signal_handler
@@ -28,18 +30,22 @@ class EpochPlan:
             (None: an IterableDataset's stream).
         discard: stream batches to drop first (a resumed stream is replayed
             from its start; these were taken before the checkpoint).
+        stream_key: what a stream's tasks carry as their indices (None: nothing): a torch
+            IterDataPipe's shared seed of the epoch, which each worker applies to its copy
+            of the graph before its stream starts (source.py).
     """
     supply: BatchSupply | None
     discard: int = 0
+    stream_key: np.ndarray | None = None
 
     @classmethod
     def of(cls, draw: Callable[[int], EpochBatches] | None, progress: EpochProgress,
-           epoch: int) -> EpochPlan:
+           epoch: int, stream_key: np.ndarray | None = None) -> EpochPlan:
         """The plan of epoch `epoch`, whose batches `draw(start)` begins to draw from batch
         `start` on (None: a stream), given what `progress` (fresh, or loaded from a
         state_dict) says was taken."""
         if draw is None:
-            return cls(None, progress.count)
+            return cls(None, progress.count, stream_key)
         start, skip = progress.taken_before()
         drawn = draw(start)
         supply = BatchSupply(drawn.batches, start, skip, drawn.total, drawn.expected, drawn.what, epoch,

@@ -11,6 +11,7 @@ import numpy as np
 from .. import _rng
 from .._collate.rows import RowsOfColumns, TensorColumns, fetches_columns
 from .._keys import decode_key
+from .._torch_compat import seed_datapipe
 from ..dataset import takes_index_arrays
 
 __all__ = ["SampleSource", "fetch_samples"]
@@ -131,6 +132,8 @@ class SampleSource:
                 if states is not None:
                     _rng.set_global_states(states)
         if self._stream is None or self._stream_epoch != epoch:
+            if indices is not None:   # the epoch's shared seed of a torch IterDataPipe (EpochPlan.stream_key)
+                self._dataset = seed_datapipe(self._dataset, int(indices[0]))
             self._stream = _Stream(self._dataset, self._batch_size, self._drop_last)
             self._stream_epoch = epoch
         return self._stream.next_samples()

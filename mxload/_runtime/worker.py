@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import _rng
 from .._collate import plan as _plan
-from .._torch_compat import enter_worker, torch_numpy_seed
+from .._torch_compat import enter_worker, shard_datapipe, torch_numpy_seed
 from . import messages as m
 from .messages import Payload, WorkerConfig
 from .source import SampleSource
@@ -201,6 +201,8 @@ def enter_process(config: WorkerConfig, dataset: Any) -> None:
     global _process_info
     _process_info = WorkerInfo(config.worker_id, config.num_workers, 0, dataset)
     _seed_worker(config, config.epoch)
+    if config.datapipe_shards is not None:   # before worker_init_fn, as torch's worker init does it
+        shard_datapipe(dataset, config.num_workers, config.worker_id, *config.datapipe_shards)
 
 
 def reseed_process(config: WorkerConfig, epoch: int) -> None:
