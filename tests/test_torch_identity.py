@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import inspect
 import json
+import warnings
 
 import fresh_python
 import numpy as np
@@ -435,6 +436,28 @@ def test_an_iter_datapipe_is_sharded_and_seeded_as_torch(num_workers, persistent
     got = _datapipe_epochs(mxtorch.DataLoader, num_workers, persistent, context)
     assert sorted(i for batch in got[0][0] for i in batch) == list(range(60))
     assert got == want
+
+
+@pytest.mark.parametrize("shuffle", ["unspecified", True, False])
+@pytest.mark.parametrize("shuffler", [True, False])
+def test_an_iter_datapipe_is_shuffled_as_torch_whatever_shuffle_says(shuffle, shuffler):
+    """shuffle= left out leaves a DataPipe's shufflers as they are (on: torch's default is None,
+    not False), and shuffle=True on a graph without a shuffler shuffles nothing (torch's
+    DataLoader drops the shuffler graph_settings adds): torch's batches either way (before:
+    unspecified meant False, and the added shuffler shuffled)."""
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    def epochs(loader_type):
+        pipe = IterableWrapper(range(30))
+        pipe = pipe.shuffle(buffer_size=10) if shuffler else pipe
+        kwargs = {} if shuffle == "unspecified" else {"shuffle": shuffle}
+        loader = loader_type(pipe.sharding_filter(), batch_size=4, **kwargs)
+        torch.manual_seed(5)
+        return [[b.tolist() for b in loader] for _ in range(2)], torch.rand(1).item()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # torch's "no Shuffler found" warning
+        assert epochs(mxtorch.DataLoader) == epochs(tdata.DataLoader)
 
 
 @pytest.mark.parametrize("num_workers", [0, 1])
