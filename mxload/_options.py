@@ -231,8 +231,10 @@ class LoaderOptions:
         iterable = is_iterable_dataset(dataset)
         if iterable:   # first, as torch: an order argument means nothing to a stream, whatever its kind
             if shuffle is not None and is_iter_datapipe(dataset):
-                # As torch: a DataPipe graph's shufflers are switched on or off by shuffle=.
-                dataset, shuffle = apply_datapipe_shuffle(dataset, shuffle), None
+                # As torch: a DataPipe graph's shufflers are switched on or off by shuffle=; the
+                # shuffler graph_settings adds to a graph without one is dropped, as torch drops it.
+                apply_datapipe_shuffle(dataset, shuffle)
+                shuffle = None
             _check_stream_order(shuffle, sampler, batch_sampler)
         _check_kinds(last_batch, batch_sampler, batchify_fn, collate_fn)
         batchify_fn, last_batch = _resolve_collate(batchify_fn, collate_fn, drop_last, last_batch,

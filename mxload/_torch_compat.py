@@ -58,11 +58,13 @@ def is_iter_datapipe(dataset: Any) -> bool:
                for module, name in _mro_names(dataset))
 
 
-def apply_datapipe_shuffle(datapipe: Any, shuffle: object) -> Any:
+def apply_datapipe_shuffle(datapipe: Any, shuffle: object) -> None:
     """shuffle= for an IterDataPipe, as torch's DataLoader applies it: every shuffler in its graph
-    switched on or off (torch's graph_settings; the graph is returned)."""
+    switched on or off (torch's graph_settings).  The graph it returns is not used, as torch's
+    DataLoader does not use it: with shuffle=True and no shuffler it is a new shuffler over the
+    graph, which torch's loader drops (its batches stay in the graph's order)."""
     settings: Any = importlib.import_module("torch.utils.data.graph_settings")
-    return settings.apply_shuffle_settings(datapipe, shuffle=bool(shuffle))
+    settings.apply_shuffle_settings(datapipe, shuffle=bool(shuffle))
 
 
 def is_datapipe(dataset: Any) -> bool:

@@ -290,7 +290,8 @@ class DataLoader(_Lifetime, Generic[_T_co]):
         batch_size (int | None): samples per batch. Default ``1`` (torch's); ``None`` disables
             batching: each sample is one "batch", passed alone to `collate_fn` (default
             :data:`mxload.batchify.default_convert`).
-        shuffle (bool): draw a new random order every epoch. Default ``False``.
+        shuffle (bool | None): draw a new random order every epoch. Default ``None`` (no shuffle;
+            a torch IterDataPipe's shufflers left as they are, as torch's DataLoader leaves them).
         sampler: an iterable of indices (a :mod:`mxload.sampler` sampler or a torch one; drawn as
             the batches need them, so an infinite one works); exclusive with `shuffle`.
         last_batch (str | None): ``"keep"`` (default), ``"discard"`` or ``"rollover"`` (carry the
@@ -394,7 +395,7 @@ class DataLoader(_Lifetime, Generic[_T_co]):
     _seeding = "per_worker"
 
     @suggesting_keywords
-    def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = False,
+    def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = None,
                  sampler: Any = None, last_batch: str | None = None, batch_sampler: Any = None,
                  batchify_fn: Callable[..., Any] | None = None, num_workers: int | str = 0,
                  pin_memory: bool = False, pin_device_id: int = 0, prefetch: int | str | None = None,
