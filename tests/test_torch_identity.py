@@ -460,6 +460,30 @@ def test_an_iter_datapipe_is_shuffled_as_torch_whatever_shuffle_says(shuffle, sh
         assert epochs(mxtorch.DataLoader) == epochs(tdata.DataLoader)
 
 
+@pytest.mark.parametrize("num_workers,persistent", [(0, False), (2, False), (2, True)])
+def test_a_shuffled_iter_datapipe_resumes_from_a_state_dict(num_workers, persistent):
+    """A state_dict() taken mid-epoch of a shuffled IterDataPipe records the epoch's shared seed
+    (drawn from torch's RNG at iter()): a fresh loader given it, whatever torch's RNG holds then,
+    yields the batches the first had not yielded (before: its iter() drew another seed, and the
+    replayed stream was shuffled otherwise)."""
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    def loader():
+        pipe = IterableWrapper(range(60)).shuffle(buffer_size=16).sharding_filter()
+        return mxtorch.DataLoader(pipe, batch_size=4, num_workers=num_workers, persistent_workers=persistent)
+
+    torch.manual_seed(7)
+    with loader() as first:
+        it = iter(first)
+        [next(it) for _ in range(3)]
+        state = json.loads(json.dumps(first.state_dict()))
+        rest = [b.tolist() for b in it]
+    torch.manual_seed(99)
+    with loader() as resumed:
+        resumed.load_state_dict(state)
+        assert [b.tolist() for b in resumed] == rest
+
+
 @pytest.mark.parametrize("num_workers", [0, 1])
 @pytest.mark.parametrize("batch_size", [2, None])
 def test_batches_have_torchs_containers_tuples_collated_into_lists(batch_size, num_workers):
