@@ -55,6 +55,8 @@ def epoch_state(progress: EpochProgress, seed: int) -> dict[str, Any]:
              "done": {"prefix": prefix, "extra": extra}}
     if progress.torch_rng is not None:
         state["torch_rng"] = progress.torch_rng
+    if progress.datapipe_seed is not None:
+        state["datapipe_seed"] = progress.datapipe_seed
     return state
 
 
@@ -81,6 +83,9 @@ def check_state(state: Any) -> dict[str, Any]:
             _check_count(state[optional], optional)
     if state["sampler"] is not None and not isinstance(state["sampler"], dict):
         raise bad_field("sampler", state["sampler"], "a dict or None")
+    if "datapipe_seed" in state and (type(state["datapipe_seed"]) is not int
+                                     or not -2**63 <= state["datapipe_seed"] < 2**63):
+        raise bad_field("datapipe_seed", state["datapipe_seed"], "an int64 (an IterDataPipe's shared seed)")
     if "torch_rng" in state and not isinstance(state["torch_rng"], str):
         raise bad_field("torch_rng", state["torch_rng"], "a torch.Generator state as text")
     done = state["done"]

@@ -51,14 +51,17 @@ class RunSeed:
         self._base_drawn = True
         return seed
 
-    def datapipe_epoch_starts(self, options: LoaderOptions, epoch: int, in_process: bool) -> Any:
+    def datapipe_epoch_starts(self, options: LoaderOptions, epoch: int, in_process: bool,
+                              resumed: int | None = None) -> Any:
         """A torch DataPipe's iter(), before anything else is drawn, as torch's DataLoader
         treats one: an IterDataPipe's shared seed drawn (from torch's RNGs where the run's seed
         is torch's, before the base seed, at every iter(), persistent workers or not; from
         (seed, epoch) with seed=) and its shufflers seeded with it here, in the training
         process's copy; with 0 workers (`in_process`) its sharding filters set here for this
         process's rank.  Returns the seed as the epoch's stream key, which every worker applies
-        to its own copy (EpochPlan.stream_key); None where the dataset is no IterDataPipe."""
+        to its own copy (EpochPlan.stream_key); None where the dataset is no IterDataPipe.
+        `resumed`: the seed a state_dict() recorded for the epoch it resumes, used instead of
+        the one drawn (drawn all the same, as the checkpointed iter() drew it)."""
         dataset = options.dataset
         if not is_datapipe(dataset):
             return None
@@ -66,6 +69,8 @@ class RunSeed:
         if is_iter_datapipe(dataset):
             shared = (draw_datapipe_seed(options.seeds.generator) if options.derived.torch_seeded
                       else derived_seed(options.seeds.seed, epoch, _DATAPIPE_SEED_KEY))
+            if resumed is not None:
+                shared = resumed
             seed_datapipe(dataset, shared)
             key = np.array([shared], dtype=np.int64)
         if in_process:

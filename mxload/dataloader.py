@@ -485,7 +485,9 @@ class DataLoader(_Lifetime, Generic[_T_co]):
 
     def _start_iter(self) -> Any:
         self._position.before_draws(self)
-        stream_key = self._run_seed.datapipe_epoch_starts(self._options, self.epoch, not self.num_workers)
+        resume = self._position.resume
+        stream_key = self._run_seed.datapipe_epoch_starts(self._options, self.epoch, not self.num_workers,
+                                                          None if resume is None else resume.get("datapipe_seed"))
         drawn, base = self._run_seed.iteration_starts(self._options, self.epoch,
                                                       self.persistent_workers and bool(self.num_workers),
                                                       self.generator, self.sampler)
@@ -507,6 +509,8 @@ class DataLoader(_Lifetime, Generic[_T_co]):
             self._pin_checked = True
             self._pin_device = pinning_for_loader(self.pin_memory_device, stacklevel=3)
         progress = self._position.epoch_starting(self)
+        if stream_key is not None:   # what a checkpoint of the epoch needs to replay its stream
+            progress.datapipe_seed = int(stream_key[0])
         it = start_epoch(EpochRequest(
             options=self._options, epoch=self.epoch, batches=None if self.iterable else self._epoch_batches,
             progress=progress, profiler=self.profiler, engine=runs.engine, persistent=self.persistent_workers,

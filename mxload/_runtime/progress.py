@@ -24,7 +24,7 @@ class EpochProgress:
     `prefix`, which every reader ignores.  Taking a batch twice counts it once."""
 
     __slots__ = ("epoch", "sampler_state", "dataset_state", "torch_rng", "prefix", "extra", "_finished",
-                 "supply", "_on_complete", "handover")
+                 "supply", "_on_complete", "handover", "datapipe_seed")
 
     def __init__(self, epoch: int, sampler_state: Any, dataset_state: Any,
                  done: dict[str, Any] | None = None, torch_rng: str | None = None):
@@ -32,6 +32,9 @@ class EpochProgress:
         self.sampler_state = sampler_state
         self.dataset_state = dataset_state
         self.torch_rng = torch_rng   # see LoaderPosition.before_draws
+        # A torch IterDataPipe's shared seed of the epoch (RunSeed.datapipe_epoch_starts): what
+        # fixes its shuffled stream, which a resumed epoch replays.
+        self.datapipe_seed: int | None = None
         done = done or {}
         self.prefix = int(done.get("prefix", 0))       # batches 0..prefix-1 taken
         self.extra = set(int(i) for i in done.get("extra", ()))   # and these (those < prefix: stale)
