@@ -484,6 +484,17 @@ def test_a_shuffled_iter_datapipe_resumes_from_a_state_dict(num_workers, persist
         assert [b.tolist() for b in resumed] == rest
 
 
+@pytest.mark.parametrize("num_workers", [1, 2, "auto"])
+def test_an_iter_datapipe_refuses_worker_threads(num_workers):
+    """Worker threads (thread_pool=True) would share one DataPipe graph, which allows one
+    iterator at a time and is sharded per worker: refused when the loader is made, naming
+    thread_pool (before: the first epoch died on torch's "iterator has been invalidated")."""
+    from torch.utils.data.datapipes.iter import IterableWrapper
+    pipe = IterableWrapper(range(20)).shuffle().sharding_filter()
+    with pytest.raises(ValueError, match="thread_pool"):
+        mxtorch.DataLoader(pipe, batch_size=4, num_workers=num_workers, thread_pool=True)
+
+
 @pytest.mark.parametrize("num_workers", [0, 1])
 @pytest.mark.parametrize("batch_size", [2, None])
 def test_batches_have_torchs_containers_tuples_collated_into_lists(batch_size, num_workers):
