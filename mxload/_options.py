@@ -256,6 +256,10 @@ class LoaderOptions:
         if num_workers == 0:
             _check_no_worker_options(persistent_workers, thread_pool, max_worker_restarts,
                                      multiprocessing_context, start_method, ray_backend is not None)
+        if thread_pool and is_iter_datapipe(dataset):
+            raise ValueError("a torch IterDataPipe cannot be loaded by worker threads (thread_pool=True): "
+                             "they would share one graph, which allows one iterator at a time and is "
+                             "sharded per worker process; use worker processes (thread_pool=False)")
         collate = batchify_fn if batchify_fn is not None else _default_collate(auto_batching, torch_switches)
         return cls(
             dataset=dataset,

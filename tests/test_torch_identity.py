@@ -484,7 +484,7 @@ def test_a_shuffled_iter_datapipe_resumes_from_a_state_dict(num_workers, persist
         assert [b.tolist() for b in resumed] == rest
 
 
-@pytest.mark.parametrize("num_workers", [1, 2, "auto"])
+@pytest.mark.parametrize("num_workers", [1, 2])
 def test_an_iter_datapipe_refuses_worker_threads(num_workers):
     """Worker threads (thread_pool=True) would share one DataPipe graph, which allows one
     iterator at a time and is sharded per worker: refused when the loader is made, naming
