@@ -485,9 +485,10 @@ class DataLoader(_Lifetime, Generic[_T_co]):
 
     def _start_iter(self) -> Any:
         self._position.before_draws(self)
-        resume = self._position.resume
+        resume = self._position.resume   # a state_dict() resumed: its IterDataPipe seed, if any
+        resumed_seed = None if resume is None else resume.get("datapipe_seed")
         stream_key = self._run_seed.datapipe_epoch_starts(self._options, self.epoch, not self.num_workers,
-                                                          None if resume is None else resume.get("datapipe_seed"))
+                                                          resumed_seed)
         drawn, base = self._run_seed.iteration_starts(self._options, self.epoch,
                                                       self.persistent_workers and bool(self.num_workers),
                                                       self.generator, self.sampler)
