@@ -495,6 +495,48 @@ def test_an_iter_datapipe_refuses_worker_threads(num_workers):
         mxtorch.DataLoader(pipe, batch_size=4, num_workers=num_workers, thread_pool=True)
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_iter_datapipe_takes_rank_0s_shared_seed_under_torch_distributed(tmp_path, num_workers):
+    """Under torch.distributed torch's DataLoader broadcasts rank 0's shared seed of an
+    IterDataPipe (over a gloo group), so every rank shuffles alike and the ranks' shards
+    partition the stream, however each rank seeded torch: two gloo ranks seeded otherwise get
+    torch's batches, which cover the stream once (before: each rank kept its own seed, and the
+    shards overlapped)."""
+    body = f"""
+    import torch, torch.distributed as dist, torch.multiprocessing as mp
+    import torch.utils.data as tdata, mxload.torch as mxtorch
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    def rank_main(rank, queue):
+        dist.init_process_group("gloo", init_method="file://{tmp_path}/store", rank=rank, world_size=2)
+        got = []
+        for loader_type in (tdata.DataLoader, mxtorch.DataLoader):
+            torch.manual_seed(100 + rank)
+            pipe = IterableWrapper(range(60)).shuffle(buffer_size=16).sharding_filter()
+            loader = loader_type(pipe, batch_size=4, num_workers={num_workers})
+            got.append(([[b.tolist() for b in loader] for _ in range(2)], torch.rand(1).item()))
+        queue.put((rank, got))
+        dist.destroy_process_group()
+
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    ranks = [ctx.Process(target=rank_main, args=(r, queue)) for r in range(2)]
+    for p in ranks:
+        p.start()
+    results = dict(queue.get(timeout=60) for _ in ranks)
+    for p in ranks:
+        p.join()
+    for rank in range(2):
+        want, got = results[rank]
+        assert got == want, (rank, want, got)
+    items = sorted(i for r in range(2) for batch in results[r][1][0][0] for i in batch)
+    assert items == list(range(60)), items
+    print("ok")
+    """
+    result = fresh_python.run(body, timeout=90)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
+
+
 @pytest.mark.parametrize("num_workers", [0, 1])
 @pytest.mark.parametrize("batch_size", [2, None])
 def test_batches_have_torchs_containers_tuples_collated_into_lists(batch_size, num_workers):
