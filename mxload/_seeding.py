@@ -16,6 +16,7 @@ import numpy as np
 
 from ._rng import derived_seed
 from ._torch_compat import (
+    datapipe_seed_group,
     datapipe_shards,
     draw_datapipe_seed,
     is_datapipe,
@@ -42,6 +43,14 @@ class RunSeed:
     def __init__(self, torch_seeded: bool):
         self.pending = torch_seeded   # drawn at the first iter(), as torch's
         self._base_drawn = False
+        # Under torch.distributed: the gloo group an IterDataPipe's shared seed is broadcast over
+        # (made at the loader's first iter(); False: not made yet).
+        self._datapipe_group: Any = False
+
+    def _draw_datapipe_seed(self, generator: Any) -> int:
+        if self._datapipe_group is False:
+            self._datapipe_group = datapipe_seed_group()
+        return draw_datapipe_seed(generator, self._datapipe_group)
 
     def draw(self, generator: Any) -> int:
         """The run's seed, drawn from torch (the loader's `generator`, or torch's global RNG):
@@ -67,7 +76,7 @@ class RunSeed:
             return None
         key = None
         if is_iter_datapipe(dataset):
-            shared = (draw_datapipe_seed(options.seeds.generator) if options.derived.torch_seeded
+            shared = (self._draw_datapipe_seed(options.seeds.generator) if options.derived.torch_seeded
                       else derived_seed(options.seeds.seed, epoch, _DATAPIPE_SEED_KEY))
             if resumed is not None:
                 shared = resumed
@@ -84,7 +93,7 @@ class RunSeed:
         copy only (its workers took the first).  Drawn here as well, so the program's later
         draws are the ones it gets with torch's loader."""
         if is_iter_datapipe(options.dataset) and options.derived.torch_seeded:
-            seed_datapipe(options.dataset, draw_datapipe_seed(options.seeds.generator))
+            seed_datapipe(options.dataset, self._draw_datapipe_seed(options.seeds.generator))
 
     def iteration_starts(self, options: LoaderOptions, epoch: int, keeps_workers: bool, generator: Any,
                          sampler: Any) -> tuple[int | None, int | None]:

@@ -25,7 +25,7 @@ __all__ = [
     "PIN_MEMORY_NO_ACCELERATOR", "shuffle_generator", "generator_state", "set_generator_state",
     "collatable_tensor", "batch_dtype", "TORCH_DTYPE_PREFIX", "viewing_dtype", "as_torch_dtype",
     "stack_into", "copy_into", "gather_tensor_dataset", "is_datapipe", "datapipe_shards",
-    "draw_datapipe_seed", "seed_datapipe", "shard_datapipe",
+    "draw_datapipe_seed", "seed_datapipe", "shard_datapipe", "datapipe_seed_group",
 ]
 
 # Word for word what torch 2.x warns (DataLoader iterator start) when
@@ -82,11 +82,26 @@ def datapipe_shards() -> tuple[int, int]:
     return 1, 0
 
 
-def draw_datapipe_seed(generator: Any) -> int:
+def datapipe_seed_group() -> Any:
+    """The process group an IterDataPipe's shared seed is broadcast over where torch.distributed
+    is initialised (a gloo group, as torch's DataLoader makes; every rank must make it, as every
+    rank's loader starts alike), else None."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.new_group(backend="gloo")
+    return None
+
+
+def draw_datapipe_seed(generator: Any, group: Any = None) -> int:
     """The shared seed torch's DataLoader draws for an IterDataPipe at each iter() (from the
-    loader's generator, else torch's global RNG), before its base seed: the same number."""
+    loader's generator, else torch's global RNG), before its base seed: the same number; with a
+    process `group` (datapipe_seed_group), rank 0's, broadcast as torch broadcasts it, so that
+    every rank shuffles alike and the ranks' shards partition the stream."""
     torch = sys.modules["torch"]
-    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+    seed = torch.empty((), dtype=torch.int64).random_(generator=generator)
+    if group is not None:
+        sys.modules["torch.distributed"].broadcast(seed, src=0, group=group)
+    return int(seed.item())
 
 
 def seed_datapipe(datapipe: Any, shared_seed: int) -> Any:
