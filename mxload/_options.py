@@ -230,11 +230,7 @@ class LoaderOptions:
                         distributed=distributed, try_nopython=try_nopython)
         iterable = is_iterable_dataset(dataset)
         if iterable:   # first, as torch: an order argument means nothing to a stream, whatever its kind
-            if shuffle is not None and is_iter_datapipe(dataset):
-                # As torch: a DataPipe graph's shufflers are switched on or off by shuffle=; the
-                # shuffler graph_settings adds to a graph without one is dropped, as torch drops it.
-                apply_datapipe_shuffle(dataset, shuffle)
-                shuffle = None
+            shuffle = _take_datapipe_settings(dataset, shuffle, thread_pool)
             _check_stream_order(shuffle, sampler, batch_sampler)
         _check_kinds(last_batch, batch_sampler, batchify_fn, collate_fn)
         batchify_fn, last_batch = _resolve_collate(batchify_fn, collate_fn, drop_last, last_batch,
@@ -256,10 +252,6 @@ class LoaderOptions:
         if num_workers == 0:
             _check_no_worker_options(persistent_workers, thread_pool, max_worker_restarts,
                                      multiprocessing_context, start_method, ray_backend is not None)
-        if thread_pool and is_iter_datapipe(dataset):
-            raise ValueError("a torch IterDataPipe cannot be loaded by worker threads (thread_pool=True): "
-                             "they would share one graph, which allows one iterator at a time and is "
-                             "sharded per worker process; use worker processes (thread_pool=False)")
         collate = batchify_fn if batchify_fn is not None else _default_collate(auto_batching, torch_switches)
         return cls(
             dataset=dataset,
@@ -357,6 +349,23 @@ def _native_collate(fn: Any, torch_face: bool) -> Any:
         if fn is getattr(data, "default_convert", None):
             return torch_default_convert
     return fn
+
+
+def _take_datapipe_settings(dataset: object, shuffle: bool | None, thread_pool: object) -> bool | None:
+    """A stream's `shuffle`, after a torch IterDataPipe took it as torch's DataLoader does (None:
+    the order is its graph's): shuffle= switches the graph's shufflers on or off, and the
+    shuffler graph_settings adds to a graph without one is dropped, as torch drops it.  Worker
+    threads are refused for one: they would share one graph, which allows one iterator at a time
+    and is sharded per worker process."""
+    if not is_iter_datapipe(dataset):
+        return shuffle
+    if thread_pool:
+        raise ValueError("a torch IterDataPipe cannot be loaded by worker threads (thread_pool=True): "
+                         "they would share one graph, which allows one iterator at a time and is "
+                         "sharded per worker process; use worker processes (thread_pool=False)")
+    if shuffle is not None:
+        apply_datapipe_shuffle(dataset, shuffle)
+    return None
 
 
 def _resolve_auto(num_workers: object, prefetch: object, prefetch_factor: object, iterable: bool,
