@@ -125,15 +125,21 @@ def test_a_lender_gives_views_of_the_slab_until_the_loop_keeps_many_then_copies_
     assert np.ndarray((4,), np.int64, buffer=lender.owner(slabs[0], 32)).base.slab.shared
 
 
-def test_a_worker_gets_a_free_slab_it_has_mapped_before_the_oldest_one_it_has_not():
-    """acquire(known): the oldest free slab among those the worker already maps
-    (no descriptor to send, no page to fault in again); else the oldest free one."""
+def _free_slabs(n):
+    """A FreeSlabs with `n` pooled slabs (ids 0..n-1) released in order: (free, pooled, counts, slabs)."""
     pooled, counts = {}, {"slabs_reused": 0}
     free = _core.FreeSlabs(pooled, counts)
-    slabs = [_slab(i) for i in range(4)]
+    slabs = [_slab(i) for i in range(n)]
     for slab in slabs:
         pooled[slab.slab_id] = slab
         free.release(slab)
+    return free, pooled, counts, slabs
+
+
+def test_a_worker_gets_a_free_slab_it_has_mapped_before_the_oldest_one_it_has_not():
+    """acquire(known): the oldest free slab among those the worker already maps
+    (no descriptor to send, no page to fault in again); else the oldest free one."""
+    free, pooled, counts, slabs = _free_slabs(4)
     assert free.acquire({2, 3}) is slabs[2]
     assert free.acquire({9}) is slabs[0]              # none known is free: the oldest
     assert free.acquire() is slabs[1]                 # no worker named: the oldest
@@ -145,12 +151,7 @@ def test_a_worker_gets_a_free_slab_it_has_mapped_before_the_oldest_one_it_has_no
 def test_trimming_the_free_slabs_hands_out_those_free_since_the_last_trim_beyond_the_first_kept():
     """trim(keep): of the slabs no acquire needed since the last trim, those
     beyond the first `keep` still pooled (the last freed first)."""
-    pooled, counts = {}, {"slabs_reused": 0}
-    free = _core.FreeSlabs(pooled, counts)
-    slabs = [_slab(i) for i in range(6)]
-    for slab in slabs:
-        pooled[slab.slab_id] = slab
-        free.release(slab)
+    free, pooled, _, slabs = _free_slabs(6)
     assert free.trim(2) == []   # none known to be unused yet (the pool's first trim)
     del pooled[1]   # retired meanwhile: not counted, not handed out
     taken = free.acquire()       # the fewest free since that trim: 5
