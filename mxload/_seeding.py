@@ -1,10 +1,11 @@
-"""The run's seed and each iteration's base seed.
+"""The run's seed, each iteration's base seed, and a torch IterDataPipe's shared seed.
 
 The run's seed: given, drawn at the first ``iter()`` from torch's RNGs as
 torch's DataLoader draws its base seed (the loader's generator, else the
 global RNG, when the program imported torch), or fresh.  At every ``iter()``
-what torch's ``iter()`` draws is drawn here too, in torch's order (the
-iterator's base seed, then its RandomSampler's seed at the first batch), so
+what torch's ``iter()`` draws is drawn here too, in torch's order (an
+IterDataPipe's shared seed, the iterator's base seed, the shared seed again
+where workers start, then its RandomSampler's seed at the first batch), so
 the program's later draws (its model's initialisation, dropout) are the ones
 it gets with torch's loader.  The base seed drawn is the one the workers of
 ``seeding="torch"`` start from (``base_seed + worker id``, as torch's)."""
