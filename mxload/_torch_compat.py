@@ -25,6 +25,7 @@ __all__ = [
     "PIN_MEMORY_NO_ACCELERATOR", "shuffle_generator", "generator_state", "set_generator_state",
     "collatable_tensor", "batch_dtype", "TORCH_DTYPE_PREFIX", "viewing_dtype", "as_torch_dtype",
     "stack_into", "copy_into", "gather_tensor_dataset", "is_datapipe", "datapipe_shards",
+    "torch_process_group",
     "draw_datapipe_seed", "seed_datapipe", "shard_datapipe", "datapipe_seed_group",
 ]
 
@@ -73,23 +74,45 @@ def is_datapipe(dataset: Any) -> bool:
                for module, name in _mro_names(dataset))
 
 
-def datapipe_shards() -> tuple[int, int]:
-    """(world size, rank) as torch's DataLoader reads them to shard a DataPipe: torch.distributed's
-    where its process group is initialised, else (1, 0)."""
+def torch_process_group() -> tuple[int, int] | None:
+    """``(world_size, rank)`` of torch's default process group, or None.
+
+    torch is never imported here: a process group can only have been
+    initialised by code that already imported ``torch.distributed``, so
+    looking it up in ``sys.modules`` is enough and keeps ``import mxload``
+    (and samplers in torch-free programs) free of torch.
+    """
     dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(), dist.get_rank()
-    return 1, 0
+    if dist is None:
+        return None
+    try:
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        return int(dist.get_world_size()), int(dist.get_rank())
+    except Exception:
+        # A half-imported or stubbed torch.distributed: the caller's fallback.
+        return None
+
+
+def datapipe_shards() -> tuple[int, int]:
+    """(world size, rank) as torch's DataLoader reads them to shard a DataPipe: torch's default
+    process group's where it is initialised, else (1, 0)."""
+    return torch_process_group() or (1, 0)
 
 
 def datapipe_seed_group() -> Any:
     """The process group an IterDataPipe's shared seed is broadcast over where torch.distributed
     is initialised (a gloo group, as torch's DataLoader makes; every rank must make it, as every
     rank's loader starts alike), else None."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return dist.new_group(backend="gloo")
-    return None
+    if torch_process_group() is None:
+        return None
+    return sys.modules["torch.distributed"].new_group(backend="gloo")
+
+
+def _draw_int64(torch: Any, generator: Any) -> Any:
+    """The 0-d int64 tensor torch's DataLoader draws its seeds as (from `generator`, else torch's
+    global RNG)."""
+    return torch.empty((), dtype=torch.int64).random_(generator=generator)
 
 
 def draw_datapipe_seed(generator: Any, group: Any = None) -> int:
@@ -97,8 +120,7 @@ def draw_datapipe_seed(generator: Any, group: Any = None) -> int:
     loader's generator, else torch's global RNG), before its base seed: the same number; with a
     process `group` (datapipe_seed_group), rank 0's, broadcast as torch broadcasts it, so that
     every rank shuffles alike and the ranks' shards partition the stream."""
-    torch = sys.modules["torch"]
-    seed = torch.empty((), dtype=torch.int64).random_(generator=generator)
+    seed = _draw_int64(sys.modules["torch"], generator)
     if group is not None:
         sys.modules["torch.distributed"].broadcast(seed, src=0, group=group)
     return int(seed.item())
@@ -354,8 +376,7 @@ def seed_from_torch(generator: Any) -> int:
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}; "
                         f"use seed=<int> for an integer seed")
-    value = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
-    return value % (2 ** 63)
+    return int(_draw_int64(torch, generator).item()) % (2 ** 63)
 
 
 def torch_numpy_seed(base_seed: int, worker_id: int) -> Any:

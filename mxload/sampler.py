@@ -18,7 +18,6 @@ the first batch does not wait for the epoch to be drawn.
 import itertools
 import operator
 import os
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
@@ -29,6 +28,7 @@ import numpy.typing as npt
 from ._checks import check_int
 from ._core import CheckedBatches, DrawnBatches
 from ._keys import encode_key
+from ._torch_compat import torch_process_group
 
 __all__ = [
     "Sampler",
@@ -64,26 +64,6 @@ def _int_from_env(var: str, default: int) -> int:
         return int(raw.strip())
     except ValueError:
         raise ValueError(f"{var}={raw!r} is not an integer") from None
-
-
-def _torch_process_group() -> tuple[int, int] | None:
-    """``(world_size, rank)`` of torch's default process group, or None.
-
-    torch is never imported here: a process group can only have been
-    initialised by code that already imported ``torch.distributed``, so
-    looking it up in ``sys.modules`` is enough and keeps ``import mxload``
-    (and samplers in torch-free programs) free of torch.
-    """
-    dist = sys.modules.get("torch.distributed")
-    if dist is None:
-        return None
-    try:
-        if not (dist.is_available() and dist.is_initialized()):
-            return None
-        return int(dist.get_world_size()), int(dist.get_rank())
-    except Exception:
-        # A half-imported or stubbed torch.distributed: fall back to the env.
-        return None
 
 
 def _permutation(seed: int, epoch: int, n: int) -> IndexArray:
@@ -607,7 +587,7 @@ class DistributedSampler(Sampler):
     def __init__(self, n: int, num_replicas: int | None = None, rank: int | None = None,
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False):
         self._n = check_int("n", n, 0)
-        group = _torch_process_group() if num_replicas is None or rank is None else None
+        group = torch_process_group() if num_replicas is None or rank is None else None
         # Name where a bad value came from, so a broken launcher env is obvious.
         if num_replicas is not None:
             num_replicas = check_int("num_replicas", num_replicas)
