@@ -360,8 +360,7 @@ class _DefaultBatchify(Batchify):
             column, field_path = samples.batch[key], f"{path}[{key!r}]"
             if (collatable_tensor(column) and 1 <= column.ndim <= _core.MAX_DIMS
                     and column.shape[0] == samples.n and not column.requires_grad):
-                field = TensorField(field_path, [column], False, planner.batch_index)
-                children.append(planner.add_tensor(field_path, field))
+                children.append(_copied_tensor(planner, field_path, column))
             else:
                 rows = [column[i] for i in range(samples.n)]
                 children.append(self._plan_checked(rows, field_path, planner))
@@ -372,12 +371,8 @@ class _DefaultBatchify(Batchify):
         once (its rows' stack, bit for bit)."""
         if not all(column.ndim <= _core.MAX_DIMS for column in samples.columns):
             return self._plan_checked(samples.rows(), path, planner)
-        children = []
-        for i, column in enumerate(samples.columns):
-            field_path = f"{path}[{i}]"
-            children.append(planner.add_tensor(field_path, TensorField(field_path, [column], False,
-                                                                       planner.batch_index)))
-        return layout.tuple_node(self._tuples, children)
+        return layout.tuple_node(self._tuples, [_copied_tensor(planner, f"{path}[{i}]", column)
+                                                for i, column in enumerate(samples.columns)])
 
     def _plan_checked(self, samples: Sequence[Any], path: str, planner: Planner) -> Node:
         """Plan field by field, checking every sample (with the errors that
@@ -434,6 +429,12 @@ class _DefaultBatchify(Batchify):
 
 
 _TREE_TYPES = (dict, tuple, list)
+
+
+def _copied_tensor(planner: Planner, path: str, column: Any) -> Node:
+    """A column of a batch's rows already gathered as one tensor (a Hugging Face tensor column, a
+    TensorDataset's rows): copied into the batch once by torch, its rows' stack bit for bit."""
+    return planner.add_tensor(path, TensorField(path, [column], False, planner.batch_index))
 
 
 def _travels(cls: type) -> bool:
