@@ -409,12 +409,16 @@ def test_an_iter_datapipe_takes_shuffle_as_torch():
         mxtorch.DataLoader(cases.Stream(), shuffle=True)
 
 
-def _datapipe_epochs(loader_type, num_workers, persistent, context=None):
-    """Three epochs of a shuffled, sharded IterDataPipe under torch.manual_seed(7), and the
-    next number torch's global RNG gives after them."""
+def _shuffled_pipe():
+    """A shuffled, sharded IterDataPipe of 0..59."""
     from torch.utils.data.datapipes.iter import IterableWrapper
-    pipe = IterableWrapper(range(60)).shuffle(buffer_size=16).sharding_filter()
-    loader = loader_type(pipe, batch_size=4, shuffle=True, num_workers=num_workers,
+    return IterableWrapper(range(60)).shuffle(buffer_size=16).sharding_filter()
+
+
+def _datapipe_epochs(loader_type, num_workers, persistent, context=None):
+    """Three epochs of _shuffled_pipe under torch.manual_seed(7), and the next number torch's
+    global RNG gives after them."""
+    loader = loader_type(_shuffled_pipe(), batch_size=4, shuffle=True, num_workers=num_workers,
                          persistent_workers=persistent, multiprocessing_context=context)
     torch.manual_seed(7)
     epochs = [[b.tolist() for b in loader] for _ in range(3)]
@@ -466,11 +470,10 @@ def test_a_shuffled_iter_datapipe_resumes_from_a_state_dict(num_workers, persist
     (drawn from torch's RNG at iter()): a fresh loader given it, whatever torch's RNG holds then,
     yields the batches the first had not yielded (before: its iter() drew another seed, and the
     replayed stream was shuffled otherwise)."""
-    from torch.utils.data.datapipes.iter import IterableWrapper
 
     def loader():
-        pipe = IterableWrapper(range(60)).shuffle(buffer_size=16).sharding_filter()
-        return mxtorch.DataLoader(pipe, batch_size=4, num_workers=num_workers, persistent_workers=persistent)
+        return mxtorch.DataLoader(_shuffled_pipe(), batch_size=4, num_workers=num_workers,
+                                  persistent_workers=persistent)
 
     torch.manual_seed(7)
     with loader() as first:
