@@ -15,7 +15,9 @@ and its spread (min-max over the rounds).
 The physical limits run in the same rounds (bench/machine_limits.py's in_process_bps):
 the workload loaded in process (mxload, 0 workers) by one plain process, and by two at
 once (their sum). A loader with 0 workers is set against the first, with 2 workers
-against the second ("of limit").
+against the second ("of limit").  The paired columns take the same two ratios round by round
+and give their median: a round's measurements run minutes apart at most, so a slow drift of
+the machine's speed between rounds falls on both sides of each ratio.
 
 own CPU ms/b: CPU time of the measuring process (all its threads, not its worker
 processes) per steady batch: for a thread-based loader it includes the loading itself.
@@ -399,9 +401,10 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table(rows(args, loaders, results, failures, limits),
                 ["workload", "loader", "workers", "ttfb ms", "b/s", "spread", "own CPU ms/b",
-                 "mxload / this", "of limit", "other load"]))
+                 "mxload / this", "of limit", "other load", "paired mx / this", "paired of limit"]))
     print("# limit: the workload in process (mxload, 0 workers) in 1 plain process (for 0 workers) and"
           " in 2 at once (their sum, for 2 workers), measured in the same rounds")
+    print("# paired: the median over the rounds of each round's own ratio (mxload / this, this / limit)")
     worst = max((median([r["other_load"] for r in v]) for v in results.values()), default=0.0)
     print(f"# other load: cores busy with other processes meanwhile (median); "
           f"{'the machine was quiet' if worst < 0.2 else 'NOISY: other processes competed for the CPUs'}")
@@ -419,24 +422,30 @@ def rows(args: argparse.Namespace, loaders: list[str], results: dict[tuple[str, 
             got = limits.get((workload, copies), [])
             if got:
                 out.append([workload, f"limit {copies} proc", "-", "-", f"{median(got):.1f}", _spread(got),
-                            "-", "-", "-", "-"])
+                            "-", "-", "-", "-", "-", "-"])
         for w in args.workers:
             limit = limits.get((workload, 1 if w == 0 else 2))
             mx = results.get((workload, "mxload", w))
             for name in loaders:
                 key = (workload, name, w)
                 if key in failures:
-                    out.append([workload, name, str(w), "failed"] + ["-"] * 6)
+                    out.append([workload, name, str(w), "failed"] + ["-"] * 8)
                 if key not in results:
                     continue
                 runs = results[key]
                 bps = median([r["bps"] for r in runs])
                 vs_mx = f"{median([r['bps'] for r in mx]) / bps:.2f}x" if mx and name != "mxload" else "-"
                 of_limit = f"{bps / median(limit):.2f}" if limit and w in (0, 2) else "-"
+                # The same ratios round by round (a round's measurements are minutes apart at
+                # most: a slow drift of the machine's speed falls on both sides of each ratio).
+                paired_mx = (f"{median([a['bps'] / b['bps'] for a, b in zip(mx, runs)]):.2f}x"
+                             if mx and name != "mxload" else "-")
+                paired_limit = (f"{median([a['bps'] / b for a, b in zip(runs, limit)]):.2f}"
+                                if limit and w in (0, 2) else "-")
                 out.append([workload, name, str(w), f"{median([r['ttfb_s'] for r in runs]) * 1e3:.0f}",
                             f"{bps:.1f}", _spread([r["bps"] for r in runs]),
                             f"{median([r['cpu_ms'] for r in runs]):.1f}", vs_mx, of_limit,
-                            f"{median([r['other_load'] for r in runs]):.2f}"])
+                            f"{median([r['other_load'] for r in runs]):.2f}", paired_mx, paired_limit])
     return out
 
 

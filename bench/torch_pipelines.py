@@ -25,7 +25,8 @@ Python process that builds the loader and runs `--epochs` epochs, timed from the
 them); the figure is the time per epoch.  torch uses one intra-op thread in every process
 (torch.set_num_threads(1): its workers' setting, here in the training process too).
 Measurements alternate torch / mxload, in a rotating order, `--repeats` times; the table gives
-the median per epoch, the spread (min-max) and torch / mxload (> 1: mxload faster).  The
+the median per epoch, the spread (min-max), torch / mxload (> 1: mxload faster) and the
+median of each repeat's own torch / mxload (its two runs back to back).  The
 machine's load (uptime) is printed before and after.
 """
 from __future__ import annotations
@@ -317,12 +318,15 @@ def main(argv: list[str] | None = None) -> int:
         out.append((f"{w} ({BATCH[w]})", CONFIG_NAMES[c], f"{median(t):.3f} ({min(t):.3f}-{max(t):.3f})",
                     f"{median(m):.3f} ({min(m):.3f}-{max(m):.3f})", f"{median(t) / median(m):.2f}",
                     f"{min(a / b for a in t for b in m):.2f}-{max(a / b for a in t for b in m):.2f}",
+                    f"{median([a / b for a, b in zip(t, m)]):.2f}",
                     f"{median(cpus[(w, c, 'torch')]) / median(cpus[(w, c, 'mxload')]):.2f}"))
     print()
     print(table(out, ["workload (batch)", "workers", "torch s/epoch (min-max)", "mxload s/epoch (min-max)",
-                      "torch/mxload", "ratio range", "CPU torch/mxload"]))
-    print("# ratio range: every torch run over every mxload run; CPU: seconds of CPU per epoch, the\n"
-          "# training process and its workers together (medians), less sensitive to other load")
+                      "torch/mxload", "ratio range", "paired", "CPU torch/mxload"]))
+    print("# ratio range: every torch run over every mxload run; paired: the median of each repeat's\n"
+          "# torch / mxload, whose two runs are back to back (a slow drift of the machine's speed falls\n"
+          "# on both); CPU: seconds of CPU per epoch, the training process and its workers together\n"
+          "# (medians), less sensitive to other load")
     print()
     for w in workloads:
         print(f"# {w}: samples are {SAMPLES[w]}")

@@ -71,7 +71,7 @@ def test_a_peer_not_installed_says_why_and_what_to_install(peers):
 def test_a_failed_measurement_is_a_row_that_says_so(peers):
     args = argparse.Namespace(workloads=["dict16"], workers=[0])
     rows = peers.rows(args, ["mxload", "torch"], {}, {("dict16", "torch", 0): "exit 1: boom"}, {})
-    assert rows == [["dict16", "torch", "0", "failed"] + ["-"] * 6]
+    assert rows == [["dict16", "torch", "0", "failed"] + ["-"] * 8]
 
 
 def test_rows_set_each_peer_against_mxload_and_the_limit(peers):
@@ -84,6 +84,21 @@ def test_rows_set_each_peer_against_mxload_and_the_limit(peers):
     assert rows[1][1:3] == ["mxload", "2"] and rows[1][4:6] == ["100.0", "90.0-110.0"]
     assert rows[1][8] == "0.50"
     assert rows[2][1] == "grain" and rows[2][7] == "2.00x" and rows[2][8] == "0.25"
+
+
+def test_paired_ratios_are_taken_round_by_round(peers):
+    # Round 1 ran on a machine twice as fast as round 2: the medians' ratio mixes the rounds,
+    # each round's own ratio does not.
+    args = argparse.Namespace(workloads=["jpeg"], workers=[2])
+    run = {"ttfb_s": 0.1, "cpu_ms": 1.0, "other_load": 0.0}
+    results = {("jpeg", "mxload", 2): [{**run, "bps": 100.0}, {**run, "bps": 50.0}, {**run, "bps": 90.0}],
+               ("jpeg", "spdl-threads", 2): [{**run, "bps": 80.0}, {**run, "bps": 40.0}, {**run, "bps": 90.0}]}
+    limits = {("jpeg", 2): [100.0, 50.0, 100.0]}
+    rows = peers.rows(args, ["mxload", "spdl-threads"], results, {}, limits)
+    mx, spdl = rows[1], rows[2]
+    assert len(mx) == len(rows[0]) == 12
+    assert mx[8] == "0.90" and mx[10] == "-" and mx[11] == "1.00"            # 90/100; rounds 1.0, 1.0, 0.9
+    assert spdl[7] == "1.12x" and spdl[10] == "1.25x" and spdl[11] == "0.80"  # 90/80; 1.25, 1.25, 1.0
 
 
 def test_stack_samples_stacks_field_by_field(peers):
