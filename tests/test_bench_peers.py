@@ -91,8 +91,8 @@ def test_paired_ratios_are_taken_round_by_round(peers):
     # each round's own ratio does not.
     args = argparse.Namespace(workloads=["jpeg"], workers=[2])
     run = {"ttfb_s": 0.1, "cpu_ms": 1.0, "other_load": 0.0}
-    results = {("jpeg", "mxload", 2): [{**run, "bps": 100.0}, {**run, "bps": 50.0}, {**run, "bps": 90.0}],
-               ("jpeg", "spdl-threads", 2): [{**run, "bps": 80.0}, {**run, "bps": 40.0}, {**run, "bps": 90.0}]}
+    results = {("jpeg", name, 2): [{**run, "bps": bps} for bps in rounds]
+               for name, rounds in (("mxload", (100.0, 50.0, 90.0)), ("spdl-threads", (80.0, 40.0, 90.0)))}
     limits = {("jpeg", 2): [100.0, 50.0, 100.0]}
     rows = peers.rows(args, ["mxload", "spdl-threads"], results, {}, limits)
     mx, spdl = rows[1], rows[2]
