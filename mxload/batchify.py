@@ -529,11 +529,12 @@ class _Unbatched(Batchify):
 
     def __init__(self, fn: Callable[..., Any]):
         self.fn = fn
+        self.returns_user_value = not isinstance(fn, _Convert)
 
     def plan(self, samples: Sequence[Any], path: str, planner: Planner) -> Node:
         if isinstance(self.fn, _Convert):
             return self.fn.plan(samples, path, planner)
-        return planner.add_value("batch", self.fn(samples[0]))
+        return planner.add_value("batch", self.fn(samples[0]), users=True)
 
     def __repr__(self) -> str:
         return f"unbatched({self.fn!r})"

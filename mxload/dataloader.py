@@ -11,6 +11,7 @@ from typing import Any, Generic, Self, TypeVar, cast, overload
 
 from ._checkpoint import LoaderPosition
 from ._checks import suggesting_keywords
+from ._collate.plan import collates_itself
 from ._core import HandingIterator, defer_sigint, handing_next, sigint_safe_finalizer
 from ._cpus import warn_if_oversubscribed
 from ._iterations import Iterations
@@ -601,7 +602,9 @@ class _LoaderIterator(HandingIterator):
         self.loader = loader
         self.inner = inner
         self._pin = loader._pin_device is not None
-        self._as_tensors = loader._as_tensors
+        # The torch face's own collation makes tensors of every array, as torch's default_collate
+        # and default_convert do; what a user's collate_fn returns is the batch as it made it.
+        self._as_tensors = loader._as_tensors and collates_itself(loader._options.batching.batchify_fn)
         self._yielded = 0
         # As torch: the length the loader reported before this iteration
         # began (len(loader) asked meanwhile is the next iteration's).

@@ -346,6 +346,61 @@ def test_a_collate_fn_gets_a_tensor_datasets_rows_as_torch_passes_them(kw):
 
 
 @pytest.mark.parametrize("kw", MODES)
+def test_what_a_collate_fn_returns_is_the_batch_as_torch_gives_it(kw):
+    """torch hands out a collate_fn's result as it is: numpy arrays stay numpy arrays (JAX's
+    numpy_collate with torch's loader), tensors of every dtype stay tensors, numbers stay
+    numbers; through workers too (the tensors travel in shared memory, named as tensors)."""
+    ds = _tensor_dataset(12)
+
+    def numpy_and_tensors(rows):
+        return (np.stack([r[0].numpy() for r in rows]), torch.stack([r[1] for r in rows]),
+                {"bf16": torch.stack([r[2] for r in rows]), "mask": torch.stack([r[3] for r in rows]),
+                 "ids": np.array([int(r[1]) for r in rows], np.int32)},
+                [np.int64(len(rows)), 2.5, "tag"])
+
+    want = list(torch.utils.data.DataLoader(ds, batch_size=5, collate_fn=numpy_and_tensors))
+    with mxtorch.DataLoader(ds, batch_size=5, collate_fn=numpy_and_tensors, **kw) as loader:
+        got = list(loader)
+    assert len(got) == len(want) == 3
+    for batch, expected in zip(got, want):
+        _same(batch, expected)
+        assert type(batch[3][0]) is np.int64 and batch[3][1:] == [2.5, "tag"]
+
+    def one_sample(row):   # batch_size=None: torch calls collate_fn with the sample itself
+        return row[0].numpy() * 2, row[1], {"n": np.float32(1.5)}
+
+    want = list(torch.utils.data.DataLoader(ds, batch_size=None, collate_fn=one_sample))
+    with mxtorch.DataLoader(ds, batch_size=None, collate_fn=one_sample, **kw) as loader:
+        got = list(loader)
+    assert len(got) == len(want) == 12
+    for batch, expected in zip(got, want):
+        _same(batch, expected)
+
+
+@pytest.mark.parametrize("kw", MODES)
+def test_a_collate_fns_batch_is_not_gathered_first(kw, monkeypatch):
+    """A user's collate_fn is given the rows, so its batch is fetched as rows: gathering the
+    columns first (as the default collation wants them) would be work thrown away.  The gather
+    raises here (fork workers inherit that), and the default collation still takes it."""
+    def no_gather(dataset, indices):
+        raise AssertionError("a collate_fn's batch was gathered")
+
+    monkeypatch.setattr(mxload._torch_compat, "gather_tensor_dataset", no_gather)
+    ds = _tensor_dataset(12)
+    want = list(torch.utils.data.DataLoader(ds, batch_size=5, collate_fn=list))
+    with mxtorch.DataLoader(ds, batch_size=5, collate_fn=list, **kw) as loader:
+        got = list(loader)
+    assert len(got) == len(want) == 3
+    for rows, expected in zip(got, want):
+        assert len(rows) == len(expected)
+        for row, other in zip(rows, expected):
+            _same(list(row), list(other))
+    with mxtorch.DataLoader(ds, batch_size=5, **kw) as loader, \
+            pytest.raises(AssertionError, match="a collate_fn's batch was gathered"):
+        list(loader)
+
+
+@pytest.mark.parametrize("kw", MODES)
 def test_a_tensor_datasets_batch_of_any_index_array_is_torchs(kw):
     """The indices a batch_sampler yields reach the gather as it gave them: a reversed numpy
     array (negative strides, which torch.from_numpy refuses) gives torch's batch, as do

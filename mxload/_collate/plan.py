@@ -37,6 +37,7 @@ __all__ = [
     "Field", "StackField", "PadField", "PadEveryAxisField", "CopyField", "TakeField", "TreeStackField",
     "TensorField",
     "Planner", "Batchify", "BatchPlan", "plan_batch", "collate", "collate_profiled", "allocate",
+    "collates_itself",
     "stack_column", "pad_column", "gather_columns", "TreeCache", "SCALAR_TYPES", "ARRAY_OR_SCALAR",
 ]
 
@@ -56,7 +57,9 @@ class Field:
     # every batch, and super() costs a third more.
 
     # torch_dtype: the name of the field's torch dtype where numpy has none
-    # (``"torch.bfloat16"``; `dtype` then holds its bytes), else None.
+    # (``"torch.bfloat16"``; `dtype` then holds its bytes), or where the batch holds a tensor
+    # that must come back as one (a user's collate_fn returned it: TensorField's `as_tensor`);
+    # else None.
     __slots__ = ("path", "shape", "dtype", "nbytes", "torch_dtype")
 
     def __init__(self, path: str, shape: tuple[int, ...], dtype: np.dtype[Any],
@@ -185,14 +188,20 @@ class TensorField(Field):
     field when the field is filled.  `result` is the filled tensor, or,
     where samples carry autograd history, None until :meth:`in_process`
     makes torch.stack's result with that history (a graph never crosses a
-    process: a worker's batch is the values, detached)."""
+    process: a worker's batch is the values, detached).  `as_tensor`: the
+    consumer gets a tensor whatever its dtype (the layout names it as a
+    torch dtype), not the numpy view the torch face turns into one: a value
+    a user's collate_fn returned, where a numpy array beside it stays one."""
 
     kernel = "stack"
     __slots__ = ("tensors", "stacked", "tdtype", "batch_index", "result", "graph")
 
-    def __init__(self, path: str, tensors: list[Any], stacked: bool, batch_index: int | None):
+    def __init__(self, path: str, tensors: list[Any], stacked: bool, batch_index: int | None,
+                 as_tensor: bool = False):
         first = tensors[0]
         dtype, torch_only = _torch.batch_dtype(first.dtype)
+        if as_tensor:
+            torch_only = str(first.dtype)   # "torch.int64": viewed as that dtype again (layout.py)
         shape = tuple(first.shape)
         Field.__init__(self, path, (len(tensors),) + shape if stacked else shape, dtype, torch_only)
         self.tensors = tensors
@@ -271,30 +280,32 @@ class Planner:
         :meth:`add_value`."""
         if isinstance(fn, Batchify):
             return fn.plan(samples, path, self)
-        return self.add_value(path, fn(as_given(samples)))
+        return self.add_value(path, fn(as_given(samples)), users=True)
 
     def add_array(self, path: str, array: NDArray[Any]) -> Node:
         """Copy `array` (numbers, bools or fixed-size strings) into the batch buffer as it is."""
         return self._add(CopyField(path, array))
 
-    def add_value(self, path: str, value: Any) -> Node:
+    def add_value(self, path: str, value: Any, users: bool = False) -> Node:
         """Add a finished value (the result of a custom batchify function):
         its plain numpy arrays are copied into the batch buffer (so they
         travel through shared memory), tuples, lists, namedtuples and dicts
-        are walked, anything else is passed through as with :meth:`add_object`."""
+        are walked, anything else is passed through as with :meth:`add_object`.
+        `users`: a user's function made it, so its tensors come back as tensors
+        (TensorField's `as_tensor`) and its arrays as arrays."""
         if _buffer_representable(value):
             return self.add_array(path, value)
         if _torch.collatable_tensor(value) and value.ndim <= _core.MAX_DIMS:
-            return self.add_tensor(path, TensorField(path, [value], False, self.batch_index))
+            return self.add_tensor(path, TensorField(path, [value], False, self.batch_index, as_tensor=users))
         if isinstance(value, tuple) and hasattr(value, "_fields"):
-            return layout.tuple_node(type(value), [self.add_value(f"{path}.{n}", v)
+            return layout.tuple_node(type(value), [self.add_value(f"{path}.{n}", v, users)
                                                    for n, v in zip(value._fields, value)])
         if type(value) in (tuple, list):
             return layout.tuple_node(None if type(value) is tuple else list,
-                                     [self.add_value(f"{path}[{i}]", v) for i, v in enumerate(value)])
+                                     [self.add_value(f"{path}[{i}]", v, users) for i, v in enumerate(value)])
         if type(value) is dict:
             keys = tuple(value.keys())
-            return layout.dict_node(keys, [self.add_value(f"{path}[{k!r}]", value[k]) for k in keys])
+            return layout.dict_node(keys, [self.add_value(f"{path}[{k!r}]", value[k], users) for k in keys])
         return self.add_object(path, value)
 
     def add_tensor(self, path: str, field: TensorField) -> Node:
@@ -340,6 +351,9 @@ class Batchify:
         >>> Stack()([np.ones(2), np.zeros(2)]).tolist()
         [[1.0, 1.0], [0.0, 0.0]]
     """
+
+    # Its batch is the value a user's function returned (see collates_itself).
+    returns_user_value = False
 
     def plan(self, samples: Sequence[Any], path: str, planner: Planner) -> Node:
         raise NotImplementedError
@@ -755,6 +769,16 @@ class _FieldAt:
 # Plan and collate a batch
 
 
+def collates_itself(batchify_fn: Callable[..., Any]) -> bool:
+    """Whether the batch is `batchify_fn`'s own collation of the samples (a planned batchify
+    function), not the value a user's function returned (any other callable, or batch_size=None's
+    wrapper of one: Batchify.returns_user_value).  Such a function collates a batch fetched as
+    columns (RowsOfColumns, TensorColumns) from the columns: a user's is given the rows
+    (as_given), so fetching columns for it is work thrown away; and the torch face makes its
+    arrays tensors, as torch's default_collate does, where a user's value is handed out as made."""
+    return isinstance(batchify_fn, Batchify) and not batchify_fn.returns_user_value
+
+
 def as_given(samples: Sequence[Any]) -> Sequence[Any]:
     """The samples as the dataset returned them, for a function that is not a planned
     batchify function (a user's collate_fn): the list of rows a RowsOfColumns or a TensorColumns
@@ -791,7 +815,7 @@ def plan_batch(batchify_fn: Callable[..., Any], samples: Sequence[Any],
     if isinstance(batchify_fn, Batchify):
         root = batchify_fn.plan(samples, "sample", planner)
     else:
-        root = planner.add_value("batch", batchify_fn(as_given(samples)))
+        root = planner.add_value("batch", batchify_fn(as_given(samples)), users=True)
     placed = planner._placed
     return BatchPlan(root, planner._fields, planner._objects, planner._tables,
                      placed[1] if placed is not None and placed[0] == len(planner._fields) else None,

@@ -89,7 +89,7 @@ class InProcessBatches:
         self._source = SampleSource(options.dataset, derived.iterable, derived.fetch_batch_size,
                                     options.batching.drop_last, options.seeds.seed,
                                     keyed=not derived.auto_batching, seeding=options.seeds.seeding,
-                                    restore=True)
+                                    restore=True, gather_tensors=_plan.collates_itself(self._batchify))
 
     def next_batch(self) -> tuple[int, Any] | Marker:
         """As torch: an error raised for one batch (dataset or collation)

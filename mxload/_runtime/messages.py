@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from .._collate.layout import Layout
+from .._collate.plan import collates_itself
 from .._torch_compat import datapipe_shards, is_datapipe
 from .source import SampleSource
 
@@ -89,9 +90,9 @@ class WorkerConfig:
                    base_seed=options.seeds.base_seed,
                    datapipe_shards=datapipe_shards() if is_datapipe(options.dataset) else None)
 
-    def source(self, dataset: Any) -> SampleSource:
+    def source(self, dataset: Any, batchify_fn: Callable[..., Any]) -> SampleSource:
         return SampleSource(dataset, self.iterable, self.batch_size, self.drop_last, self.seed, self.keyed,
-                            self.seeding)
+                            self.seeding, gather_tensors=collates_itself(batchify_fn))
 
 
 class ExceptionInfo(NamedTuple):

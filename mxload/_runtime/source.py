@@ -33,7 +33,7 @@ def fetch_key(dataset: Any, words: np.ndarray, seed: int = 0, epoch: int = 0,
 
 
 def fetch_samples(dataset: Any, indices: np.ndarray, seed: int = 0, epoch: int = 0,
-                  seed_globals: bool = False) -> Any:
+                  seed_globals: bool = False, gather_tensors: bool = True) -> Any:
     """The samples of one batch: one ``__getitems__`` call where the dataset
     offers it (torch 2.x protocol: a list of Python ints, as torch passes it; an
     SQLite dataset binding a numpy int64 would match no row; mxload's own
@@ -42,7 +42,9 @@ def fetch_samples(dataset: Any, indices: np.ndarray, seed: int = 0, epoch: int =
     Each call runs inside its sample_rng() context (seed, epoch, index);
     `seed_globals` (seeding="per_sample"): the global RNGs are seeded from
     (seed, epoch, index) before each ``__getitem__``, from (seed, epoch,
-    every index) before ``__getitems__``."""
+    every index) before ``__getitems__``.  `gather_tensors`: a torch ``TensorDataset``'s batch may
+    be gathered a tensor at a time (TensorColumns); False where it goes to a function that wants
+    the rows (plan.collates_itself), which then come from ``dataset[i]`` straight away."""
     getitems = getattr(dataset, "__getitems__", None)
     try:
         if getitems is not None:
@@ -54,7 +56,7 @@ def fetch_samples(dataset: Any, indices: np.ndarray, seed: int = 0, epoch: int =
             if fetches_columns(dataset):   # Hugging Face's: its batch of columns, unsplit
                 return RowsOfColumns.fetch(dataset, indices.tolist())
             return getitems(indices.tolist())
-        if not seed_globals:   # (per-sample seeding runs before each dataset[i]: it needs them)
+        if gather_tensors and not seed_globals:   # (per-sample seeding runs before each dataset[i])
             gathered = TensorColumns.fetch(dataset, indices)   # torch's TensorDataset
             if gathered is not None:
                 return gathered
@@ -104,11 +106,15 @@ class SampleSource:
             global RNGs before each sample (fetch_samples).
         restore: put the global RNGs' states back after each batch (the
             training process's own, with num_workers=0 and "per_sample").
+        gather_tensors: a torch ``TensorDataset``'s batch may be gathered (fetch_samples);
+            False where the batchify function wants rows (plan.collates_itself).
     """
 
     def __init__(self, dataset: Any, iterable: bool, batch_size: int, drop_last: bool, seed: int,
-                 keyed: bool = False, seeding: str = "per_worker", restore: bool = False):
+                 keyed: bool = False, seeding: str = "per_worker", restore: bool = False,
+                 gather_tensors: bool = True):
         self._seed_globals = seeding == "per_sample" and not iterable
+        self._gather_tensors = gather_tensors
         self._restore = restore and self._seed_globals
         self._dataset = dataset
         self._keyed = keyed and not iterable
@@ -127,7 +133,8 @@ class SampleSource:
             try:
                 if self._keyed:
                     return fetch_key(self._dataset, indices, self._seed, epoch, self._seed_globals)
-                return fetch_samples(self._dataset, indices, self._seed, epoch, self._seed_globals)
+                return fetch_samples(self._dataset, indices, self._seed, epoch, self._seed_globals,
+                                     self._gather_tensors)
             finally:
                 if states is not None:
                     _rng.set_global_states(states)

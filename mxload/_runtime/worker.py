@@ -269,7 +269,7 @@ def thread_worker_main(config: WorkerConfig, tasks: queue.SimpleQueue[tuple[int,
     _thread_info.info = WorkerInfo(config.worker_id, config.num_workers, seed, payload[0])
     link = _ThreadLink(config.worker_id, tasks, deliver)
     try:
-        serve(link, config.worker_id, payload, config.source(payload[0]), config.epoch)
+        serve(link, config.worker_id, payload, config.source(payload[0], payload[1]), config.epoch)
     except BaseException as e:
         ended(config.worker_id, e, link.doing)
     finally:

@@ -52,7 +52,8 @@ def worker_process_main(config: WorkerConfig, sock: socket.socket) -> None:
     assert not isinstance(payload, bytes)
     enter_process(config, payload[0])
     try:
-        serve(ProcessLink(config, sock), config.worker_id, payload, config.source(payload[0]), config.epoch)
+        source = config.source(payload[0], payload[1])
+        serve(ProcessLink(config, sock), config.worker_id, payload, source, config.epoch)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the main process went away: nothing left to serve
 

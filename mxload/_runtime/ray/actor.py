@@ -93,7 +93,7 @@ class LoaderActor:
                 f"with RayBackend(runtime_env={{'working_dir': ...}}) or {{'py_modules': [...]}}")))
             return
         enter_process(config, dataset)
-        self._source = config.source(dataset)
+        self._source = config.source(dataset, self._batchify_fn)
         if worker_init_fn is not None:
             try:
                 worker_init_fn(config.worker_id)
