@@ -404,14 +404,15 @@ def test_a_collate_fns_batch_is_not_gathered_first(kw, monkeypatch):
 def test_a_tensor_datasets_batch_of_any_index_array_is_torchs(kw):
     """The indices a batch_sampler yields reach the gather as it gave them: a reversed numpy
     array (negative strides, which torch.from_numpy refuses) gives torch's batch, as do
-    indices of any integer dtype (a byte array is indices, never torch's boolean-like mask)."""
+    indices of any integer dtype (a byte array is indices, never torch's boolean-like mask)
+    and negative indices (counted from the end, as ``tensor[i]`` takes them)."""
     from mxload._torch_compat import gather_tensor_dataset
     ds = torch.utils.data.TensorDataset(torch.arange(12.0).reshape(6, 2), torch.arange(6))
-    batches = [np.arange(6)[::-1], np.arange(5)[::-2], np.array([2, 0], dtype=">i8")]
+    batches = [np.arange(6)[::-1], np.arange(5)[::-2], np.array([2, 0], dtype=">i8"), [-1, 0, -6]]
     want = list(torch.utils.data.DataLoader(ds, batch_sampler=batches))
     with mxtorch.DataLoader(ds, batch_sampler=batches, **kw) as loader:
         got = list(loader)
-    assert len(got) == len(want) == 3
+    assert len(got) == len(want) == 4
     for batch, expected in zip(got, want):
         _same(batch, expected)
     for dtype in (np.uint8, np.int8, np.int16, np.uint16, np.int32, np.uint32, np.uint64):
